@@ -5,6 +5,20 @@
 //!
 //! - [`index`]: the tensor index of a `.safetensors` file and the grouping of its tensors into
 //!   transformer blocks.
+//! - [`source`]: reading source files without filling the page cache (`O_DIRECT`).
+//! - [`cache`]: the mount-wide, byte-bounded chunk cache and the tensor-aligned chunk plan.
+//! - [`prefetch`]: background read-ahead.
+//! - [`models`]: model file versions and the read path that ties the above together.
+//! - [`kernel_cache`]: keeping the mounted files' kernel page cache bounded.
+//! - [`stats`]: the counters behind `.tierfs/stats`.
 //! - [`synth`]: deterministic synthetic checkpoints (demo, tests, benchmarks).
+//! - [`size`]: human byte sizes.
+pub mod cache;
 pub mod index;
+pub mod kernel_cache;
+pub mod models;
+pub mod prefetch;
+pub mod size;
+pub mod source;
+pub mod stats;
 pub mod synth;

@@ -1,1 +1,152 @@
-fn main(){}
+//! `tierfs`: a read-only FUSE mount that streams `.safetensors` checkpoints through a
+//! byte-bounded, tensor-aware RAM cache. See the README for the user's view; this file only
+//! parses the command line and dispatches.
+
+mod demo;
+mod fuse;
+mod inspect;
+mod mount;
+mod stats_cmd;
+mod stats_doc;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use tierfs_core::size::{format_size, parse_size};
+
+#[derive(Parser)]
+#[command(name = "tierfs", version, about = "Stream ML checkpoints through a byte-bounded, tensor-aware RAM cache")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Mount SOURCE read-only at MOUNTPOINT; stays in the foreground until unmounted.
+    Mount {
+        source: PathBuf,
+        mountpoint: PathBuf,
+        /// RAM cache budget: 512MiB, 8GiB, 8G or bytes [default: a quarter of RAM].
+        #[arg(long, value_parser = parse_size_arg)]
+        ram_cache: Option<u64>,
+        /// Detach once the mount is ready (logs go to --log-file).
+        #[arg(long)]
+        daemon: bool,
+        /// With --daemon: where the daemon writes its log [default: discarded].
+        #[arg(long)]
+        log_file: Option<PathBuf>,
+        /// Threads serving kernel requests.
+        #[arg(long, default_value_t = 8)]
+        threads: usize,
+        /// Kernel readahead of the mount (sequential and mmap reads).
+        #[arg(long, default_value = "4MiB", value_parser = parse_size_arg)]
+        readahead: u64,
+        /// Serve non-model files through the daemon instead of FUSE passthrough.
+        #[arg(long)]
+        no_passthrough: bool,
+        /// Let other users use the mount (with the source's permissions enforced).
+        #[arg(long)]
+        allow_other: bool,
+    },
+    /// Unmount a tierfs mount (also cleans up a dead one).
+    Unmount {
+        mountpoint: PathBuf,
+        /// Detach now even if files are open there.
+        #[arg(long)]
+        lazy: bool,
+    },
+    /// Show a mount's live cache statistics.
+    Stats {
+        mountpoint: PathBuf,
+        /// Refresh every --interval seconds.
+        #[arg(long)]
+        watch: bool,
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
+        /// Print the raw JSON document.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show the tensor index of a .safetensors file and its grouping into blocks.
+    Inspect {
+        file: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write a synthetic checkpoint, mount it with a small budget, stream it, show the stats.
+    Demo {
+        /// Size of the synthetic checkpoint.
+        #[arg(long, default_value = "768MiB", value_parser = parse_size_arg)]
+        size: u64,
+        /// Cache budget for the demo mount.
+        #[arg(long, default_value = "256MiB", value_parser = parse_size_arg)]
+        ram_cache: u64,
+    },
+}
+
+fn parse_size_arg(text: &str) -> Result<u64, String> {
+    parse_size(text).map_err(|e| e.to_string())
+}
+
+fn main() -> ExitCode {
+    init_logging();
+    let cli = Cli::parse();
+    match run(cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tierfs: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(command: Command) -> Result<()> {
+    match command {
+        Command::Mount {
+            source,
+            mountpoint,
+            ram_cache,
+            daemon,
+            log_file,
+            threads,
+            readahead,
+            no_passthrough,
+            allow_other,
+        } => {
+            let budget = ram_cache.unwrap_or_else(|| {
+                let budget = mount::default_budget();
+                eprintln!("tierfs: RAM cache budget {} (a quarter of RAM; set it with --ram-cache)", format_size(budget));
+                budget
+            });
+            let request = mount::MountRequest {
+                source,
+                mountpoint,
+                budget,
+                threads,
+                readahead,
+                passthrough: !no_passthrough,
+                allow_other,
+            };
+            if daemon {
+                return mount::daemonize(&request, log_file.as_deref());
+            }
+            mount::run_foreground(&request)
+        }
+        Command::Unmount { mountpoint, lazy } => mount::unmount(&mountpoint, lazy),
+        Command::Stats { mountpoint, watch, interval, json } => stats_cmd::run(&mountpoint, watch, interval, json),
+        Command::Inspect { file, json } => inspect::run(&file, json),
+        Command::Demo { size, ram_cache } => demo::run(size, ram_cache),
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TIERFS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,fuser=error"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}

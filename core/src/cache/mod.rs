@@ -1,0 +1,356 @@
+//! The byte-bounded chunk cache shared by every file of a mount.
+//!
+//! Design:
+//! - **One budget** for the mount, in bytes of chunk memory (page-aligned footprints, so the
+//!   figure matches what the daemon's RSS pays). `used` counts resident chunks *and* chunks being
+//!   read, which reserve their bytes before the read starts, so the cache never holds more than
+//!   the budget, not even transiently.
+//! - **Eviction** takes the least recently used chunk (the `lru` crate, unbounded by count; the
+//!   byte bound is enforced here). Order-aware eviction replaces the victim choice, not the
+//!   accounting.
+//! - **Single flight**: a miss registers the chunk as loading; every other thread asking for it
+//!   waits for that one read instead of issuing its own, so a chunk is read from disk once no
+//!   matter how many readers (or the prefetcher) want it.
+//! - A chunk bigger than the whole budget (or one that cannot get room because everything else
+//!   is reserved by reads in flight) is read and handed to the caller without being cached.
+//! - Failed reads cache nothing: the error goes to the readers waiting on that read, and the
+//!   next request retries the disk.
+//!
+//! The cache knows chunks by [`ChunkKey`] only; which bytes a chunk holds is the caller's
+//! business ([`crate::models`]), which keeps this module testable without files.
+
+pub mod plan;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+use lru::LruCache;
+use thiserror::Error;
+
+use crate::source::{AlignedBytes, SourceError};
+use crate::stats::{CacheSnapshot, Counters};
+
+/// A chunk of one version of one file: `file` is the version's generation number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ChunkKey {
+    pub file: u64,
+    pub chunk: u32,
+}
+
+/// Why a chunk is wanted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Want {
+    /// A reader is waiting for it.
+    Read,
+    /// Reading ahead of a reader.
+    Prefetch,
+}
+
+/// A chunk failed to load.
+#[derive(Debug, Error, Clone)]
+#[error(transparent)]
+pub struct CacheError(Arc<SourceError>);
+
+impl CacheError {
+    pub fn source_error(&self) -> &SourceError {
+        &self.0
+    }
+}
+
+/// Bytes of a chunk in memory.
+#[derive(Debug)]
+pub struct Chunk {
+    bytes: AlignedBytes,
+    /// Loaded by the prefetcher and not yet read by anyone.
+    unread_prefetch: AtomicBool,
+}
+
+impl Chunk {
+    pub fn as_slice(&self) -> &[u8] {
+        self.bytes.as_slice()
+    }
+
+    fn footprint(&self) -> u64 {
+        self.bytes.footprint()
+    }
+}
+
+/// How a lookup was answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Hit,
+    Miss,
+}
+
+struct Loading {
+    result: Mutex<Option<Result<Arc<Chunk>, CacheError>>>,
+    done: Condvar,
+}
+
+impl Loading {
+    fn wait(&self) -> Result<Arc<Chunk>, CacheError> {
+        let mut result = lock(&self.result);
+        loop {
+            if let Some(result) = result.as_ref() {
+                return result.clone();
+            }
+            result = self
+                .done
+                .wait(result)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    fn finish(&self, outcome: Result<Arc<Chunk>, CacheError>) {
+        *lock(&self.result) = Some(outcome);
+        self.done.notify_all();
+    }
+}
+
+struct State {
+    budget: u64,
+    /// Resident footprints plus reservations of reads in flight.
+    used: u64,
+    resident: LruCache<ChunkKey, Arc<Chunk>>,
+    loading: HashMap<ChunkKey, Arc<Loading>>,
+    /// Resident bytes per file generation, for the stats.
+    per_file: HashMap<u64, u64>,
+}
+
+/// The mount-wide chunk cache.
+pub struct ChunkCache {
+    state: Mutex<State>,
+    counters: Arc<Counters>,
+}
+
+enum Plan {
+    Hit(Arc<Chunk>),
+    Wait(Arc<Loading>),
+    Load { loading: Arc<Loading>, cached: bool },
+}
+
+impl ChunkCache {
+    pub fn new(budget: u64, counters: Arc<Counters>) -> ChunkCache {
+        ChunkCache {
+            state: Mutex::new(State {
+                budget,
+                used: 0,
+                resident: LruCache::unbounded(),
+                loading: HashMap::new(),
+                per_file: HashMap::new(),
+            }),
+            counters,
+        }
+    }
+
+    pub fn counters(&self) -> &Arc<Counters> {
+        &self.counters
+    }
+
+    /// Returns the chunk `key`, reading it with `load` on a miss (reserving `footprint` bytes
+    /// of budget for it first). `load` runs without any cache lock held.
+    pub fn get_or_load(
+        &self,
+        key: ChunkKey,
+        footprint: u64,
+        want: Want,
+        load: impl FnOnce() -> Result<AlignedBytes, SourceError>,
+    ) -> Result<(Arc<Chunk>, Outcome), CacheError> {
+        let plan = self.plan(key, footprint, want);
+        let started = Instant::now();
+        let result = match plan {
+            Plan::Hit(chunk) => return Ok((chunk, Outcome::Hit)),
+            Plan::Wait(loading) => loading.wait(),
+            Plan::Load { loading, cached } => {
+                self.load(key, footprint, want, cached, &loading, load)
+            }
+        };
+        if want == Want::Read {
+            Counters::add(&self.counters.misses, 1);
+            Counters::add(&self.counters.stall_ns, started.elapsed().as_nanos() as u64);
+        }
+        result.map(|chunk| (chunk, Outcome::Miss))
+    }
+
+    /// Whether `key` is resident or being read (a prefetch of it would be redundant).
+    pub fn is_present(&self, key: ChunkKey) -> bool {
+        let state = self.lock();
+        state.resident.contains(&key) || state.loading.contains_key(&key)
+    }
+
+    /// Drops every resident chunk of file generation `file` (a file that changed on disk).
+    pub fn forget_file(&self, file: u64) {
+        let mut state = self.lock();
+        let stale: Vec<ChunkKey> = state
+            .resident
+            .iter()
+            .filter(|(key, _)| key.file == file)
+            .map(|(key, _)| *key)
+            .collect();
+        for key in stale {
+            if let Some(chunk) = state.resident.pop(&key) {
+                self.release(&mut state, key, &chunk);
+            }
+        }
+        state.per_file.remove(&file);
+    }
+
+    /// Changes the budget; shrinking evicts at once.
+    pub fn set_budget(&self, budget: u64) {
+        let mut state = self.lock();
+        state.budget = budget;
+        self.evict_until_fits(&mut state, 0);
+    }
+
+    /// Drops every resident chunk.
+    pub fn clear(&self) {
+        let mut state = self.lock();
+        while let Some((key, chunk)) = state.resident.pop_lru() {
+            self.release(&mut state, key, &chunk);
+        }
+    }
+
+    /// The current budget.
+    pub fn budget(&self) -> u64 {
+        self.lock().budget
+    }
+
+    /// Resident bytes of file generation `file`.
+    pub fn cached_bytes(&self, file: u64) -> u64 {
+        self.lock().per_file.get(&file).copied().unwrap_or(0)
+    }
+
+    pub fn snapshot(&self) -> CacheSnapshot {
+        let (budget_bytes, used_bytes, chunks) = {
+            let state = self.lock();
+            (state.budget, state.used, state.resident.len() as u64)
+        };
+        let c = &self.counters;
+        CacheSnapshot {
+            budget_bytes,
+            used_bytes,
+            chunks,
+            hits: Counters::get(&c.hits),
+            misses: Counters::get(&c.misses),
+            hit_bytes: Counters::get(&c.hit_bytes),
+            miss_bytes: Counters::get(&c.miss_bytes),
+            evicted_bytes: Counters::get(&c.evicted_bytes),
+            uncached_bytes: Counters::get(&c.uncached_bytes),
+            stall_seconds: Counters::get(&c.stall_ns) as f64 / 1e9,
+        }
+    }
+
+    /// Decides, under the lock, how a request is answered.
+    fn plan(&self, key: ChunkKey, footprint: u64, want: Want) -> Plan {
+        let mut state = self.lock();
+        if let Some(chunk) = state.resident.get(&key) {
+            let chunk = Arc::clone(chunk);
+            if want == Want::Read {
+                Counters::add(&self.counters.hits, 1);
+                if chunk.unread_prefetch.swap(false, Ordering::Relaxed) {
+                    Counters::add(&self.counters.prefetch_used_bytes, chunk.footprint());
+                }
+            }
+            return Plan::Hit(chunk);
+        }
+        if let Some(loading) = state.loading.get(&key) {
+            return Plan::Wait(Arc::clone(loading));
+        }
+        let cached = self.evict_until_fits(&mut state, footprint);
+        if cached {
+            state.used += footprint;
+        }
+        let loading = Arc::new(Loading {
+            result: Mutex::new(None),
+            done: Condvar::new(),
+        });
+        state.loading.insert(key, Arc::clone(&loading));
+        Plan::Load { loading, cached }
+    }
+
+    fn load(
+        &self,
+        key: ChunkKey,
+        footprint: u64,
+        want: Want,
+        cached: bool,
+        loading: &Loading,
+        load: impl FnOnce() -> Result<AlignedBytes, SourceError>,
+    ) -> Result<Arc<Chunk>, CacheError> {
+        let result = load()
+            .map(|bytes| {
+                Counters::add(&self.counters.disk_reads, 1);
+                Counters::add(
+                    &self.counters.disk_read_bytes,
+                    bytes.as_slice().len() as u64,
+                );
+                if want == Want::Prefetch {
+                    Counters::add(&self.counters.prefetch_issued_bytes, bytes.footprint());
+                }
+                Arc::new(Chunk {
+                    bytes,
+                    unread_prefetch: AtomicBool::new(want == Want::Prefetch),
+                })
+            })
+            .map_err(|e| {
+                Counters::add(&self.counters.disk_errors, 1);
+                CacheError(Arc::new(e))
+            });
+        let mut state = self.lock();
+        state.loading.remove(&key);
+        match &result {
+            Ok(chunk) if cached => {
+                // The reservation was `footprint`; the buffer may differ by alignment slack.
+                state.used = state.used - footprint + chunk.footprint();
+                *state.per_file.entry(key.file).or_default() += chunk.footprint();
+                state.resident.put(key, Arc::clone(chunk));
+            }
+            Ok(_) => {
+                Counters::add(&self.counters.uncached_bytes, footprint);
+            }
+            Err(_) if cached => state.used -= footprint,
+            Err(_) => {}
+        }
+        drop(state);
+        loading.finish(result.clone());
+        result
+    }
+
+    /// Evicts least recently used chunks until `extra` more bytes fit. Returns false (evicting
+    /// nothing more) when they cannot fit because of the budget or of reads in flight.
+    fn evict_until_fits(&self, state: &mut State, extra: u64) -> bool {
+        if extra > state.budget {
+            return false;
+        }
+        while state.used + extra > state.budget {
+            let Some((key, chunk)) = state.resident.pop_lru() else {
+                return false;
+            };
+            Counters::add(&self.counters.evicted_bytes, chunk.footprint());
+            self.release(state, key, &chunk);
+        }
+        true
+    }
+
+    fn release(&self, state: &mut State, key: ChunkKey, chunk: &Chunk) {
+        state.used -= chunk.footprint();
+        if let Some(bytes) = state.per_file.get_mut(&key.file) {
+            *bytes = bytes.saturating_sub(chunk.footprint());
+        }
+        if chunk.unread_prefetch.swap(false, Ordering::Relaxed) {
+            Counters::add(&self.counters.prefetch_wasted_bytes, chunk.footprint());
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        lock(&self.state)
+    }
+}
+
+/// Locks a mutex, ignoring poisoning: every critical section here leaves the state consistent
+/// before any call that could panic, so a panicking thread cannot leave it half-updated.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}

@@ -1,0 +1,372 @@
+//! The model files of a mount: one [`ModelFile`] per version of each `.safetensors`/`.sft` file
+//! opened, and the read path that serves their bytes.
+//!
+//! A file's bytes fall in three regions, each served its own way:
+//! - the header (`[0, header_bytes)`): parsed once at first open and kept in memory, so header
+//!   reads (ComfyUI's discovery, `safe_open`) never touch the disk again;
+//! - the data region (`[header_bytes, data_end)`): cut into tensor-aligned chunks
+//!   ([`crate::cache::plan`]) served through the mount-wide [`ChunkCache`];
+//! - anything after the last tensor: read from the source uncached (rare; some writers pad).
+//!
+//! A file whose header does not parse is *malformed*: it is served byte-exact, uncached, with
+//! the reason logged once and shown in the stats.
+//!
+//! **Versions.** A file is identified by (device, inode, size, mtime, ctime) at open. When any of
+//! those differ from the version already known, the file is re-indexed as a new version with a
+//! new generation number; the old version's chunks are dropped from the cache. Handles opened
+//! before the change keep reading the version (and the descriptor) they opened, so a reader
+//! that opens a file after it changed can never be served cached bytes of the old one.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use thiserror::Error;
+
+use crate::cache::plan::ChunkPlan;
+use crate::cache::{CacheError, ChunkCache, ChunkKey, Outcome, Want};
+use crate::index::{IndexError, TensorIndex};
+use crate::prefetch::Prefetcher;
+use crate::source::{aligned_footprint, SourceError, SourceFile, SourceIdentity};
+use crate::stats::{Counters, FileSnapshot};
+
+/// Bytes read at first open in the hope that they hold the whole header. Most checkpoint headers
+/// are 10–200 KiB; when one is larger, exactly what it needs is read in a second request.
+const HEADER_PROBE_BYTES: u64 = 256 << 10;
+
+/// Whether tierfs caches a file with this name: `.safetensors` and `.sft`, any letter case.
+pub fn is_model_path(path: &Path) -> bool {
+    path.extension().and_then(OsStr::to_str).is_some_and(|ext| {
+        ext.eq_ignore_ascii_case("safetensors") || ext.eq_ignore_ascii_case("sft")
+    })
+}
+
+/// A model file could not be opened.
+#[derive(Debug, Error)]
+pub enum OpenError {
+    #[error(transparent)]
+    Source(#[from] SourceError),
+}
+
+/// A read could not be served (becomes EIO for that read only).
+#[derive(Debug, Error)]
+pub enum ReadError {
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    #[error(transparent)]
+    Cache(#[from] CacheError),
+}
+
+/// How a file's bytes are laid out for serving.
+#[derive(Debug)]
+pub enum Layout {
+    Indexed { index: TensorIndex, plan: ChunkPlan },
+    Malformed { reason: String },
+}
+
+/// One version of one model file.
+#[derive(Debug)]
+pub struct ModelFile {
+    path: PathBuf,
+    generation: u64,
+    source: SourceFile,
+    /// The first `header_bytes` of the file (empty when malformed).
+    header: Vec<u8>,
+    layout: Layout,
+}
+
+impl ModelFile {
+    fn open(path: &Path, abs: &Path, generation: u64) -> Result<ModelFile, OpenError> {
+        let source = SourceFile::open(abs)?;
+        let (header, layout) = match read_header(&source) {
+            Ok((header, index)) => {
+                let plan = ChunkPlan::for_index(&index);
+                (header, Layout::Indexed { index, plan })
+            }
+            Err(HeaderError::Malformed(e)) => {
+                tracing::warn!(file = %abs.display(), reason = %e, "malformed safetensors header: serving the file as plain bytes, uncached");
+                (
+                    Vec::new(),
+                    Layout::Malformed {
+                        reason: e.to_string(),
+                    },
+                )
+            }
+            Err(HeaderError::Source(e)) => return Err(e.into()),
+        };
+        Ok(ModelFile {
+            path: path.to_owned(),
+            generation,
+            source,
+            header,
+            layout,
+        })
+    }
+
+    /// Path relative to the mount root.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    pub fn source(&self) -> &SourceFile {
+        &self.source
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    pub fn size(&self) -> u64 {
+        self.source.identity().size
+    }
+
+    pub fn is_malformed(&self) -> bool {
+        matches!(self.layout, Layout::Malformed { .. })
+    }
+
+    pub fn plan(&self) -> Option<&ChunkPlan> {
+        match &self.layout {
+            Layout::Indexed { plan, .. } => Some(plan),
+            Layout::Malformed { .. } => None,
+        }
+    }
+
+    /// End of the in-memory header, for a well-formed file.
+    fn header_end(&self) -> Option<u64> {
+        match &self.layout {
+            Layout::Indexed { index, .. } => Some(index.header_bytes),
+            Layout::Malformed { .. } => None,
+        }
+    }
+
+    pub(crate) fn key(&self, chunk: usize) -> ChunkKey {
+        ChunkKey {
+            file: self.generation,
+            chunk: chunk as u32,
+        }
+    }
+
+    /// Returns chunk `chunk`, from the cache or from disk.
+    pub fn fetch_chunk(
+        &self,
+        cache: &ChunkCache,
+        chunk: usize,
+        want: Want,
+    ) -> Result<Option<(Arc<crate::cache::Chunk>, Outcome)>, CacheError> {
+        let Some(span) = self.plan().and_then(|plan| plan.get(chunk)).copied() else {
+            return Ok(None);
+        };
+        let footprint = aligned_footprint(span.start, span.end);
+        cache
+            .get_or_load(self.key(chunk), footprint, want, || {
+                self.source.read_aligned(span.start, span.end)
+            })
+            .map(Some)
+    }
+
+    /// Whether chunk `chunk` is already cached or being read.
+    pub fn chunk_present(&self, cache: &ChunkCache, chunk: usize) -> bool {
+        cache.is_present(self.key(chunk))
+    }
+
+    fn snapshot(&self, cache: &ChunkCache) -> FileSnapshot {
+        let (tensors, blocks, malformed_reason) = match &self.layout {
+            Layout::Indexed { index, .. } => (index.tensors.len(), index.blocks.len(), None),
+            Layout::Malformed { reason } => (0, 0, Some(reason.clone())),
+        };
+        FileSnapshot {
+            path: self.path.to_string_lossy().into_owned(),
+            size: self.size(),
+            tensors,
+            blocks,
+            cached_bytes: cache.cached_bytes(self.generation),
+            malformed: malformed_reason.is_some(),
+            malformed_reason,
+            direct_io: self.source.uses_direct_io(),
+        }
+    }
+}
+
+enum HeaderError {
+    Malformed(IndexError),
+    Source(SourceError),
+}
+
+/// Reads and parses the header: one probe read, and a second exact read if the header is larger.
+fn read_header(source: &SourceFile) -> Result<(Vec<u8>, TensorIndex), HeaderError> {
+    let size = source.identity().size;
+    let mut wanted = size.min(HEADER_PROBE_BYTES);
+    loop {
+        let mut buf = vec![0u8; wanted as usize];
+        let got = source.read_at(&mut buf, 0).map_err(HeaderError::Source)?;
+        buf.truncate(got);
+        match TensorIndex::parse(&buf, size) {
+            Ok(index) => {
+                buf.truncate(index.header_bytes as usize);
+                return Ok((buf, index));
+            }
+            Err(IndexError::NeedMore { header_bytes })
+                if header_bytes > wanted && header_bytes <= size =>
+            {
+                wanted = header_bytes;
+            }
+            Err(e) => return Err(HeaderError::Malformed(e)),
+        }
+    }
+}
+
+/// Every model file version of a mount, with the cache and prefetcher that serve them.
+pub struct ModelStore {
+    cache: Arc<ChunkCache>,
+    prefetcher: Prefetcher,
+    files: Mutex<HashMap<PathBuf, Arc<ModelFile>>>,
+    next_generation: AtomicU64,
+}
+
+impl ModelStore {
+    pub fn new(budget: u64) -> ModelStore {
+        let cache = Arc::new(ChunkCache::new(budget, Arc::new(Counters::default())));
+        ModelStore {
+            prefetcher: Prefetcher::new(Arc::clone(&cache)),
+            cache,
+            files: Mutex::new(HashMap::new()),
+            next_generation: AtomicU64::new(1),
+        }
+    }
+
+    pub fn cache(&self) -> &ChunkCache {
+        &self.cache
+    }
+
+    pub fn counters(&self) -> &Counters {
+        self.cache.counters()
+    }
+
+    /// The current version of the model file at `path` (relative to the mount root), whose
+    /// source is `abs`: the known one if the source is unchanged, else a freshly indexed one.
+    pub fn open(&self, path: &Path, abs: &Path) -> Result<Arc<ModelFile>, OpenError> {
+        let current = std::fs::metadata(abs)
+            .map(|meta| SourceIdentity::of(&meta))
+            .map_err(|source| SourceError::Open {
+                path: abs.to_owned(),
+                source,
+            })?;
+        if let Some(known) = self.lock().get(path) {
+            if known.source.identity() == current {
+                return Ok(Arc::clone(known));
+            }
+        }
+        let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
+        let file = Arc::new(ModelFile::open(path, abs, generation)?);
+        let replaced = self.lock().insert(path.to_owned(), Arc::clone(&file));
+        if let Some(old) = replaced {
+            if old.generation != generation {
+                tracing::info!(file = %abs.display(), "source changed: dropping cached bytes of the old version");
+                self.cache.forget_file(old.generation);
+            }
+        }
+        Ok(file)
+    }
+
+    /// Reads up to `len` bytes at `offset` (fewer only at end of file).
+    pub fn read(&self, file: &Arc<ModelFile>, offset: u64, len: u32) -> Result<Vec<u8>, ReadError> {
+        let end = file.size().min(offset.saturating_add(u64::from(len)));
+        let mut out = Vec::with_capacity(end.saturating_sub(offset) as usize);
+        let mut pos = offset;
+        let mut last_chunk = None;
+        while pos < end {
+            pos = if let Some(header_end) = file.header_end().filter(|&h| pos < h) {
+                let stop = end.min(header_end);
+                out.extend_from_slice(&file.header[pos as usize..stop as usize]);
+                stop
+            } else if let Some(chunk) = file.plan().and_then(|plan| plan.chunk_at(pos)) {
+                last_chunk = Some(chunk);
+                self.copy_from_chunk(file, chunk, pos, end, &mut out)?
+            } else {
+                self.copy_uncached(file, pos, end, &mut out)?
+            };
+        }
+        if let Some(chunk) = last_chunk {
+            self.prefetcher.after_read(file, chunk);
+        }
+        Ok(out)
+    }
+
+    fn copy_from_chunk(
+        &self,
+        file: &Arc<ModelFile>,
+        chunk: usize,
+        pos: u64,
+        end: u64,
+        out: &mut Vec<u8>,
+    ) -> Result<u64, ReadError> {
+        let Some(span) = file.plan().and_then(|p| p.get(chunk)).copied() else {
+            return self.copy_uncached(file, pos, end, out);
+        };
+        let Some((bytes, outcome)) = file.fetch_chunk(&self.cache, chunk, Want::Read)? else {
+            return self.copy_uncached(file, pos, end, out);
+        };
+        let stop = end.min(span.end);
+        out.extend_from_slice(
+            &bytes.as_slice()[(pos - span.start) as usize..(stop - span.start) as usize],
+        );
+        let counter = match outcome {
+            Outcome::Hit => &self.counters().hit_bytes,
+            Outcome::Miss => &self.counters().miss_bytes,
+        };
+        Counters::add(counter, stop - pos);
+        Ok(stop)
+    }
+
+    /// Serves `[pos, stop)` straight from the source, where `stop` is `end` or the start of the
+    /// next chunk (only the tail after the last tensor, or a malformed file, gets here).
+    fn copy_uncached(
+        &self,
+        file: &ModelFile,
+        pos: u64,
+        end: u64,
+        out: &mut Vec<u8>,
+    ) -> Result<u64, ReadError> {
+        let stop = match file.plan() {
+            Some(plan) => plan
+                .chunks()
+                .iter()
+                .find(|c| c.start > pos)
+                .map_or(end, |c| end.min(c.start)),
+            None => end,
+        };
+        let start = out.len();
+        out.resize(start + (stop - pos) as usize, 0);
+        let got = file.source.read_at(&mut out[start..], pos)?;
+        let counters = self.counters();
+        Counters::add(&counters.disk_reads, 1);
+        Counters::add(&counters.disk_read_bytes, got as u64);
+        Counters::add(&counters.uncached_bytes, got as u64);
+        if (got as u64) < stop - pos {
+            // The source is shorter than when it was opened: serve what it has, like a plain
+            // file would, and end this read there.
+            out.truncate(start + got);
+            return Ok(end);
+        }
+        Ok(stop)
+    }
+
+    /// One entry per known model file (its current version), sorted by path.
+    pub fn files_snapshot(&self) -> Vec<FileSnapshot> {
+        let files: Vec<Arc<ModelFile>> = self.lock().values().cloned().collect();
+        let mut snapshots: Vec<FileSnapshot> =
+            files.iter().map(|f| f.snapshot(&self.cache)).collect();
+        snapshots.sort_by(|a, b| a.path.cmp(&b.path));
+        snapshots
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<PathBuf, Arc<ModelFile>>> {
+        self.files.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}

@@ -1,0 +1,71 @@
+//! Byte sizes as people write them on a command line: `512MiB`, `8GiB`, `8G`, `1.5GiB`, `4096`.
+//!
+//! Parsing is delegated to the `parse-size` crate configured for binary units, so `8G` means
+//! 8 GiB, as in `free -g`, `ls -h` and every RAM-sizing conversation; bare numbers are bytes.
+
+use thiserror::Error;
+
+/// A size string that could not be understood.
+#[derive(Debug, Error)]
+#[error("invalid size {input:?}: {reason} (examples: 512MiB, 8GiB, 8G, 1073741824)")]
+pub struct SizeError {
+    input: String,
+    reason: parse_size::Error,
+}
+
+/// Parses a human size such as `512MiB`, `8GiB`, `8G` or `1073741824` into bytes.
+pub fn parse_size(input: &str) -> Result<u64, SizeError> {
+    parse_size::Config::new()
+        .with_binary()
+        .parse_size(input.trim())
+        .map_err(|reason| SizeError {
+            input: input.to_owned(),
+            reason,
+        })
+}
+
+/// Formats bytes for people: `1.50 GiB`, `512.00 MiB`, `4096 B`.
+pub fn format_size(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.2} {}", UNITS[unit])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_forms_the_cli_promises() {
+        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_size("8GiB").unwrap(), 8 << 30);
+        assert_eq!(parse_size("8G").unwrap(), 8 << 30);
+        assert_eq!(parse_size("8g").unwrap(), 8 << 30);
+        assert_eq!(parse_size("1073741824").unwrap(), 1 << 30);
+        assert_eq!(parse_size(" 16 GiB ").unwrap(), 16 << 30);
+    }
+
+    #[test]
+    fn rejects_nonsense_with_a_helpful_message() {
+        for bad in ["", "lots", "-1G", "8X", "GiB"] {
+            let err = parse_size(bad).unwrap_err().to_string();
+            assert!(err.contains("invalid size"), "{bad}: {err}");
+            assert!(err.contains("512MiB"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn formats_for_people() {
+        assert_eq!(format_size(100), "100 B");
+        assert_eq!(format_size(512 << 20), "512.00 MiB");
+        assert_eq!(format_size(3 << 29), "1.50 GiB");
+    }
+}

@@ -1,0 +1,341 @@
+//! Reading source files without filling the kernel page cache.
+//!
+//! Every byte tierfs caches is read from the source file exactly once per miss, and the kernel
+//! must not keep a second copy of it in its page cache ("double caching"): on a machine with less
+//! RAM than the model, that second copy is what pushes everything else out. So chunk reads use
+//! `O_DIRECT` into page-aligned anonymous memory, which also makes them zero-copy. Where the
+//! source filesystem refuses `O_DIRECT` (tmpfs, some network and FUSE filesystems), reads fall
+//! back to buffered `pread` followed by `posix_fadvise(DONTNEED)` on the range just read, so the
+//! page cache holds at most the chunks in flight.
+//!
+//! Chunk buffers are anonymous `mmap`s (via `memmap2`) rather than heap allocations: glibc's
+//! malloc raises its mmap threshold after the first large free and then serves multi-MiB buffers
+//! from the heap, where freed memory is not returned to the OS. With one mapping per chunk,
+//! dropping a chunk gives its pages back at once, so the daemon's RSS follows the cache budget.
+
+use std::fs::{File, Metadata, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use memmap2::MmapMut;
+use thiserror::Error;
+
+/// Alignment of `O_DIRECT` offsets, lengths and buffers. 4 KiB satisfies both 512-byte and
+/// 4 KiB logical-sector devices, and is also what cuFile wants; anonymous mappings are always
+/// page-aligned, so buffers need no extra care.
+pub const DIRECT_IO_ALIGN: u64 = 4096;
+
+/// A failure reading a source file.
+#[derive(Debug, Error)]
+pub enum SourceError {
+    #[error("cannot open {path}: {source}")]
+    Open { path: PathBuf, source: io::Error },
+    #[error("cannot read {path} at offset {offset}: {source}")]
+    Read {
+        path: PathBuf,
+        offset: u64,
+        source: io::Error,
+    },
+    #[error("{path} is shorter than expected: wanted bytes up to {wanted_end}, got up to {got_end} (file truncated while mounted?)")]
+    Truncated {
+        path: PathBuf,
+        wanted_end: u64,
+        got_end: u64,
+    },
+    #[error("cannot allocate a {len}-byte buffer: {source}")]
+    Alloc { len: usize, source: io::Error },
+}
+
+/// What identifies one version of a file: if any of these change, cached bytes are stale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SourceIdentity {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    pub mtime_ns: i128,
+    pub ctime_ns: i128,
+}
+
+impl SourceIdentity {
+    pub fn of(meta: &Metadata) -> Self {
+        let ns = |secs: i64, nsecs: i64| i128::from(secs) * 1_000_000_000 + i128::from(nsecs);
+        SourceIdentity {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime_ns: ns(meta.mtime(), meta.mtime_nsec()),
+            ctime_ns: ns(meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+}
+
+/// Bytes `[start, end)` of a source file, held in their own page-aligned mapping.
+pub struct AlignedBytes {
+    map: MmapMut,
+    skip: usize,
+    len: usize,
+}
+
+impl AlignedBytes {
+    pub fn as_slice(&self) -> &[u8] {
+        &self.map[self.skip..self.skip + self.len]
+    }
+
+    /// Bytes of memory this buffer occupies (what the cache budget is charged).
+    pub fn footprint(&self) -> u64 {
+        self.map.len() as u64
+    }
+}
+
+impl std::fmt::Debug for AlignedBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AlignedBytes")
+            .field("len", &self.len)
+            .field("footprint", &self.map.len())
+            .finish()
+    }
+}
+
+/// The memory an aligned read of `[start, end)` needs; lets the cache reserve budget first.
+pub fn aligned_footprint(start: u64, end: u64) -> u64 {
+    align_up(end) - align_down(start)
+}
+
+fn align_down(x: u64) -> u64 {
+    x & !(DIRECT_IO_ALIGN - 1)
+}
+
+fn align_up(x: u64) -> u64 {
+    x.div_ceil(DIRECT_IO_ALIGN) * DIRECT_IO_ALIGN
+}
+
+/// One open version of a source file.
+#[derive(Debug)]
+pub struct SourceFile {
+    path: PathBuf,
+    buffered: File,
+    direct: Option<File>,
+    direct_works: AtomicBool,
+    identity: SourceIdentity,
+}
+
+impl SourceFile {
+    /// Opens `path` (following symlinks) for reading, with an `O_DIRECT` twin where supported.
+    pub fn open(path: &Path) -> Result<Self, SourceError> {
+        let open_err = |source| SourceError::Open {
+            path: path.to_owned(),
+            source,
+        };
+        let buffered = File::open(path).map_err(open_err)?;
+        let identity = SourceIdentity::of(&buffered.metadata().map_err(open_err)?);
+        // Random access advice: the cache reads whole chunks itself, kernel readahead on top of
+        // that would only put more pages in the page cache. Advice failing is harmless.
+        fadvise(&buffered, 0, 0, libc::POSIX_FADV_RANDOM);
+        let direct = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+            .ok()
+            .filter(|direct| same_inode(direct, &identity));
+        Ok(SourceFile {
+            path: path.to_owned(),
+            direct_works: AtomicBool::new(direct.is_some()),
+            buffered,
+            direct,
+            identity,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn identity(&self) -> SourceIdentity {
+        self.identity
+    }
+
+    /// Whether reads currently bypass the page cache with `O_DIRECT`.
+    pub fn uses_direct_io(&self) -> bool {
+        self.direct_works.load(Ordering::Relaxed)
+    }
+
+    /// The underlying descriptor (for FUSE passthrough of files tierfs does not cache).
+    pub fn file(&self) -> &File {
+        &self.buffered
+    }
+
+    /// Reads `[start, end)` into a fresh page-aligned buffer, bypassing the page cache.
+    pub fn read_aligned(&self, start: u64, end: u64) -> Result<AlignedBytes, SourceError> {
+        let base = align_down(start);
+        let map_len = usize::try_from(aligned_footprint(start, end)).unwrap_or(usize::MAX);
+        let mut map = MmapMut::map_anon(map_len.max(1)).map_err(|source| SourceError::Alloc {
+            len: map_len,
+            source,
+        })?;
+        let needed = (end - base) as usize;
+        let mut filled = 0usize;
+        if self.uses_direct_io() {
+            filled = self.fill_direct(&mut map[..map_len], base)?;
+        }
+        if filled < needed {
+            filled += self.fill_buffered(&mut map[filled..needed], base + filled as u64)?;
+        }
+        if filled < needed {
+            return Err(SourceError::Truncated {
+                path: self.path.clone(),
+                wanted_end: end,
+                got_end: base + filled as u64,
+            });
+        }
+        Ok(AlignedBytes {
+            map,
+            skip: (start - base) as usize,
+            len: (end - start) as usize,
+        })
+    }
+
+    /// Plain `pread` of up to `buf.len()` bytes (short only at end of file), page cache dropped
+    /// afterwards. For the bytes tierfs serves but does not cache.
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize, SourceError> {
+        self.fill_buffered(buf, offset)
+    }
+
+    /// `O_DIRECT` reads into `buf` (aligned, starting at aligned `offset`) until it is full, the
+    /// file ends, or the kernel refuses, in which case direct I/O is switched off for this file
+    /// and the caller completes the read buffered. Returns the bytes filled.
+    fn fill_direct(&self, buf: &mut [u8], offset: u64) -> Result<usize, SourceError> {
+        let Some(direct) = &self.direct else {
+            return Ok(0);
+        };
+        let mut filled = 0;
+        while filled < buf.len() {
+            match direct.read_at(&mut buf[filled..], offset + filled as u64) {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    tracing::info!(path = %self.path.display(), "O_DIRECT refused, using buffered reads with fadvise");
+                    self.direct_works.store(false, Ordering::Relaxed);
+                    return Ok(filled - filled % DIRECT_IO_ALIGN as usize);
+                }
+                Err(source) => return Err(self.read_error(offset + filled as u64, source)),
+            }
+            if filled % DIRECT_IO_ALIGN as usize != 0 {
+                break; // a short read: end of file, or the buffered path finishes it.
+            }
+        }
+        Ok(filled)
+    }
+
+    fn fill_buffered(&self, buf: &mut [u8], offset: u64) -> Result<usize, SourceError> {
+        let mut filled = 0;
+        while filled < buf.len() {
+            match self
+                .buffered
+                .read_at(&mut buf[filled..], offset + filled as u64)
+            {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(source) => return Err(self.read_error(offset + filled as u64, source)),
+            }
+        }
+        fadvise(
+            &self.buffered,
+            offset,
+            filled as u64,
+            libc::POSIX_FADV_DONTNEED,
+        );
+        Ok(filled)
+    }
+
+    fn read_error(&self, offset: u64, source: io::Error) -> SourceError {
+        SourceError::Read {
+            path: self.path.clone(),
+            offset,
+            source,
+        }
+    }
+}
+
+fn same_inode(file: &File, identity: &SourceIdentity) -> bool {
+    file.metadata()
+        .map(|m| m.dev() == identity.dev && m.ino() == identity.ino)
+        .unwrap_or(false)
+}
+
+fn fadvise(file: &File, offset: u64, len: u64, advice: libc::c_int) {
+    let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+        return;
+    };
+    // SAFETY: posix_fadvise only reads its integer arguments; the descriptor is owned by `file`.
+    unsafe {
+        libc::posix_fadvise(file.as_raw_fd(), offset, len, advice);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn file_with(bytes: &[u8]) -> tempfile::NamedTempFile {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(bytes).unwrap();
+        f.flush().unwrap();
+        f
+    }
+
+    fn pattern(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i * 7 + i / 251) as u8).collect()
+    }
+
+    #[test]
+    fn aligned_reads_return_exact_bytes_at_any_offset() {
+        let data = pattern(3 * 4096 + 123);
+        let f = file_with(&data);
+        let src = SourceFile::open(f.path()).unwrap();
+        for (start, end) in [
+            (0, 10),
+            (1, 4097),
+            (4095, 8193),
+            (100, data.len()),
+            (12000, 12411),
+        ] {
+            let got = src.read_aligned(start as u64, end as u64).unwrap();
+            assert_eq!(got.as_slice(), &data[start..end], "range {start}..{end}");
+            assert!(got.footprint() >= (end - start) as u64);
+            assert_eq!(got.footprint() % DIRECT_IO_ALIGN, 0);
+        }
+    }
+
+    #[test]
+    fn reading_past_the_end_is_reported_as_truncation() {
+        let f = file_with(&pattern(5000));
+        let src = SourceFile::open(f.path()).unwrap();
+        let err = src.read_aligned(4000, 6000).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                SourceError::Truncated {
+                    wanted_end: 6000,
+                    got_end: 5000,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn identity_changes_when_the_file_is_rewritten() {
+        let f = file_with(&pattern(100));
+        let before = SourceIdentity::of(&std::fs::metadata(f.path()).unwrap());
+        std::fs::write(f.path(), pattern(101)).unwrap();
+        let after = SourceIdentity::of(&std::fs::metadata(f.path()).unwrap());
+        assert_ne!(before, after);
+    }
+}

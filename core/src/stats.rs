@@ -1,0 +1,104 @@
+//! Counters behind `MOUNTPOINT/.tierfs/stats`.
+//!
+//! Counters are plain relaxed atomics bumped on the read path; a snapshot reads them without
+//! stopping readers, so figures taken together may be a few operations apart, never wrong by
+//! more. The JSON shape is the public contract documented in the README ("Stats").
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+
+/// Monotonic event counters shared by the cache, the prefetcher and the read path.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Chunk lookups answered from memory.
+    pub hits: AtomicU64,
+    /// Chunk lookups that had to wait for the disk (their own read or one already in flight).
+    pub misses: AtomicU64,
+    /// Bytes served to readers from chunks that were already cached.
+    pub hit_bytes: AtomicU64,
+    /// Bytes served to readers from chunks they waited for.
+    pub miss_bytes: AtomicU64,
+    /// Bytes dropped from the cache to stay within budget.
+    pub evicted_bytes: AtomicU64,
+    /// Bytes served without caching: header copies aside, the tail after the last tensor,
+    /// malformed files and reads of chunks larger than the whole budget.
+    pub uncached_bytes: AtomicU64,
+    /// Bytes read from source files.
+    pub disk_read_bytes: AtomicU64,
+    /// Read requests issued to source files.
+    pub disk_reads: AtomicU64,
+    /// Source reads that failed (each one surfaced to a reader as EIO, or dropped if a prefetch).
+    pub disk_errors: AtomicU64,
+    /// Time readers spent waiting for the disk, in nanoseconds.
+    pub stall_ns: AtomicU64,
+    /// Bytes read ahead of readers.
+    pub prefetch_issued_bytes: AtomicU64,
+    /// Prefetched bytes a reader later asked for.
+    pub prefetch_used_bytes: AtomicU64,
+    /// Prefetched bytes evicted (or discarded) before any reader asked for them.
+    pub prefetch_wasted_bytes: AtomicU64,
+    /// Bytes of the mounted files' kernel page cache that tierfs asked the kernel to drop.
+    pub kernel_cache_invalidated_bytes: AtomicU64,
+}
+
+impl Counters {
+    pub fn add(counter: &AtomicU64, value: u64) {
+        counter.fetch_add(value, Ordering::Relaxed);
+    }
+
+    pub fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
+}
+
+/// `cache` section of the stats document.
+#[derive(Debug, Clone, Serialize)]
+pub struct CacheSnapshot {
+    pub budget_bytes: u64,
+    pub used_bytes: u64,
+    pub chunks: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub hit_bytes: u64,
+    pub miss_bytes: u64,
+    pub evicted_bytes: u64,
+    pub uncached_bytes: u64,
+    pub stall_seconds: f64,
+}
+
+/// `disk` section.
+#[derive(Debug, Clone, Serialize)]
+pub struct DiskSnapshot {
+    pub read_bytes: u64,
+    pub reads: u64,
+    pub errors: u64,
+}
+
+/// `prefetch` section.
+#[derive(Debug, Clone, Serialize)]
+pub struct PrefetchSnapshot {
+    pub issued_bytes: u64,
+    pub used_bytes: u64,
+    pub wasted_bytes: u64,
+}
+
+/// `kernel_page_cache` section: the mounted files' page cache tierfs keeps bounded.
+#[derive(Debug, Clone, Serialize)]
+pub struct KernelCacheSnapshot {
+    pub window_bytes: u64,
+    pub invalidated_bytes: u64,
+}
+
+/// One entry of `files`.
+#[derive(Debug, Clone, Serialize)]
+pub struct FileSnapshot {
+    pub path: String,
+    pub size: u64,
+    pub tensors: usize,
+    pub blocks: usize,
+    pub cached_bytes: u64,
+    pub malformed: bool,
+    pub malformed_reason: Option<String>,
+    pub direct_io: bool,
+}

@@ -1,0 +1,651 @@
+//! The FUSE adapter: kernel requests in, `tierfs_core` calls out.
+//!
+//! This layer only translates. Paths come from [`inodes`], what a source entry looks like from
+//! [`present`], and bytes of model files from [`ModelStore`]; everything else here is glue:
+//! - **Model files** (`.safetensors`, `.sft`, well-formed) are opened in page-cache mode and
+//!   served from the chunk cache. Every served range is recorded in a [`KernelCacheWindow`]; the
+//!   ranges that fall out of it are invalidated by a notifier thread (never from a request
+//!   thread, which could deadlock against a read holding the same pages locked).
+//! - **Other files and malformed model files** are handed to the kernel with FUSE passthrough
+//!   (Linux ≥ 6.9, root), so their reads never reach this process: as fast as the source itself.
+//!   Where passthrough is unavailable they are served with plain `pread`.
+//! - **`.tierfs/stats`** is rendered when opened and served with `FOPEN_DIRECT_IO`, so every
+//!   open sees fresh figures whatever size `stat` reported.
+//! - **Writes** of any kind get `EROFS` (the mount is also `ro`, so the kernel refuses most of
+//!   them before they get here).
+//!
+//! Attribute and entry timeouts are [`ATTR_TTL`], which is what bounds how long a change in
+//! SOURCE takes to show through the mount.
+
+mod inodes;
+mod present;
+
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crossbeam::channel::Sender;
+use fuser::{
+    BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request,
+};
+use tierfs_core::kernel_cache::{InodeRange, KernelCacheWindow};
+use tierfs_core::models::{is_model_path, ModelFile, ModelStore};
+
+use crate::stats_doc::StatsDocument;
+pub use inodes::{CONTROL_DIR_INO, ROOT_INO, STATS_INO};
+use inodes::Inodes;
+use present::present;
+
+/// How long the kernel may trust attributes and lookups. Half a second keeps the promise that
+/// a change in SOURCE shows within a second, and still saves most repeated `stat`s of a loader
+/// that stats each file several times in a row.
+pub const ATTR_TTL: Duration = Duration::from_millis(500);
+
+/// Name of the control directory at the mount root.
+pub const CONTROL_DIR: &str = ".tierfs";
+
+/// Settings the adapter needs beyond the store.
+pub struct MountSettings {
+    pub source: PathBuf,
+    pub mountpoint: PathBuf,
+    pub passthrough: bool,
+}
+
+enum Handle {
+    Model(Arc<ModelFile>),
+    /// Served by the kernel; the backing id must live until release.
+    Passthrough(#[allow(dead_code)] Arc<BackingId>),
+    Plain(File),
+    Stats(Vec<u8>),
+    Dir(Vec<(u64, FileType, OsString)>),
+}
+
+/// The `fuser::Filesystem` of a tierfs mount.
+pub struct TierFs {
+    settings: MountSettings,
+    store: Arc<ModelStore>,
+    inodes: Inodes,
+    handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    next_handle: AtomicU64,
+    window: Arc<KernelCacheWindow>,
+    invalidations: Sender<InodeRange>,
+    started: SystemTime,
+    uid: u32,
+    gid: u32,
+}
+
+impl TierFs {
+    pub fn new(
+        settings: MountSettings,
+        store: Arc<ModelStore>,
+        window: Arc<KernelCacheWindow>,
+        invalidations: Sender<InodeRange>,
+    ) -> TierFs {
+        // SAFETY: getuid/getgid cannot fail and touch no memory.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        TierFs {
+            settings,
+            store,
+            inodes: Inodes::default(),
+            handles: Mutex::new(HashMap::new()),
+            next_handle: AtomicU64::new(1),
+            window,
+            invalidations,
+            started: SystemTime::now(),
+            uid,
+            gid,
+        }
+    }
+
+    fn abs(&self, rel: &Path) -> PathBuf {
+        self.settings.source.join(rel)
+    }
+
+    fn stats_json(&self) -> Vec<u8> {
+        let doc = StatsDocument::collect(
+            &self.store,
+            &self.window,
+            &self.settings.source,
+            &self.settings.mountpoint,
+            self.settings.passthrough,
+            self.started,
+        );
+        let mut json = serde_json::to_vec_pretty(&doc).unwrap_or_else(|e| {
+            format!("{{\"error\": \"cannot render stats: {e}\"}}").into_bytes()
+        });
+        json.push(b'\n');
+        json
+    }
+
+    /// The attributes of inode `ino`, a source path or a virtual file.
+    fn attr(&self, ino: u64) -> Result<FileAttr, Errno> {
+        match ino {
+            CONTROL_DIR_INO => Ok(self.virtual_attr(ino, FileType::Directory, 0o555, 0)),
+            STATS_INO => Ok(self.virtual_attr(ino, FileType::RegularFile, 0o444, 0)),
+            _ => {
+                let rel = self.inodes.path_of(ino).ok_or(Errno::ENOENT)?;
+                let (meta, kind) = present(&self.abs(&rel)).map_err(errno)?;
+                Ok(source_attr(ino, &meta, kind))
+            }
+        }
+    }
+
+    fn virtual_attr(&self, ino: u64, kind: FileType, perm: u16, size: u64) -> FileAttr {
+        FileAttr {
+            ino: INodeNo(ino),
+            size,
+            blocks: 0,
+            atime: self.started,
+            mtime: SystemTime::now(),
+            ctime: SystemTime::now(),
+            crtime: self.started,
+            kind,
+            perm,
+            nlink: if kind == FileType::Directory { 2 } else { 1 },
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            blksize: 4096,
+            flags: 0,
+        }
+    }
+
+    fn child(&self, parent: u64, name: &OsStr) -> Result<u64, Errno> {
+        if parent == ROOT_INO && name == CONTROL_DIR {
+            return Ok(CONTROL_DIR_INO);
+        }
+        if parent == CONTROL_DIR_INO {
+            return if name == "stats" { Ok(STATS_INO) } else { Err(Errno::ENOENT) };
+        }
+        let parent_path = self.inodes.path_of(parent).ok_or(Errno::ENOENT)?;
+        Ok(self.inodes.ino_of(&parent_path.join(plain_name(name)?)))
+    }
+
+    fn add_handle(&self, handle: Handle) -> u64 {
+        let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        self.lock_handles().insert(fh, Arc::new(handle));
+        fh
+    }
+
+    fn handle(&self, fh: FileHandle) -> Result<Arc<Handle>, Errno> {
+        self.lock_handles().get(&fh.0).cloned().ok_or(Errno::EBADF)
+    }
+
+    fn lock_handles(&self) -> MutexGuard<'_, HashMap<u64, Arc<Handle>>> {
+        self.handles.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn open_source(&self, ino: u64, reply: ReplyOpen) {
+        let Some(rel) = self.inodes.path_of(ino) else {
+            return reply.error(Errno::ENOENT);
+        };
+        let abs = self.abs(&rel);
+        match present(&abs) {
+            Ok((_, FileType::RegularFile)) => {}
+            Ok((_, FileType::Directory)) => return reply.error(Errno::EISDIR),
+            Ok(_) => return reply.error(Errno::EACCES),
+            Err(e) => return reply.error(errno(e)),
+        }
+        if is_model_path(&rel) {
+            match self.store.open(&rel, &abs) {
+                Ok(model) if !model.is_malformed() => {
+                    let fh = self.add_handle(Handle::Model(model));
+                    return reply.opened(FileHandle(fh), FopenFlags::empty());
+                }
+                Ok(_) => {} // served below like any other file
+                Err(e) => {
+                    tracing::warn!(file = %abs.display(), error = %e, "cannot open model file");
+                    return reply.error(Errno::EIO);
+                }
+            }
+        }
+        let file = match File::open(&abs) {
+            Ok(file) => file,
+            Err(e) => return reply.error(errno(e)),
+        };
+        if self.settings.passthrough {
+            match reply.open_backing(&file) {
+                Ok(backing) => {
+                    let backing = Arc::new(backing);
+                    let fh = self.add_handle(Handle::Passthrough(Arc::clone(&backing)));
+                    return reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &backing);
+                }
+                Err(e) => tracing::debug!(file = %abs.display(), error = %e, "passthrough refused; serving with pread"),
+            }
+        }
+        let fh = self.add_handle(Handle::Plain(file));
+        reply.opened(FileHandle(fh), FopenFlags::empty())
+    }
+
+    fn read_model(&self, ino: u64, model: &Arc<ModelFile>, offset: u64, size: u32, reply: ReplyData) {
+        match self.store.read(model, offset, size) {
+            Ok(bytes) => {
+                reply.data(&bytes);
+                for range in self.window.record(ino, offset, bytes.len() as u64) {
+                    // The notifier thread only stops when the mount does.
+                    let _ = self.invalidations.send(range);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(file = %model.path().display(), offset, size, error = %e, "read failed: returning EIO");
+                reply.error(Errno::EIO);
+            }
+        }
+    }
+
+    fn list_dir(&self, ino: u64) -> Result<Vec<(u64, FileType, OsString)>, Errno> {
+        let mut entries = vec![
+            (ino, FileType::Directory, OsString::from(".")),
+            (ino, FileType::Directory, OsString::from("..")),
+        ];
+        if ino == CONTROL_DIR_INO {
+            entries.push((STATS_INO, FileType::RegularFile, "stats".into()));
+            return Ok(entries);
+        }
+        let rel = self.inodes.path_of(ino).ok_or(Errno::ENOENT)?;
+        if ino == ROOT_INO {
+            entries.push((CONTROL_DIR_INO, FileType::Directory, CONTROL_DIR.into()));
+        }
+        for entry in std::fs::read_dir(self.abs(&rel)).map_err(errno)? {
+            let entry = entry.map_err(errno)?;
+            let name = entry.file_name();
+            if ino == ROOT_INO && name == CONTROL_DIR {
+                continue; // hidden by the control directory
+            }
+            let child_rel = rel.join(&name);
+            let Ok((_, kind)) = present(&self.abs(&child_rel)) else {
+                continue; // vanished since read_dir listed it
+            };
+            entries.push((self.inodes.ino_of(&child_rel), kind, name));
+        }
+        Ok(entries)
+    }
+}
+
+impl Filesystem for TierFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        // Large reads: the kernel may send up to max_pages (1 MiB) per request.
+        let _ = config.set_max_readahead(crate::mount::KERNEL_READAHEAD_BYTES);
+        if self.settings.passthrough {
+            let enabled = config
+                .add_capabilities(InitFlags::FUSE_PASSTHROUGH)
+                .is_ok()
+                && config.set_max_stack_depth(1).is_ok();
+            if !enabled {
+                tracing::info!("the kernel does not offer FUSE passthrough: other files are served with pread");
+                self.settings.passthrough = false;
+            }
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.child(parent.0, name).and_then(|ino| self.attr(ino)) {
+            Ok(attr) => reply.entry(&ATTR_TTL, &attr, Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.attr(ino.0) {
+            Ok(attr) => reply.attr(&ATTR_TTL, &attr),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let target = self
+            .inodes
+            .path_of(ino.0)
+            .ok_or(Errno::ENOENT)
+            .and_then(|rel| std::fs::read_link(self.abs(&rel)).map_err(errno));
+        match target {
+            Ok(target) => reply.data(target.as_os_str().as_bytes()),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0 {
+            return reply.error(Errno::EROFS);
+        }
+        match ino.0 {
+            CONTROL_DIR_INO => reply.error(Errno::EISDIR),
+            STATS_INO => {
+                let fh = self.add_handle(Handle::Stats(self.stats_json()));
+                reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO)
+            }
+            ino => self.open_source(ino, reply),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let handle = match self.handle(fh) {
+            Ok(handle) => handle,
+            Err(e) => return reply.error(e),
+        };
+        match handle.as_ref() {
+            Handle::Model(model) => self.read_model(ino.0, model, offset, size, reply),
+            Handle::Plain(file) => match pread_full(file, offset, size) {
+                Ok(bytes) => reply.data(&bytes),
+                Err(e) => reply.error(errno(e)),
+            },
+            Handle::Stats(json) => {
+                let start = (offset as usize).min(json.len());
+                let end = start.saturating_add(size as usize).min(json.len());
+                reply.data(&json[start..end])
+            }
+            Handle::Passthrough(_) | Handle::Dir(_) => reply.error(Errno::EBADF),
+        }
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.lock_handles().remove(&fh.0);
+        reply.ok();
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        reply.ok() // nothing is ever buffered for writing
+    }
+
+    fn getxattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, _size: u32, reply: fuser::ReplyXattr) {
+        reply.error(Errno::ENODATA)
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
+        if size == 0 {
+            reply.size(0)
+        } else {
+            reply.data(&[])
+        }
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.list_dir(ino.0) {
+            Ok(entries) => {
+                let fh = self.add_handle(Handle::Dir(entries));
+                reply.opened(FileHandle(fh), FopenFlags::empty())
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let handle = match self.handle(fh) {
+            Ok(handle) => handle,
+            Err(e) => return reply.error(e),
+        };
+        let Handle::Dir(entries) = handle.as_ref() else {
+            return reply.error(Errno::EBADF);
+        };
+        for (i, (ino, kind, name)) in entries.iter().enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(*ino), i as u64 + 1, *kind, name) {
+                break;
+            }
+        }
+        reply.ok()
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.lock_handles().remove(&fh.0);
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match statvfs(&self.settings.source) {
+            Ok(s) => reply.statfs(
+                s.f_blocks,
+                s.f_bfree,
+                s.f_bavail,
+                s.f_files,
+                s.f_ffree,
+                s.f_bsize as u32,
+                s.f_namemax as u32,
+                s.f_frsize as u32,
+            ),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    // Every way of changing anything: read-only.
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        _size: Option<u64>,
+        _atime: Option<fuser::TimeOrNow>,
+        _mtime: Option<fuser::TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        reply.error(Errno::EROFS)
+    }
+
+    fn mknod(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS)
+    }
+
+    fn mkdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, _mode: u32, _umask: u32, reply: ReplyEntry) {
+        reply.error(Errno::EROFS)
+    }
+
+    fn unlink(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS)
+    }
+
+    fn rmdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS)
+    }
+
+    fn symlink(&self, _req: &Request, _parent: INodeNo, _link_name: &OsStr, _target: &Path, reply: ReplyEntry) {
+        reply.error(Errno::EROFS)
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        _flags: fuser::RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EROFS)
+    }
+
+    fn link(&self, _req: &Request, _ino: INodeNo, _newparent: INodeNo, _newname: &OsStr, reply: ReplyEntry) {
+        reply.error(Errno::EROFS)
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _data: &[u8],
+        _write_flags: fuser::WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        reply.error(Errno::EROFS)
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: fuser::ReplyCreate,
+    ) {
+        reply.error(Errno::EROFS)
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EROFS)
+    }
+
+    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS)
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _length: u64,
+        _mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EROFS)
+    }
+}
+
+/// A name from the kernel as a single relative path component (never `..`, `.` or a path).
+fn plain_name(name: &OsStr) -> Result<&Path, Errno> {
+    let path = Path::new(name);
+    let mut components = path.components();
+    match (components.next(), components.next()) {
+        (Some(Component::Normal(_)), None) if !name.as_bytes().contains(&b'/') => Ok(path),
+        _ => Err(Errno::ENOENT),
+    }
+}
+
+fn source_attr(ino: u64, meta: &std::fs::Metadata, kind: FileType) -> FileAttr {
+    let time = |secs: i64, nsecs: i64| {
+        if secs >= 0 {
+            UNIX_EPOCH + Duration::new(secs as u64, nsecs as u32)
+        } else {
+            UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs())
+        }
+    };
+    FileAttr {
+        ino: INodeNo(ino),
+        size: meta.size(),
+        blocks: meta.blocks(),
+        atime: time(meta.atime(), meta.atime_nsec()),
+        mtime: time(meta.mtime(), meta.mtime_nsec()),
+        ctime: time(meta.ctime(), meta.ctime_nsec()),
+        crtime: time(meta.mtime(), meta.mtime_nsec()),
+        kind,
+        perm: (meta.mode() & 0o7777) as u16,
+        nlink: meta.nlink() as u32,
+        uid: meta.uid(),
+        gid: meta.gid(),
+        rdev: meta.rdev() as u32,
+        blksize: meta.blksize() as u32,
+        flags: 0,
+    }
+}
+
+fn pread_full(file: &File, offset: u64, size: u32) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; size as usize];
+    let mut filled = 0;
+    while filled < buf.len() {
+        match file.read_at(&mut buf[filled..], offset + filled as u64) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(filled);
+    Ok(buf)
+}
+
+fn statvfs(path: &Path) -> io::Result<libc::statvfs> {
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let mut out = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: c_path is a valid NUL-terminated string and `out` is a valid statvfs buffer.
+    let rc = unsafe { libc::statvfs(c_path.as_ptr(), out.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: statvfs returned 0, so it filled `out`.
+    Ok(unsafe { out.assume_init() })
+}
+
+/// An OS error as an errno for the kernel (EIO when it carries none).
+fn errno(e: io::Error) -> Errno {
+    match e.raw_os_error() {
+        Some(code) if code > 0 => Errno::from_i32(code),
+        _ => Errno::EIO,
+    }
+}

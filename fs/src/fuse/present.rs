@@ -1,0 +1,69 @@
+//! How a source entry is presented through the mount.
+//!
+//! Symbolic links are the one place where "mirror SOURCE" needs a decision:
+//! - a link to a **regular file** is presented as that file (its size, mode, owner and times),
+//!   so a model linked in from another disk (`models/x.safetensors -> /mnt/big/x.safetensors`)
+//!   is read through the mount, and so through the cache, like any other file;
+//! - a link to a **directory** is presented as that directory (ComfyUI walks with
+//!   `followlinks=True` anyway), unless the link points at one of its own ancestors: following
+//!   that would make an endless tree, so it stays a symlink and the walker's own loop handling
+//!   applies;
+//! - a dangling link, or a link to anything else, stays a symlink (its target text is returned
+//!   as is by `readlink`).
+
+use std::fs::{self, Metadata};
+use std::io;
+use std::path::Path;
+
+use fuser::FileType;
+
+/// The metadata to show for `abs` and the type to show it as.
+pub fn present(abs: &Path) -> io::Result<(Metadata, FileType)> {
+    let link = fs::symlink_metadata(abs)?;
+    if !link.file_type().is_symlink() {
+        return Ok((link.clone(), kind_of(&link)));
+    }
+    match fs::metadata(abs) {
+        Ok(target) if target.is_file() => Ok((target, FileType::RegularFile)),
+        Ok(target) if target.is_dir() && !points_at_ancestor(abs) => Ok((target, FileType::Directory)),
+        _ => Ok((link, FileType::Symlink)),
+    }
+}
+
+/// Whether the symlink `abs` resolves to a directory that contains the link itself.
+fn points_at_ancestor(abs: &Path) -> bool {
+    let (Ok(target), Some(parent)) = (fs::canonicalize(abs), abs.parent()) else {
+        return true;
+    };
+    fs::canonicalize(parent).map_or(true, |parent| parent.starts_with(&target))
+}
+
+fn kind_of(meta: &Metadata) -> FileType {
+    FileType::from_std(meta.file_type()).unwrap_or(FileType::RegularFile)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    #[test]
+    fn links_to_files_and_dirs_are_followed_but_loops_are_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        fs::create_dir(root.join("sub")).unwrap();
+        fs::write(root.join("real.safetensors"), b"12345").unwrap();
+        symlink(root.join("real.safetensors"), root.join("link.safetensors")).unwrap();
+        symlink("sub", root.join("subdir-link")).unwrap();
+        symlink("..", root.join("sub/loop")).unwrap();
+        symlink("missing", root.join("dangling")).unwrap();
+
+        let (meta, kind) = present(&root.join("link.safetensors")).unwrap();
+        assert_eq!((kind, meta.len()), (FileType::RegularFile, 5));
+        assert_eq!(present(&root.join("subdir-link")).unwrap().1, FileType::Directory);
+        assert_eq!(present(&root.join("sub/loop")).unwrap().1, FileType::Symlink);
+        assert_eq!(present(&root.join("dangling")).unwrap().1, FileType::Symlink);
+        assert_eq!(present(&root.join("sub")).unwrap().1, FileType::Directory);
+        assert!(present(&root.join("nope")).is_err());
+    }
+}

@@ -1,0 +1,46 @@
+//! `tierfs inspect FILE [--json]`: a file's tensor index and block grouping, without mounting.
+
+use std::fs::File;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use tierfs_core::index::TensorIndex;
+use tierfs_core::size::format_size;
+
+pub fn run(path: &Path, json: bool) -> Result<()> {
+    let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let index = TensorIndex::read_from(&file)
+        .with_context(|| format!("{} is not a valid safetensors file", path.display()))?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&index)?);
+    } else {
+        print_table(path, &index);
+    }
+    Ok(())
+}
+
+fn print_table(path: &Path, index: &TensorIndex) {
+    println!(
+        "{}: {} tensors in {} blocks, {} of data after a {}-byte header",
+        path.display(),
+        index.tensors.len(),
+        index.blocks.len(),
+        format_size(index.data_end - index.header_bytes),
+        index.header_bytes
+    );
+    println!("\nBlocks (default model order):");
+    println!("  {:<48} {:>8} {:>12}", "block", "tensors", "bytes");
+    for block in &index.blocks {
+        println!("  {:<48} {:>8} {:>12}", block.name, block.tensors, format_size(block.bytes));
+    }
+    println!("\nTensors (file order):");
+    println!("  {:<56} {:<8} {:<20} {:>14} {:>14}  block", "name", "dtype", "shape", "start", "end");
+    for tensor in &index.tensors {
+        let block = index.blocks.get(tensor.block).map_or("?", |b| b.name.as_str());
+        let shape = format!("{:?}", tensor.shape);
+        println!(
+            "  {:<56} {:<8} {:<20} {:>14} {:>14}  {}",
+            tensor.name, tensor.dtype, shape, tensor.start, tensor.end, block
+        );
+    }
+}

@@ -1,0 +1,430 @@
+"""Fixtures for tierfs end-to-end tests.
+
+Everything lives under one session root in /tmp (``$TIERFS_TEST_ROOT`` if set,
+e.g. by tests/run.sh, else a fresh ``mkdtemp``).  Large generated checkpoints
+are session-scoped; set ``TIERFS_TEST_DATA=/some/dir`` to keep and reuse them
+across sessions while developing.
+
+Mount hygiene: every mount goes through :class:`Mount`, whose teardown
+SIGTERMs the daemon, waits, and ``umount -l``s the mountpoint if it is still
+mounted.  A session finalizer (also registered with ``atexit``) unmounts
+anything still mounted under the session root and kills leftover daemons.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import gen  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+TIERFS_BIN = Path(os.environ.get("TIERFS_BIN", REPO / "target" / "release" / "tierfs"))
+FAULTFS_BIN = Path(os.environ.get("FAULTFS_BIN", REPO / "target" / "release" / "faultfs"))
+MiB = 1 << 20
+GiB = 1 << 30
+# A mount older than this is presumed hung: the watchdog SIGKILLs its daemon and lazily
+# unmounts it, so blocked syscalls in the test fail (ENOTCONN) instead of hanging CI.
+MOUNT_WATCHDOG_S = float(os.environ.get("TIERFS_MOUNT_WATCHDOG_S", "600"))
+BIG_BYTES = int(os.environ.get("TIERFS_TEST_BIG_BYTES", str(GiB + 64 * MiB)))
+
+
+def _pick_tmp() -> Path:
+    """/tmp unless it is tmpfs (page-cache bounds are meaningless there)."""
+    for cand in ("/tmp", "/var/tmp"):
+        try:
+            out = subprocess.run(["findmnt", "-n", "-o", "FSTYPE", "-T", cand],
+                                 capture_output=True, text=True).stdout.strip()
+        except FileNotFoundError:
+            out = ""
+        if out != "tmpfs":
+            return Path(cand)
+    return Path("/tmp")
+
+
+if os.environ.get("TIERFS_TEST_ROOT"):
+    SESSION_ROOT = Path(os.environ["TIERFS_TEST_ROOT"])
+    SESSION_ROOT.mkdir(parents=True, exist_ok=True)
+    _OWN_ROOT = False
+else:
+    SESSION_ROOT = Path(tempfile.mkdtemp(prefix="tierfs-tests.", dir=_pick_tmp()))
+    _OWN_ROOT = True
+
+_PROCS: list[subprocess.Popen] = []
+
+
+# ----------------------------------------------------------------------------- mounts
+
+def mounted_under(root: Path) -> list[str]:
+    """Mountpoints in /proc/mounts at or under `root` (deepest first)."""
+    res = []
+    root_s = str(root.resolve())
+    with open("/proc/mounts") as f:
+        for line in f:
+            mp = line.split()[1].encode().decode("unicode_escape")
+            if mp == root_s or mp.startswith(root_s + "/"):
+                res.append(mp)
+    return sorted(res, key=len, reverse=True)
+
+
+def is_mounted(mp: Path) -> bool:
+    return str(Path(mp).resolve()) in mounted_under(mp)
+
+
+def _safety_net() -> None:
+    for p in _PROCS:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in _PROCS:
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    for mp in mounted_under(SESSION_ROOT):
+        subprocess.run(["umount", "-l", mp], capture_output=True)
+    for p in _PROCS:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=5)
+
+
+atexit.register(_safety_net)
+
+
+def fresh_dir(name: str) -> Path:
+    d = Path(tempfile.mkdtemp(prefix=name + ".", dir=SESSION_ROOT))
+    return d
+
+
+class Mount:
+    """A running `tierfs mount`.  Unpacks as (source, mountpoint, proc)."""
+
+    def __init__(self, source: Path, budget: str = "64MiB", extra: tuple[str, ...] = ()):
+        self.source = Path(source)
+        self.mnt = fresh_dir("mnt")
+        self.log_path = self.mnt.parent / (self.mnt.name + ".log")
+        self.log = open(self.log_path, "wb")
+        self.budget = budget
+        cmd = [str(TIERFS_BIN), "mount", str(self.source), str(self.mnt), "--ram-cache", budget, *extra]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        _PROCS.append(self.proc)
+        self.watchdog_fired = False
+        self._watchdog = threading.Timer(MOUNT_WATCHDOG_S, self._fire_watchdog)
+        self._watchdog.daemon = True
+        self._watchdog.start()
+        self._wait_ready(cmd)
+
+    def _fire_watchdog(self) -> None:
+        self.watchdog_fired = True
+        sys.stderr.write(f"\n[watchdog] mount {self.mnt} older than {MOUNT_WATCHDOG_S}s: killing tierfs\n")
+        if self.proc.poll() is None:
+            self.proc.kill()
+        subprocess.run(["umount", "-l", str(self.mnt)], capture_output=True)
+
+    def __iter__(self):
+        return iter((self.source, self.mnt, self.proc))
+
+    def log_tail(self, n: int = 3000) -> str:
+        try:
+            return self.log_path.read_bytes()[-n:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    def _wait_ready(self, cmd) -> None:
+        """Poll .tierfs/stats for up to 10 s.  The probe runs in a thread: a hung daemon
+        must fail the test, not hang it (close() aborts the connection and frees the thread)."""
+        deadline = time.monotonic() + 10
+        ready = threading.Event()
+
+        def probe():
+            while not ready.is_set() and time.monotonic() < deadline and self.proc.poll() is None:
+                try:
+                    with open(self.mnt / ".tierfs" / "stats", "rb") as f:
+                        json.loads(f.read())
+                    ready.set()
+                    return
+                except (OSError, ValueError):
+                    time.sleep(0.05)
+
+        t = threading.Thread(target=probe, daemon=True)
+        t.start()
+        t.join(timeout=11)
+        if ready.is_set():
+            return
+        exited = self.proc.poll()
+        self.close()
+        if exited is not None:
+            pytest.fail(f"tierfs exited with {exited} before the mount was ready\n"
+                        f"cmd: {cmd}\nlog:\n{self.log_tail()}")
+        pytest.fail(f"mount not ready (.tierfs/stats unreadable{' - probe hung' if t.is_alive() else ''}) "
+                    f"after 10 s\ncmd: {cmd}\nlog:\n{self.log_tail()}")
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stats(self) -> dict:
+        with open(self.mnt / ".tierfs" / "stats", "rb") as f:
+            return json.loads(f.read())
+
+    def file_stats(self, rel: str) -> dict | None:
+        for f in self.stats()["files"]:
+            if f["path"] == rel:
+                return f
+        return None
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> int | None:
+        """SIGTERM, wait, lazy-unmount if needed.  Returns the exit code (None if killed)."""
+        rc = None
+        self._watchdog.cancel()
+        try:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+                try:
+                    rc = self.proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait(timeout=10)
+            else:
+                rc = self.proc.returncode
+        finally:
+            if is_mounted(self.mnt):
+                subprocess.run(["umount", "-l", str(self.mnt)], capture_output=True)
+            self.log.close()
+        return rc
+
+
+class FaultFs:
+    """A running faultfs: mirrors `source` at `mnt`; faults listed in `faults_path`."""
+
+    def __init__(self, source: Path):
+        self.source = source
+        self.mnt = fresh_dir("faultmnt")
+        self.faults_path = self.mnt.parent / (self.mnt.name + ".faults.json")
+        self.log_path = self.mnt.parent / (self.mnt.name + ".log")
+        self.log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [str(FAULTFS_BIN), str(source), str(self.mnt), "--faults", str(self.faults_path)],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        _PROCS.append(self.proc)
+        deadline = time.monotonic() + 10
+        while not is_mounted(self.mnt):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                pytest.fail(f"faultfs did not mount: {self.log_path.read_text(errors='replace')}")
+            time.sleep(0.05)
+
+    def set_faults(self, faults: list[dict]) -> None:
+        tmp = self.faults_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(faults))
+        os.replace(tmp, self.faults_path)
+
+    def close(self) -> None:
+        try:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+                try:
+                    self.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait(timeout=10)
+        finally:
+            if is_mounted(self.mnt):
+                subprocess.run(["umount", "-l", str(self.mnt)], capture_output=True)
+            self.log.close()
+
+
+# ----------------------------------------------------------------------------- fixtures
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_guard():
+    yield
+    _safety_net()
+    leftover = mounted_under(SESSION_ROOT)
+    if _OWN_ROOT and not leftover and not os.environ.get("TIERFS_KEEP_TMP"):
+        shutil.rmtree(SESSION_ROOT, ignore_errors=True)
+    assert not leftover, f"mounts left behind after the session: {leftover}"
+
+
+@pytest.fixture(scope="session")
+def tierfs_bin() -> Path:
+    if not os.access(TIERFS_BIN, os.X_OK):
+        pytest.fail(f"tierfs binary not found at {TIERFS_BIN} (run `cargo build --release --workspace`)")
+    return TIERFS_BIN
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    d = Path(os.environ["TIERFS_TEST_DATA"]) if os.environ.get("TIERFS_TEST_DATA") else SESSION_ROOT / "data"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+@pytest.fixture(scope="session")
+def big_file(data_dir) -> Path:
+    """The >= 1 GiB DiT checkpoint (generated once per session, tensor by tensor)."""
+    return gen.make_big_dit(data_dir / "big" / "dit_big.safetensors", BIG_BYTES)
+
+
+@pytest.fixture(scope="session")
+def tree(data_dir, big_file) -> tuple[Path, dict[str, Path]]:
+    """(root, named paths) of the shared, never-modified source tree."""
+    root = data_dir / "tree"
+    return root, gen.make_tree(root, big_file)
+
+
+@pytest.fixture
+def mount(tierfs_bin):
+    """Factory: mount(source, budget="64MiB", extra=()) -> Mount; all are torn down after the test."""
+    mounts: list[Mount] = []
+
+    def _mount(source, budget: str = "64MiB", extra: tuple[str, ...] = ()) -> Mount:
+        m = Mount(source, budget, extra)
+        mounts.append(m)
+        return m
+
+    yield _mount
+    for m in reversed(mounts):
+        m.close()
+    left = [str(m.mnt) for m in mounts if is_mounted(m.mnt)]
+    assert not left, f"mount(s) left behind: {left}"
+    hung = [str(m.mnt) for m in mounts if m.watchdog_fired]
+    assert not hung, f"watchdog killed hung mount(s) after {MOUNT_WATCHDOG_S}s: {hung}"
+
+
+@pytest.fixture
+def workdir() -> Path:
+    """A fresh directory under the session root (for per-test mutable sources)."""
+    return fresh_dir("work")
+
+
+@pytest.fixture(scope="session")
+def faultfs_bin() -> Path:
+    if not os.access(FAULTFS_BIN, os.X_OK):
+        pytest.fail(f"faultfs binary not found at {FAULTFS_BIN} (run `cargo build --release --workspace`)")
+    return FAULTFS_BIN
+
+
+@pytest.fixture
+def faultfs(faultfs_bin):
+    """Factory: faultfs(source) -> FaultFs; torn down after the test (after any tierfs on top)."""
+    fss: list[FaultFs] = []
+
+    def _make(source: Path) -> FaultFs:
+        f = FaultFs(source)
+        fss.append(f)
+        return f
+
+    yield _make
+    for f in reversed(fss):
+        f.close()
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def drop_caches() -> None:
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_SYS_CACHESTAT = 451  # x86_64 and aarch64 (Linux >= 6.5)
+
+
+class _CacheStatRange(ctypes.Structure):
+    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
+
+
+class _CacheStat(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint64) for n in
+                ("nr_cache", "nr_dirty", "nr_writeback", "nr_evicted", "nr_recently_evicted")]
+
+
+def page_cache_bytes(path: Path) -> int:
+    """Bytes of `path` resident in the page cache.
+
+    Uses the cachestat(2) syscall, which does not disturb the file (fincore
+    mmaps it, and mmap of a FOPEN_DIRECT_IO FUSE file invalidates its page
+    cache); falls back to `fincore --bytes` where cachestat is unavailable.
+    """
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        rng, cs = _CacheStatRange(0, 0), _CacheStat()
+        r = _libc.syscall(_SYS_CACHESTAT, ctypes.c_uint(fd), ctypes.byref(rng), ctypes.byref(cs), ctypes.c_uint(0))
+        if r == 0:
+            return cs.nr_cache * os.sysconf("SC_PAGE_SIZE")
+    finally:
+        os.close(fd)
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    return int(out or 0)
+
+
+def proc_status_kib(pid: int, key: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise KeyError(key)
+
+
+class Sampler(threading.Thread):
+    """Samples daemon RSS, page cache of some files and the cache's used_bytes every `period` s."""
+
+    def __init__(self, m: Mount, files: dict[str, Path], period: float = 0.1):
+        super().__init__(daemon=True)
+        self.m, self.files, self.period = m, files, period
+        self.stop_ev = threading.Event()
+        self.samples: list[dict] = []
+        self.errors: list[str] = []
+
+    def run(self) -> None:
+        while not self.stop_ev.is_set():
+            s = {"t": time.monotonic()}
+            try:
+                s["rss"] = proc_status_kib(self.m.pid, "VmRSS") * 1024
+                for k, p in self.files.items():
+                    s[k] = page_cache_bytes(p)
+                s["cache_used"] = self.m.stats()["cache"]["used_bytes"]
+                self.samples.append(s)
+            except Exception as e:  # noqa: BLE001 - reported by the test
+                self.errors.append(repr(e))
+            self.stop_ev.wait(self.period)
+
+    def stop(self) -> None:
+        self.stop_ev.set()
+        self.join(timeout=10)
+
+    def max(self, key: str) -> int:
+        return max((s[key] for s in self.samples if key in s), default=0)
+
+
+def parse_size(s: str) -> int:
+    units = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    for u, mul in sorted(units.items(), key=lambda kv: -len(kv[0])):
+        if s.endswith(u):
+            return int(s[: -len(u)]) * mul
+    return int(s)
+
+
+def results_file() -> Path:
+    p = Path(os.environ.get("TIERFS_RESULTS", REPO / "tests" / "bench" / "memory-results.md"))
+    p.parent.mkdir(parents=True, exist_ok=True)
+    return p

@@ -1,0 +1,271 @@
+"""Synthetic checkpoint generators for the tierfs end-to-end tests and benchmark.
+
+Three model "shapes" with realistic tensor names and mixed dtypes:
+
+* DiT  (Wan-style): ``patch_embedding.weight``, ``blocks.N.self_attn.q.weight``, ...,
+  ``head.head.weight``
+* UNet (SD-style):  ``model.diffusion_model.input_blocks.N...``
+* Flux:             ``double_blocks.N...``, ``single_blocks.N...``, scaled-fp8 weights,
+  a 0-d scale and a zero-element tensor.
+
+Small files are written with ``safetensors.numpy.save_file``; large ones with
+:func:`write_streaming`, which emits the same format tensor by tensor so memory
+stays bounded (one tensor at a time).  Tensor bytes are random (seeded), which
+is fine: every test compares bytes, never values.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import struct
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+# safetensors' numpy backend looks dtypes up on the numpy module; fp8 lives in ml_dtypes.
+if not hasattr(np, "float8_e4m3fn"):
+    np.float8_e4m3fn = ml_dtypes.float8_e4m3fn  # type: ignore[attr-defined]
+if not hasattr(np, "bfloat16"):
+    np.bfloat16 = ml_dtypes.bfloat16  # type: ignore[attr-defined]
+
+from safetensors.numpy import save_file  # noqa: E402
+
+DTYPES = {
+    "BF16": (ml_dtypes.bfloat16, 2),
+    "F16": (np.float16, 2),
+    "F32": (np.float32, 4),
+    "F8_E4M3": (ml_dtypes.float8_e4m3fn, 1),
+}
+
+Spec = tuple[str, str, tuple[int, ...]]  # (name, safetensors dtype, shape)
+
+
+def nbytes(spec: Spec) -> int:
+    _, dt, shape = spec
+    return math.prod(shape) * DTYPES[dt][1]
+
+
+def dit_specs(dim: int, ffn: int, n_blocks: int, weight_dtypes=("BF16",)) -> list[Spec]:
+    """Wan-style DiT: block N's big weights use weight_dtypes[N % len]."""
+    s: list[Spec] = [
+        ("patch_embedding.weight", "BF16", (dim, 16, 1, 2, 2)),
+        ("patch_embedding.bias", "F32", (dim,)),
+        ("text_embedding.0.weight", "BF16", (dim, 512)),
+        ("text_embedding.0.bias", "F32", (dim,)),
+        ("time_embedding.0.weight", "F32", (dim, 256)),
+        ("time_projection.1.weight", "BF16", (dim * 6, dim // 8)),
+    ]
+    for n in range(n_blocks):
+        wd = weight_dtypes[n % len(weight_dtypes)]
+        p = f"blocks.{n}"
+        s.append((f"{p}.modulation", "F32", (1, 6, dim)))
+        for att in ("self_attn", "cross_attn"):
+            for proj in ("q", "k", "v", "o"):
+                s.append((f"{p}.{att}.{proj}.weight", wd, (dim, dim)))
+                s.append((f"{p}.{att}.{proj}.bias", "BF16", (dim,)))
+            s.append((f"{p}.{att}.norm_q.weight", "F32", (dim,)))
+            s.append((f"{p}.{att}.norm_k.weight", "F32", (dim,)))
+        s.append((f"{p}.norm3.weight", "F16", (dim,)))
+        s.append((f"{p}.norm3.bias", "F16", (dim,)))
+        s.append((f"{p}.ffn.0.weight", wd, (ffn, dim)))
+        s.append((f"{p}.ffn.0.bias", "BF16", (ffn,)))
+        s.append((f"{p}.ffn.2.weight", wd, (dim, ffn)))
+        s.append((f"{p}.ffn.2.bias", "BF16", (dim,)))
+    s += [
+        ("head.modulation", "F32", (1, 2, dim)),
+        ("head.head.weight", "BF16", (64, dim)),
+        ("head.head.bias", "F32", (64,)),
+    ]
+    return s
+
+
+def unet_specs(ch: int = 320, levels: int = 3) -> list[Spec]:
+    """SD-style UNet with a VAE and text-encoder prefix (mixed fp16 / fp32)."""
+    m = "model.diffusion_model"
+    s: list[Spec] = [(f"{m}.time_embed.0.weight", "F32", (ch * 4, ch))]
+    s.append((f"{m}.input_blocks.0.0.weight", "F16", (ch, 4, 3, 3)))
+    for i in range(1, levels * 3 + 1):
+        c = ch * (1 + (i - 1) // 3)
+        s += [
+            (f"{m}.input_blocks.{i}.0.in_layers.2.weight", "F16", (c, c, 3, 3)),
+            (f"{m}.input_blocks.{i}.0.in_layers.2.bias", "F16", (c,)),
+            (f"{m}.input_blocks.{i}.1.proj_in.weight", "F16", (c, c)),
+            (f"{m}.input_blocks.{i}.1.transformer_blocks.0.attn1.to_q.weight", "F16", (c, c)),
+            (f"{m}.input_blocks.{i}.1.transformer_blocks.0.attn1.to_k.weight", "F16", (c, c)),
+            (f"{m}.input_blocks.{i}.1.transformer_blocks.0.norm1.weight", "F32", (c,)),
+        ]
+    s += [
+        (f"{m}.middle_block.1.transformer_blocks.0.attn2.to_v.weight", "F16", (ch * 3, 768)),
+        (f"{m}.middle_block.0.emb_layers.1.weight", "F32", (ch * 3, ch * 4)),
+    ]
+    for i in range(levels * 3):
+        s.append((f"{m}.output_blocks.{i}.0.out_layers.3.weight", "F16", (ch, ch, 3, 3)))
+    s += [
+        (f"{m}.out.2.weight", "F32", (4, ch, 3, 3)),
+        ("first_stage_model.decoder.conv_in.weight", "F32", (512, 4, 3, 3)),
+        ("first_stage_model.encoder.down.0.block.0.conv1.weight", "F16", (128, 128, 3, 3)),
+        ("cond_stage_model.transformer.text_model.embeddings.token_embedding.weight", "F16", (4096, 768)),
+        ("cond_stage_model.transformer.text_model.encoder.layers.0.self_attn.q_proj.weight", "F16", (768, 768)),
+    ]
+    return s
+
+
+def flux_specs(dim: int = 512, n_double: int = 3, n_single: int = 4) -> list[Spec]:
+    """Flux-style, with scaled-fp8 MLP weights, 0-d scales and a zero-element tensor."""
+    s: list[Spec] = [
+        ("img_in.weight", "BF16", (dim, 64)),
+        ("img_in.bias", "BF16", (dim,)),
+        ("time_in.in_layer.weight", "BF16", (dim, 256)),
+        ("guidance_in.in_layer.weight", "BF16", (dim, 256)),
+        ("guidance_in.unused", "F32", (0,)),
+        ("txt_in.weight", "BF16", (dim, 4096)),
+    ]
+    for n in range(n_double):
+        p = f"double_blocks.{n}"
+        for side in ("img", "txt"):
+            s += [
+                (f"{p}.{side}_attn.qkv.weight", "BF16", (dim * 3, dim)),
+                (f"{p}.{side}_attn.norm.query_norm.scale", "F32", (dim // 8,)),
+                (f"{p}.{side}_mlp.0.weight", "F8_E4M3", (dim * 4, dim)),
+                (f"{p}.{side}_mlp.0.scale_weight", "F32", ()),
+                (f"{p}.{side}_mlp.2.weight", "F8_E4M3", (dim, dim * 4)),
+                (f"{p}.{side}_mod.lin.weight", "BF16", (dim * 6, dim)),
+            ]
+    for n in range(n_single):
+        p = f"single_blocks.{n}"
+        s += [
+            (f"{p}.linear1.weight", "F8_E4M3", (dim * 7, dim)),
+            (f"{p}.linear1.scale_weight", "F32", ()),
+            (f"{p}.linear2.weight", "BF16", (dim, dim * 5)),
+            (f"{p}.norm.key_norm.scale", "F16", (dim // 8,)),
+        ]
+    s += [
+        ("final_layer.linear.weight", "BF16", (64, dim)),
+        ("final_layer.adaLN_modulation.1.weight", "BF16", (dim * 2, dim)),
+    ]
+    return s
+
+
+def random_array(rng: np.random.Generator, spec: Spec) -> np.ndarray:
+    _, dt, shape = spec
+    raw = np.frombuffer(rng.bytes(nbytes(spec)), dtype=np.uint8)
+    return raw.view(DTYPES[dt][0]).reshape(shape)
+
+
+def write_small(path: Path, specs: list[Spec], seed: int) -> None:
+    """Write with the reference writer, safetensors.numpy.save_file."""
+    rng = np.random.default_rng(seed)
+    tensors = {spec[0]: random_array(rng, spec) for spec in specs}
+    tmp = path.with_name(path.name + ".part")
+    save_file(tensors, str(tmp), metadata={"format": "pt", "generator": "tierfs-tests"})
+    os.replace(tmp, path)
+
+
+def write_streaming(path: Path, specs: list[Spec], seed: int, chunk: int = 64 << 20) -> None:
+    """Write a safetensors file tensor by tensor (bounded memory), header in `specs` order."""
+    header: dict = {"__metadata__": {"format": "pt", "generator": "tierfs-tests-stream"}}
+    off = 0
+    for spec in specs:
+        n = nbytes(spec)
+        header[spec[0]] = {"dtype": spec[1], "shape": list(spec[2]), "data_offsets": [off, off + n]}
+        off += n
+    hj = json.dumps(header, separators=(",", ":")).encode()
+    hj += b" " * (-len(hj) % 8)
+    rng = np.random.default_rng(seed)
+    tmp = path.with_name(path.name + ".part")
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(hj)))
+        f.write(hj)
+        for spec in specs:
+            left = nbytes(spec)
+            while left:
+                k = min(left, chunk)
+                f.write(rng.bytes(k))
+                left -= k
+    os.replace(tmp, path)
+
+
+def big_dit_specs(target_bytes: int) -> list[Spec]:
+    """A DiT (dim 1536, ffn 8960; bf16 blocks with some fp16 / fp8) of at least target_bytes."""
+    dim, ffn = 1536, 8960
+    dts = ("BF16", "BF16", "F16", "F8_E4M3")
+    n = 1
+    while sum(map(nbytes, dit_specs(dim, ffn, n, dts))) < target_bytes:
+        n += 1
+    return dit_specs(dim, ffn, n, dts)
+
+
+def make_big_dit(path: Path, target_bytes: int, seed: int = 7) -> Path:
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_streaming(path, big_dit_specs(target_bytes), seed)
+    return path
+
+
+def read_header(path: Path) -> tuple[int, dict]:
+    """(header length n, header dict in file order) of a safetensors file."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        return n, json.loads(f.read(n), object_pairs_hook=dict)
+
+
+def tensor_ranges(path: Path) -> list[tuple[str, int, int]]:
+    """[(name, abs_start, abs_end)] sorted by offset."""
+    n, h = read_header(path)
+    out = [(k, 8 + n + v["data_offsets"][0], 8 + n + v["data_offsets"][1])
+           for k, v in h.items() if k != "__metadata__"]
+    return sorted(out, key=lambda t: (t[1], t[2]))
+
+
+def make_tree(root: Path, big: Path | None) -> dict[str, Path]:
+    """The mirrored source tree.  Returns named paths of interest.
+
+    Layout (symlinks are presented by tierfs as what they point to):
+      dit_big.safetensors        (hard copy-free: a *hard link* to `big` if given)
+      unet.safetensors, flux.safetensors, dit_small.sft
+      nested/model.safetensors, nested/deeper/readme.md
+      "my model ü – v2.safetensors", "héllo wörld.txt"
+      notes.txt (0640), run.sh (0755), blob.bin (5 MiB + 123), empty.txt, old.txt (mtime 2001)
+      link_file -> notes.txt, link_model -> unet.safetensors, link_dir -> nested
+    """
+    done = root / ".complete"
+    paths = {
+        "unet": root / "unet.safetensors",
+        "flux": root / "flux.safetensors",
+        "dit_small_sft": root / "dit_small.sft",
+        "nested_model": root / "nested" / "model.safetensors",
+        "unicode_model": root / "my model ü – v2.safetensors",
+    }
+    if big is not None:
+        paths["big"] = root / "dit_big.safetensors"
+    if done.exists():
+        return paths
+    if root.exists():
+        shutil.rmtree(root)
+    (root / "nested" / "deeper").mkdir(parents=True)
+    if big is not None:
+        os.link(big, paths["big"])
+    write_small(paths["unet"], unet_specs(), seed=11)
+    write_small(paths["flux"], flux_specs(), seed=12)
+    write_small(paths["dit_small_sft"], dit_specs(256, 1024, 3, ("BF16", "F8_E4M3", "F32")), seed=13)
+    write_small(paths["nested_model"], dit_specs(128, 512, 2, ("F16",)), seed=14)
+    write_small(paths["unicode_model"], dit_specs(192, 384, 2, ("BF16",)), seed=15)
+    (root / "notes.txt").write_text("tierfs test tree\n" * 100)
+    os.chmod(root / "notes.txt", 0o640)
+    (root / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    os.chmod(root / "run.sh", 0o755)
+    (root / "blob.bin").write_bytes(np.random.default_rng(16).bytes((5 << 20) + 123))
+    (root / "empty.txt").write_bytes(b"")
+    (root / "old.txt").write_text("old\n")
+    os.utime(root / "old.txt", ns=(978_307_200_123_456_789, 978_307_200_123_456_789))
+    (root / "héllo wörld.txt").write_text("unicode name ✓\n")
+    (root / "nested" / "deeper" / "readme.md").write_text("# deep\n")
+    os.symlink("notes.txt", root / "link_file")
+    os.symlink("unet.safetensors", root / "link_model")
+    os.symlink("nested", root / "link_dir")
+    done.write_text("ok\n")
+    return paths

@@ -1,0 +1,126 @@
+"""Concurrent random reads (pread and mmap) and bit-exact safetensors loading."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import random
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+from safetensors import safe_open
+
+import gen
+
+MiB = 1 << 20
+
+
+def _ranges(path: Path, n: int, seed: int) -> list[tuple[int, int]]:
+    """(offset, length) pairs: around tensor boundaries, header/data boundary, EOF, and random."""
+    size = path.stat().st_size
+    hn, _ = gen.read_header(path)
+    bounds = [0, 8, 8 + hn, size]
+    for _, s, e in gen.tensor_ranges(path):
+        bounds += [s, e]
+    rng = random.Random(seed)
+    lens = [1, 7, 4095, 4096, 65536, 131072 + 3, MiB + 13, 3 * MiB]
+    out = [(0, 8), (0, 8 + hn + 100), (8 + hn - 5, 10), (size - 1, 1), (size - 100, 4096), (size, 10),
+           (size - 3 * MiB, 3 * MiB)]
+    while len(out) < n:
+        b = rng.choice(bounds)
+        off = max(0, b + rng.randint(-70000, 70000)) if rng.random() < 0.7 else rng.randrange(size)
+        out.append((min(off, size), rng.choice(lens)))
+    return out
+
+
+def _check_pread(src_fd: int, mnt_fd: int, ranges) -> list[str]:
+    bad = []
+    for off, ln in ranges:
+        want = os.pread(src_fd, ln, off)
+        got = os.pread(mnt_fd, ln, off)
+        if got != want:
+            bad.append(f"pread off={off} len={ln}: got {len(got)} B, want {len(want)} B, equal prefix "
+                       f"{next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))}")
+    return bad
+
+
+def test_random_reads_8_threads_pread_and_mmap(mount, tree, big_file):
+    root, paths = tree
+    m = mount(root, "64MiB")
+    rel = "dit_big.safetensors"
+    src_p, mnt_p = root / rel, m.mnt / rel
+    size = src_p.stat().st_size
+    all_ranges = _ranges(src_p, 8 * 48, seed=1234)
+    chunks = [all_ranges[i::8] for i in range(8)]
+
+    src_fd = os.open(src_p, os.O_RDONLY)
+    mnt_fd = os.open(mnt_p, os.O_RDONLY)
+    try:
+        with ThreadPoolExecutor(8) as ex:
+            bad = sum(ex.map(lambda c: _check_pread(src_fd, mnt_fd, c), chunks), [])
+        assert not bad, f"{len(bad)} pread mismatches, first: {bad[:5]}"
+
+        mm = mmap.mmap(mnt_fd, 0, prot=mmap.PROT_READ)
+        try:
+            assert len(mm) == size
+
+            def check_mmap(c):
+                errs = []
+                for off, ln in c:
+                    want = os.pread(src_fd, ln, off)
+                    got = mm[off:off + ln]
+                    if got != want:
+                        errs.append(f"mmap off={off} len={ln}: got {len(got)} B, want {len(want)} B")
+                return errs
+
+            mm_ranges = _ranges(src_p, 8 * 32, seed=99)
+            with ThreadPoolExecutor(8) as ex:
+                bad = sum(ex.map(check_mmap, [mm_ranges[i::8] for i in range(8)]), [])
+            assert not bad, f"{len(bad)} mmap mismatches, first: {bad[:5]}"
+        finally:
+            mm.close()
+    finally:
+        os.close(src_fd)
+        os.close(mnt_fd)
+    st = m.stats()
+    assert st["cache"]["used_bytes"] <= 64 * MiB, st["cache"]
+    assert m.alive()
+
+
+def _header_order(path: Path) -> list[str]:
+    return [name for name, _, _ in gen.tensor_ranges(path)]
+
+
+def _compare_safe_open(src: Path, mnt: Path, order: list[str]) -> list[str]:
+    bad = []
+    with safe_open(str(src), framework="numpy") as fs, safe_open(str(mnt), framework="numpy") as fm:
+        assert sorted(fs.keys()) == sorted(fm.keys()), f"{mnt}: tensor names differ"
+        assert fs.metadata() == fm.metadata()
+        for name in order:
+            a, b = fs.get_tensor(name), fm.get_tensor(name)
+            if a.dtype != b.dtype or a.shape != b.shape or a.view(np.uint8).tobytes() != b.view(np.uint8).tobytes():
+                bad.append(f"{mnt.name}:{name} ({a.dtype}{a.shape})")
+    return bad
+
+
+def test_safe_open_all_tensors_bit_exact(mount, tree):
+    """Every tensor of every generated file, header order and reverse, equals the source bytes."""
+    root, paths = tree
+    m = mount(root, "64MiB")
+    files = sorted(paths.values())
+    dtypes_seen = set()
+    bad = []
+    for p in files:
+        rel = p.relative_to(root)
+        order = _header_order(p)
+        _, h = gen.read_header(p)
+        dtypes_seen |= {v["dtype"] for k, v in h.items() if k != "__metadata__"}
+        bad += _compare_safe_open(p, m.mnt / rel, order)
+        bad += _compare_safe_open(p, m.mnt / rel, order[::-1])
+    assert not bad, f"{len(bad)} tensors differ through the mount: {bad[:10]}"
+    assert {"BF16", "F16", "F32", "F8_E4M3"} <= dtypes_seen, dtypes_seen
+    listed = {f["path"] for f in m.stats()["files"]}
+    want = {str(p.relative_to(root)) for p in files}
+    assert want <= listed, f"opened safetensors files missing from stats.files: {want - listed}"
+    assert m.alive()

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The one test command (see README): build everything, run the Rust tests, then
+# the end-to-end Python suite against target/release/tierfs.  Exits non-zero on
+# any failure.  Needs root and /dev/fuse for the end-to-end part.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+
+if ! command -v cargo >/dev/null && [ -f "$HOME/.cargo/env" ]; then
+    . "$HOME/.cargo/env"
+fi
+
+echo "== cargo build --release --workspace"
+cargo build --release --workspace
+
+echo "== cargo test --workspace --release"
+cargo test --workspace --release
+
+if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
+
+# Everything the e2e tests create (mounts included) lives under this root, so a
+# hung or killed pytest can still be cleaned up here.
+TIERFS_TEST_ROOT=$(mktemp -d /tmp/tierfs-tests.XXXXXX)
+export TIERFS_TEST_ROOT
+export TIERFS_BIN="${TIERFS_BIN:-$REPO/target/release/tierfs}"
+export FAULTFS_BIN="${FAULTFS_BIN:-$REPO/target/release/faultfs}"
+
+cleanup() {
+    # Kill processes started for the tests (those whose command line names the
+    # test root), then lazily unmount anything still mounted under it.
+    local pid
+    for pid in $(grep -lsa -- "$TIERFS_TEST_ROOT" /proc/[0-9]*/cmdline 2>/dev/null | cut -d/ -f3); do
+        [ "$pid" != "$$" ] && kill -TERM "$pid" 2>/dev/null || true
+    done
+    sleep 1
+    awk -v r="$TIERFS_TEST_ROOT" 'index($2, r) == 1 {print $2}' /proc/mounts | sort -r |
+        while read -r mp; do umount -l "$(printf '%b' "$mp")" 2>/dev/null || true; done
+    for pid in $(grep -lsa -- "$TIERFS_TEST_ROOT" /proc/[0-9]*/cmdline 2>/dev/null | cut -d/ -f3); do
+        [ "$pid" != "$$" ] && kill -KILL "$pid" 2>/dev/null || true
+    done
+    if [ -z "${TIERFS_KEEP_TMP:-}" ]; then rm -rf "$TIERFS_TEST_ROOT"; fi
+}
+trap cleanup EXIT
+
+echo "== pytest tests/python (root: $TIERFS_TEST_ROOT)"
+# Hard cap so a hung FUSE request cannot eat the whole CI budget.
+timeout --kill-after=30 "${TIERFS_PYTEST_TIMEOUT:-3000}" \
+    "$PY" -m pytest tests/python -v -rfEs -p no:cacheprovider "$@"
