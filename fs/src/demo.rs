@@ -27,17 +27,30 @@ pub fn run(size: u64, budget: u64) -> Result<()> {
     std::fs::create_dir_all(&models)?;
     std::fs::create_dir_all(&mnt)?;
     let name = "demo-dit-bf16.safetensors";
-    println!("1. writing a {} synthetic DiT checkpoint: {}", format_size(size), models.join(name).display());
+    println!(
+        "1. writing a {} synthetic DiT checkpoint: {}",
+        format_size(size),
+        models.join(name).display()
+    );
     let spec = SynthSpec {
         layout: Layout::Dit,
         target_bytes: size,
         dtype: SynthDtype::BF16,
         seed: 2026,
     };
-    let summary = write_checkpoint(&models.join(name), &spec).context("cannot write the checkpoint")?;
-    println!("   {} tensors in {} blocks", summary.tensors, summary.blocks);
+    let summary =
+        write_checkpoint(&models.join(name), &spec).context("cannot write the checkpoint")?;
+    println!(
+        "   {} tensors in {} blocks",
+        summary.tensors, summary.blocks
+    );
 
-    println!("2. mounting {} at {} with a {} RAM cache", models.display(), mnt.display(), format_size(budget));
+    println!(
+        "2. mounting {} at {} with a {} RAM cache",
+        models.display(),
+        mnt.display(),
+        format_size(budget)
+    );
     let request = MountRequest {
         source: models.clone(),
         mountpoint: mnt.clone(),
@@ -50,13 +63,13 @@ pub fn run(size: u64, budget: u64) -> Result<()> {
     let mounted = Mounted::start(&request)?;
     let streamed = stream_twice(&mnt.join(name), &models.join(name));
     let stats = std::fs::read_to_string(mnt.join(".tierfs/stats"));
-    println!("4. unmounting");
-    mounted.unmount()?;
+    let unmounted = mounted.unmount();
     streamed?;
     let doc: serde_json::Value = serde_json::from_str(&stats?)?;
-    println!("3. live stats, as `tierfs stats MOUNTPOINT` shows them (raw JSON: cat MOUNTPOINT/.tierfs/stats):\n");
+    println!("4. live stats, as `tierfs stats MOUNTPOINT` shows them (raw JSON: MOUNTPOINT/.tierfs/stats):\n");
     print!("{}", crate::stats_cmd::render_document(&doc));
-    println!("\nEvery byte read through the mount matched the source file.");
+    unmounted?;
+    println!("\n5. unmounted. Every byte read through the mount matched the source file.");
     Ok(())
 }
 
@@ -76,7 +89,8 @@ fn stream_twice(mounted: &Path, source: &Path) -> Result<()> {
 }
 
 fn compare(mounted: &Path, source: &Path) -> Result<u64> {
-    let mut through = File::open(mounted).with_context(|| format!("cannot open {}", mounted.display()))?;
+    let mut through =
+        File::open(mounted).with_context(|| format!("cannot open {}", mounted.display()))?;
     let mut direct = File::open(source)?;
     let (mut a, mut b) = (vec![0u8; READ_BYTES], vec![0u8; READ_BYTES]);
     let mut total = 0u64;

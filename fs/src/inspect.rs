@@ -31,12 +31,23 @@ fn print_table(path: &Path, index: &TensorIndex) {
     println!("\nBlocks (default model order):");
     println!("  {:<48} {:>8} {:>12}", "block", "tensors", "bytes");
     for block in &index.blocks {
-        println!("  {:<48} {:>8} {:>12}", block.name, block.tensors, format_size(block.bytes));
+        println!(
+            "  {:<48} {:>8} {:>12}",
+            block.name,
+            block.tensors,
+            format_size(block.bytes)
+        );
     }
     println!("\nTensors (file order):");
-    println!("  {:<56} {:<8} {:<20} {:>14} {:>14}  block", "name", "dtype", "shape", "start", "end");
+    println!(
+        "  {:<56} {:<8} {:<20} {:>14} {:>14}  block",
+        "name", "dtype", "shape", "start", "end"
+    );
     for tensor in &index.tensors {
-        let block = index.blocks.get(tensor.block).map_or("?", |b| b.name.as_str());
+        let block = index
+            .blocks
+            .get(tensor.block)
+            .map_or("?", |b| b.name.as_str());
         let shape = format!("{:?}", tensor.shape);
         println!(
             "  {:<56} {:<8} {:<20} {:>14} {:>14}  {}",

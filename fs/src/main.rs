@@ -17,7 +17,11 @@ use clap::{Parser, Subcommand};
 use tierfs_core::size::{format_size, parse_size};
 
 #[derive(Parser)]
-#[command(name = "tierfs", version, about = "Stream ML checkpoints through a byte-bounded, tensor-aware RAM cache")]
+#[command(
+    name = "tierfs",
+    version,
+    about = "Stream ML checkpoints through a byte-bounded, tensor-aware RAM cache"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -118,7 +122,10 @@ fn run(command: Command) -> Result<()> {
         } => {
             let budget = ram_cache.unwrap_or_else(|| {
                 let budget = mount::default_budget();
-                eprintln!("tierfs: RAM cache budget {} (a quarter of RAM; set it with --ram-cache)", format_size(budget));
+                eprintln!(
+                    "tierfs: RAM cache budget {} (a quarter of RAM; set it with --ram-cache)",
+                    format_size(budget)
+                );
                 budget
             });
             let request = mount::MountRequest {
@@ -136,7 +143,12 @@ fn run(command: Command) -> Result<()> {
             mount::run_foreground(&request)
         }
         Command::Unmount { mountpoint, lazy } => mount::unmount(&mountpoint, lazy),
-        Command::Stats { mountpoint, watch, interval, json } => stats_cmd::run(&mountpoint, watch, interval, json),
+        Command::Stats {
+            mountpoint,
+            watch,
+            interval,
+            json,
+        } => stats_cmd::run(&mountpoint, watch, interval, json),
         Command::Inspect { file, json } => inspect::run(&file, json),
         Command::Demo { size, ram_cache } => demo::run(size, ram_cache),
     }

@@ -45,7 +45,12 @@ pub struct MountRequest {
 /// model's own copy in RAM or VRAM staging, and the OS.
 pub fn default_budget() -> u64 {
     // SAFETY: sysconf only reads system configuration.
-    let (pages, page_size) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    let (pages, page_size) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
     let ram = u64::try_from(pages).unwrap_or(0) * u64::try_from(page_size).unwrap_or(0);
     (ram / 4).max(256 << 20)
 }
@@ -71,7 +76,13 @@ impl Mounted {
         };
         let fs = TierFs::new(settings, Arc::clone(&store), window, invalidations);
         let session = fuser::Session::new(fs, &mountpoint, &session_config(request, &source))
-            .with_context(|| format!("cannot mount {} at {}", source.display(), mountpoint.display()))?;
+            .with_context(|| {
+                format!(
+                    "cannot mount {} at {}",
+                    source.display(),
+                    mountpoint.display()
+                )
+            })?;
         let notifier = session.notifier();
         thread::Builder::new()
             .name("tierfs-invalidate".into())
@@ -80,12 +91,17 @@ impl Mounted {
         let session = session.spawn().context("cannot start the FUSE session")?;
         // Only now: finding the mount's device stats the mount, which needs the session running.
         set_bdi_readahead(&mountpoint, request.readahead);
-        Ok(Mounted { session, mountpoint })
+        Ok(Mounted {
+            session,
+            mountpoint,
+        })
     }
 
     /// Blocks until the mount goes away (unmounted by a signal, `tierfs unmount` or `umount`).
     pub fn wait(self) -> Result<()> {
-        self.session.join().context("FUSE session ended with an error")
+        self.session
+            .join()
+            .context("FUSE session ended with an error")
     }
 
     /// Unmounts and waits for the session to end.
@@ -106,7 +122,8 @@ pub fn run_foreground(request: &MountRequest) -> Result<()> {
         .spawn(move || {
             if let Some(signal) = signals.forever().next() {
                 tracing::info!(signal, "signal received: unmounting");
-                if let Err(e) = unmount(&mountpoint, false).or_else(|_| unmount(&mountpoint, true)) {
+                if let Err(e) = unmount(&mountpoint, false).or_else(|_| unmount(&mountpoint, true))
+                {
                     tracing::error!(error = %e, "cannot unmount");
                 }
             }
@@ -167,7 +184,9 @@ pub fn daemonize(request: &MountRequest, log_file: Option<&Path>) -> Result<()> 
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while std::time::Instant::now() < deadline {
         if let Some(status) = child.try_wait().context("cannot watch the daemon")? {
-            bail!("the daemon exited before the mount was ready ({status}); see its log (--log-file)");
+            bail!(
+                "the daemon exited before the mount was ready ({status}); see its log (--log-file)"
+            );
         }
         if is_tierfs_mount(&request.mountpoint) {
             eprintln!(
@@ -180,7 +199,10 @@ pub fn daemonize(request: &MountRequest, log_file: Option<&Path>) -> Result<()> 
         }
         thread::sleep(std::time::Duration::from_millis(50));
     }
-    bail!("the mount was not ready after 30 s; daemon {} is still running", child.id())
+    bail!(
+        "the mount was not ready after 30 s; daemon {} is still running",
+        child.id()
+    )
 }
 
 /// Whether `mountpoint` is a live tierfs mount (its stats file answers).
@@ -242,7 +264,8 @@ fn check_mountpoint(mountpoint: &Path, source: &Path) -> Result<PathBuf> {
 
 /// Unmounts `mountpoint`; `lazy` detaches it even while files are open (`umount -l`).
 pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<()> {
-    let path = CString::new(mountpoint.as_os_str().as_bytes()).context("mountpoint path contains a NUL byte")?;
+    let path = CString::new(mountpoint.as_os_str().as_bytes())
+        .context("mountpoint path contains a NUL byte")?;
     let flags = if lazy { libc::MNT_DETACH } else { 0 };
     // SAFETY: `path` is a valid NUL-terminated string.
     if unsafe { libc::umount2(path.as_ptr(), flags) } == 0 {
@@ -250,7 +273,10 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<()> {
     }
     let err = io::Error::last_os_error();
     match err.raw_os_error() {
-        Some(libc::EBUSY) => bail!("{} is busy (files are open there); close them or use --lazy", mountpoint.display()),
+        Some(libc::EBUSY) => bail!(
+            "{} is busy (files are open there); close them or use --lazy",
+            mountpoint.display()
+        ),
         Some(libc::EINVAL) => bail!("{} is not a mount point", mountpoint.display()),
         _ => Err(err).with_context(|| format!("cannot unmount {}", mountpoint.display())),
     }
@@ -261,12 +287,20 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<()> {
 /// larger windows give the daemon 1 MiB requests and several in flight. Needs root; without it
 /// the kernel default stays, which is slower but correct.
 fn set_bdi_readahead(mountpoint: &Path, bytes: u64) {
-    let Ok(meta) = std::fs::metadata(mountpoint) else { return };
+    let Ok(meta) = std::fs::metadata(mountpoint) else {
+        return;
+    };
     let dev = meta.dev();
-    let path = format!("/sys/class/bdi/{}:{}/read_ahead_kb", libc::major(dev), libc::minor(dev));
+    let path = format!(
+        "/sys/class/bdi/{}:{}/read_ahead_kb",
+        libc::major(dev),
+        libc::minor(dev)
+    );
     match std::fs::write(&path, (bytes / 1024).to_string()) {
         Ok(()) => tracing::debug!(%path, kib = bytes / 1024, "mount readahead set"),
-        Err(e) => tracing::info!(%path, error = %e, "cannot raise the mount's readahead; keeping the kernel default"),
+        Err(e) => {
+            tracing::info!(%path, error = %e, "cannot raise the mount's readahead; keeping the kernel default")
+        }
     }
 }
 
@@ -280,7 +314,9 @@ fn run_invalidations(notifier: &Notifier, queue: &Receiver<InodeRange>, store: &
             // ENOENT: the kernel already forgot the inode, so it caches nothing of it. The loop
             // ends when the file system (holding the sender) is dropped at unmount.
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
-            Err(e) => tracing::debug!(error = %e, ino = range.ino, "page-cache invalidation failed"),
+            Err(e) => {
+                tracing::debug!(error = %e, ino = range.ino, "page-cache invalidation failed")
+            }
         }
     }
 }

@@ -15,9 +15,15 @@ pub fn run(mountpoint: &Path, watch: bool, interval: f64, json: bool) -> Result<
     let path = mountpoint.join(".tierfs/stats");
     let mut previous: Option<(Instant, Value)> = None;
     loop {
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("cannot read {} (is {} a tierfs mount?)", path.display(), mountpoint.display()))?;
-        let doc: Value = serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))?;
+        let text = std::fs::read_to_string(&path).with_context(|| {
+            format!(
+                "cannot read {} (is {} a tierfs mount?)",
+                path.display(),
+                mountpoint.display()
+            )
+        })?;
+        let doc: Value = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not valid JSON", path.display()))?;
         if json {
             println!("{}", serde_json::to_string_pretty(&doc)?);
         } else {
@@ -50,7 +56,11 @@ fn render(doc: &Value, previous: Option<&(Instant, Value)>) -> String {
     let size = |path: &[&str]| format_size(num(doc, path));
     let hits = num(doc, &["cache", "hits"]);
     let lookups = hits + num(doc, &["cache", "misses"]);
-    let hit_rate = if lookups == 0 { 0.0 } else { 100.0 * hits as f64 / lookups as f64 };
+    let hit_rate = if lookups == 0 {
+        0.0
+    } else {
+        100.0 * hits as f64 / lookups as f64
+    };
     let mut out = format!(
         "tierfs {} -> {}\n\
          cache     {} used of {} budget, {} chunks, hit rate {hit_rate:.1}% ({hits} of {lookups})\n\
@@ -79,14 +89,19 @@ fn render(doc: &Value, previous: Option<&(Instant, Value)>) -> String {
     );
     if let Some((then, before)) = previous {
         let secs = then.elapsed().as_secs_f64().max(1e-3);
-        let rate = |path: &[&str]| format_size(((num(doc, path).saturating_sub(num(before, path))) as f64 / secs) as u64);
+        let rate = |path: &[&str]| {
+            format_size(((num(doc, path).saturating_sub(num(before, path))) as f64 / secs) as u64)
+        };
         out += &format!(
             "rates     disk {}/s, served from cache {}/s\n",
             rate(&["disk", "read_bytes"]),
             rate(&["cache", "hit_bytes"])
         );
     }
-    out += &format!("\n  {:<50} {:>12} {:>8} {:>7} {:>12}  note\n", "file", "size", "tensors", "blocks", "cached");
+    out += &format!(
+        "\n  {:<50} {:>12} {:>8} {:>7} {:>12}  note\n",
+        "file", "size", "tensors", "blocks", "cached"
+    );
     for file in doc["files"].as_array().into_iter().flatten() {
         let note = match file["malformed_reason"].as_str() {
             Some(reason) => format!("malformed: {reason}"),

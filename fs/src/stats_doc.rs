@@ -6,7 +6,9 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 use tierfs_core::kernel_cache::KernelCacheWindow;
 use tierfs_core::models::ModelStore;
-use tierfs_core::stats::{CacheSnapshot, Counters, DiskSnapshot, FileSnapshot, KernelCacheSnapshot, PrefetchSnapshot};
+use tierfs_core::stats::{
+    CacheSnapshot, Counters, DiskSnapshot, FileSnapshot, KernelCacheSnapshot, PrefetchSnapshot,
+};
 
 /// Version of the document's schema; bumped when a key changes meaning or disappears.
 pub const SCHEMA_VERSION: u32 = 1;

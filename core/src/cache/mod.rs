@@ -170,6 +170,9 @@ impl ChunkCache {
         if want == Want::Read {
             Counters::add(&self.counters.misses, 1);
             Counters::add(&self.counters.stall_ns, started.elapsed().as_nanos() as u64);
+            if let Ok(chunk) = &result {
+                self.note_read(chunk);
+            }
         }
         result.map(|chunk| (chunk, Outcome::Miss))
     }
@@ -242,6 +245,13 @@ impl ChunkCache {
         }
     }
 
+    /// A reader got `chunk`: if a prefetch brought it in, that prefetch was useful.
+    fn note_read(&self, chunk: &Chunk) {
+        if chunk.unread_prefetch.swap(false, Ordering::Relaxed) {
+            Counters::add(&self.counters.prefetch_used_bytes, chunk.footprint());
+        }
+    }
+
     /// Decides, under the lock, how a request is answered.
     fn plan(&self, key: ChunkKey, footprint: u64, want: Want) -> Plan {
         let mut state = self.lock();
@@ -249,9 +259,7 @@ impl ChunkCache {
             let chunk = Arc::clone(chunk);
             if want == Want::Read {
                 Counters::add(&self.counters.hits, 1);
-                if chunk.unread_prefetch.swap(false, Ordering::Relaxed) {
-                    Counters::add(&self.counters.prefetch_used_bytes, chunk.footprint());
-                }
+                self.note_read(&chunk);
             }
             return Plan::Hit(chunk);
         }
@@ -354,3 +362,6 @@ impl ChunkCache {
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
+
+#[cfg(test)]
+mod tests;

@@ -134,3 +134,113 @@ impl PlanBuilder {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::index::{BlockInfo, TensorInfo};
+    use proptest::prelude::*;
+
+    /// An index with tensors of the given (length, block) laid out back to back.
+    fn index_of(tensors: &[(u64, usize)]) -> TensorIndex {
+        let header_bytes = 1000;
+        let mut start = header_bytes;
+        let tensors: Vec<TensorInfo> = tensors
+            .iter()
+            .enumerate()
+            .map(|(i, &(len, block))| {
+                let t = TensorInfo {
+                    name: format!("t{i}"),
+                    dtype: "U8".into(),
+                    shape: vec![len],
+                    start,
+                    end: start + len,
+                    block,
+                };
+                start += len;
+                t
+            })
+            .collect();
+        let blocks = (0..=tensors.iter().map(|t| t.block).max().unwrap_or(0))
+            .map(|b| BlockInfo {
+                name: format!("b{b}"),
+                family: None,
+                number: None,
+                tensors: 0,
+                bytes: 0,
+            })
+            .collect();
+        TensorIndex {
+            file_size: start,
+            header_bytes,
+            data_end: start,
+            tensors,
+            blocks,
+            metadata: None,
+        }
+    }
+
+    #[test]
+    fn large_tensors_are_cut_from_their_start_and_small_ones_packed_per_block() {
+        let mib = 1 << 20;
+        let index = index_of(&[(10 * mib, 0), (4096, 0), (8192, 0), (4096, 1), (5 * mib, 1)]);
+        let plan = ChunkPlan::for_index(&index);
+        let spans: Vec<(u64, u64, usize)> = plan
+            .chunks()
+            .iter()
+            .map(|c| (c.start - 1000, c.len(), c.block))
+            .collect();
+        assert_eq!(
+            spans,
+            vec![
+                (0, 4 * mib, 0),
+                (4 * mib, 4 * mib, 0),
+                (8 * mib, 2 * mib, 0),
+                (10 * mib, 4096 + 8192, 0), // two small tensors of block 0 share a chunk
+                (10 * mib + 12288, 4096, 1), // a new block starts a new chunk
+                (10 * mib + 16384, 4 * mib, 1),
+                (14 * mib + 16384, mib, 1),
+            ]
+        );
+        assert_eq!(plan.chunk_at(999), None);
+        assert_eq!(plan.chunk_at(1000), Some(0));
+        assert_eq!(plan.chunk_at(1000 + 4 * mib), Some(1));
+        assert_eq!(plan.chunk_at(index.data_end - 1), Some(6));
+        assert_eq!(plan.chunk_at(index.data_end), None);
+    }
+
+    proptest! {
+        /// Whatever the tensors, chunks cover the data region exactly, in order, never exceed
+        /// CHUNK_BYTES, and never mix tensors unless all of them are small and of one block.
+        #[test]
+        fn chunks_tile_the_data_and_respect_tensor_boundaries(
+            tensors in prop::collection::vec((0u64..12 << 20, 0usize..4), 0..40)
+        ) {
+            let index = index_of(&tensors);
+            let plan = ChunkPlan::for_index(&index);
+            let mut cursor = index.header_bytes;
+            for chunk in plan.chunks() {
+                prop_assert_eq!(chunk.start, cursor);
+                prop_assert!(chunk.len() > 0 && chunk.len() <= CHUNK_BYTES);
+                let inside: Vec<&TensorInfo> = index.tensors.iter()
+                    .filter(|t| t.start < chunk.end && t.end > chunk.start)
+                    .collect();
+                if inside.len() > 1 {
+                    for t in &inside {
+                        prop_assert!(t.len() <= SMALL_TENSOR_BYTES);
+                        prop_assert!(t.start >= chunk.start && t.end <= chunk.end);
+                        prop_assert_eq!(t.block, chunk.block);
+                    }
+                } else {
+                    prop_assert_eq!(inside.len(), 1);
+                    let t = inside[0];
+                    prop_assert_eq!(t.block, chunk.block);
+                    // Pieces of a large tensor start at multiples of CHUNK_BYTES from its start.
+                    prop_assert_eq!((chunk.start - t.start) % CHUNK_BYTES, 0);
+                }
+                cursor = chunk.end;
+            }
+            prop_assert_eq!(cursor, index.data_end);
+        }
+    }
+}

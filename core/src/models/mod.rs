@@ -370,3 +370,6 @@ impl ModelStore {
         self.files.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
+
+#[cfg(test)]
+mod tests;

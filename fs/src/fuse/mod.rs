@@ -41,8 +41,8 @@ use tierfs_core::kernel_cache::{InodeRange, KernelCacheWindow};
 use tierfs_core::models::{is_model_path, ModelFile, ModelStore};
 
 use crate::stats_doc::StatsDocument;
-pub use inodes::{CONTROL_DIR_INO, ROOT_INO, STATS_INO};
 use inodes::Inodes;
+pub use inodes::{CONTROL_DIR_INO, ROOT_INO, STATS_INO};
 use present::present;
 
 /// How long the kernel may trust attributes and lookups. Half a second keeps the promise that
@@ -164,7 +164,11 @@ impl TierFs {
             return Ok(CONTROL_DIR_INO);
         }
         if parent == CONTROL_DIR_INO {
-            return if name == "stats" { Ok(STATS_INO) } else { Err(Errno::ENOENT) };
+            return if name == "stats" {
+                Ok(STATS_INO)
+            } else {
+                Err(Errno::ENOENT)
+            };
         }
         let parent_path = self.inodes.path_of(parent).ok_or(Errno::ENOENT)?;
         Ok(self.inodes.ino_of(&parent_path.join(plain_name(name)?)))
@@ -219,14 +223,23 @@ impl TierFs {
                     let fh = self.add_handle(Handle::Passthrough(Arc::clone(&backing)));
                     return reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &backing);
                 }
-                Err(e) => tracing::debug!(file = %abs.display(), error = %e, "passthrough refused; serving with pread"),
+                Err(e) => {
+                    tracing::debug!(file = %abs.display(), error = %e, "passthrough refused; serving with pread")
+                }
             }
         }
         let fh = self.add_handle(Handle::Plain(file));
         reply.opened(FileHandle(fh), FopenFlags::empty())
     }
 
-    fn read_model(&self, ino: u64, model: &Arc<ModelFile>, offset: u64, size: u32, reply: ReplyData) {
+    fn read_model(
+        &self,
+        ino: u64,
+        model: &Arc<ModelFile>,
+        offset: u64,
+        size: u32,
+        reply: ReplyData,
+    ) {
         match self.store.read(model, offset, size) {
             Ok(bytes) => {
                 reply.data(&bytes);
@@ -276,12 +289,12 @@ impl Filesystem for TierFs {
         // Large reads: the kernel may send up to max_pages (1 MiB) per request.
         let _ = config.set_max_readahead(crate::mount::KERNEL_READAHEAD_BYTES);
         if self.settings.passthrough {
-            let enabled = config
-                .add_capabilities(InitFlags::FUSE_PASSTHROUGH)
-                .is_ok()
+            let enabled = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
                 && config.set_max_stack_depth(1).is_ok();
             if !enabled {
-                tracing::info!("the kernel does not offer FUSE passthrough: other files are served with pread");
+                tracing::info!(
+                    "the kernel does not offer FUSE passthrough: other files are served with pread"
+                );
                 self.settings.passthrough = false;
             }
         }
@@ -372,11 +385,25 @@ impl Filesystem for TierFs {
         reply.ok();
     }
 
-    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
         reply.ok() // nothing is ever buffered for writing
     }
 
-    fn getxattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, _size: u32, reply: fuser::ReplyXattr) {
+    fn getxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _size: u32,
+        reply: fuser::ReplyXattr,
+    ) {
         reply.error(Errno::ENODATA)
     }
 
@@ -485,7 +512,15 @@ impl Filesystem for TierFs {
         reply.error(Errno::EROFS)
     }
 
-    fn mkdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, _mode: u32, _umask: u32, reply: ReplyEntry) {
+    fn mkdir(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
         reply.error(Errno::EROFS)
     }
 
@@ -497,7 +532,14 @@ impl Filesystem for TierFs {
         reply.error(Errno::EROFS)
     }
 
-    fn symlink(&self, _req: &Request, _parent: INodeNo, _link_name: &OsStr, _target: &Path, reply: ReplyEntry) {
+    fn symlink(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _link_name: &OsStr,
+        _target: &Path,
+        reply: ReplyEntry,
+    ) {
         reply.error(Errno::EROFS)
     }
 
@@ -514,7 +556,14 @@ impl Filesystem for TierFs {
         reply.error(Errno::EROFS)
     }
 
-    fn link(&self, _req: &Request, _ino: INodeNo, _newparent: INodeNo, _newname: &OsStr, reply: ReplyEntry) {
+    fn link(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
         reply.error(Errno::EROFS)
     }
 

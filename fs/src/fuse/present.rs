@@ -25,7 +25,9 @@ pub fn present(abs: &Path) -> io::Result<(Metadata, FileType)> {
     }
     match fs::metadata(abs) {
         Ok(target) if target.is_file() => Ok((target, FileType::RegularFile)),
-        Ok(target) if target.is_dir() && !points_at_ancestor(abs) => Ok((target, FileType::Directory)),
+        Ok(target) if target.is_dir() && !points_at_ancestor(abs) => {
+            Ok((target, FileType::Directory))
+        }
         _ => Ok((link, FileType::Symlink)),
     }
 }
@@ -60,9 +62,18 @@ mod tests {
 
         let (meta, kind) = present(&root.join("link.safetensors")).unwrap();
         assert_eq!((kind, meta.len()), (FileType::RegularFile, 5));
-        assert_eq!(present(&root.join("subdir-link")).unwrap().1, FileType::Directory);
-        assert_eq!(present(&root.join("sub/loop")).unwrap().1, FileType::Symlink);
-        assert_eq!(present(&root.join("dangling")).unwrap().1, FileType::Symlink);
+        assert_eq!(
+            present(&root.join("subdir-link")).unwrap().1,
+            FileType::Directory
+        );
+        assert_eq!(
+            present(&root.join("sub/loop")).unwrap().1,
+            FileType::Symlink
+        );
+        assert_eq!(
+            present(&root.join("dangling")).unwrap().1,
+            FileType::Symlink
+        );
         assert_eq!(present(&root.join("sub")).unwrap().1, FileType::Directory);
         assert!(present(&root.join("nope")).is_err());
     }

@@ -149,7 +149,10 @@ impl FaultFs {
         let faults: Vec<Fault> = match serde_json::from_slice(&text) {
             Ok(f) => f,
             Err(e) => {
-                eprintln!("faultfs: ignoring unparsable {}: {e}", self.faults_path.display());
+                eprintln!(
+                    "faultfs: ignoring unparsable {}: {e}",
+                    self.faults_path.display()
+                );
                 return false;
             }
         };

@@ -1,0 +1,172 @@
+//! Tests of the chunk cache against real (temporary) source files.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::Duration;
+
+use super::*;
+use crate::source::{aligned_footprint, SourceFile};
+
+const CHUNK: u64 = 64 << 10;
+
+struct Fixture {
+    _file: tempfile::NamedTempFile,
+    source: SourceFile,
+    data: Vec<u8>,
+}
+
+fn fixture(chunks: u64) -> Fixture {
+    let data: Vec<u8> = (0..chunks * CHUNK).map(|i| (i * 31 % 251) as u8).collect();
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    file.write_all(&data).unwrap();
+    file.flush().unwrap();
+    let source = SourceFile::open(file.path()).unwrap();
+    Fixture {
+        _file: file,
+        source,
+        data,
+    }
+}
+
+fn key(chunk: u32) -> ChunkKey {
+    ChunkKey { file: 1, chunk }
+}
+
+fn get(cache: &ChunkCache, fx: &Fixture, chunk: u32) -> Result<(Arc<Chunk>, Outcome), CacheError> {
+    let (start, end) = (u64::from(chunk) * CHUNK, u64::from(chunk + 1) * CHUNK);
+    cache.get_or_load(
+        key(chunk),
+        aligned_footprint(start, end),
+        Want::Read,
+        || fx.source.read_aligned(start, end),
+    )
+}
+
+#[test]
+fn hits_after_a_miss_and_bytes_are_exact() {
+    let fx = fixture(4);
+    let cache = ChunkCache::new(4 * CHUNK, Arc::new(Counters::default()));
+    let (chunk, outcome) = get(&cache, &fx, 2).unwrap();
+    assert_eq!(outcome, Outcome::Miss);
+    assert_eq!(
+        chunk.as_slice(),
+        &fx.data[2 * CHUNK as usize..3 * CHUNK as usize]
+    );
+    assert_eq!(get(&cache, &fx, 2).unwrap().1, Outcome::Hit);
+    let snap = cache.snapshot();
+    assert_eq!((snap.hits, snap.misses, snap.used_bytes), (1, 1, CHUNK));
+}
+
+#[test]
+fn never_holds_more_than_the_budget_and_evicts_least_recently_used() {
+    let fx = fixture(8);
+    let cache = ChunkCache::new(3 * CHUNK, Arc::new(Counters::default()));
+    for chunk in [0, 1, 2] {
+        get(&cache, &fx, chunk).unwrap();
+    }
+    get(&cache, &fx, 0).unwrap(); // 0 becomes most recent; 1 is now the LRU victim
+    get(&cache, &fx, 3).unwrap();
+    assert!(cache.is_present(key(0)) && !cache.is_present(key(1)));
+    for chunk in 0..8 {
+        get(&cache, &fx, chunk).unwrap();
+        assert!(cache.snapshot().used_bytes <= 3 * CHUNK);
+    }
+    assert!(cache.snapshot().evicted_bytes >= 5 * CHUNK);
+}
+
+#[test]
+fn concurrent_misses_read_the_disk_once() {
+    let fx = Arc::new(fixture(2));
+    let cache = Arc::new(ChunkCache::new(4 * CHUNK, Arc::new(Counters::default())));
+    let loads = Arc::new(AtomicUsize::new(0));
+    let barrier = Arc::new(Barrier::new(8));
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let (fx, cache, loads, barrier) =
+                (fx.clone(), cache.clone(), loads.clone(), barrier.clone());
+            thread::spawn(move || {
+                barrier.wait();
+                let (chunk, _) = cache
+                    .get_or_load(key(1), CHUNK, Want::Read, || {
+                        loads.fetch_add(1, Ordering::SeqCst);
+                        thread::sleep(Duration::from_millis(50)); // keep the read in flight
+                        fx.source.read_aligned(CHUNK, 2 * CHUNK)
+                    })
+                    .unwrap();
+                assert_eq!(chunk.as_slice(), &fx.data[CHUNK as usize..]);
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(loads.load(Ordering::SeqCst), 1);
+    assert_eq!(cache.counters().disk_reads.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn failed_reads_are_not_cached_and_release_their_reservation() {
+    let fx = fixture(2);
+    let cache = ChunkCache::new(4 * CHUNK, Arc::new(Counters::default()));
+    let failed = cache.get_or_load(key(0), CHUNK, Want::Read, || {
+        Err(SourceError::Truncated {
+            path: "x".into(),
+            wanted_end: 10,
+            got_end: 5,
+        })
+    });
+    assert!(failed.is_err());
+    assert!(!cache.is_present(key(0)));
+    assert_eq!(cache.snapshot().used_bytes, 0);
+    assert_eq!(cache.counters().disk_errors.load(Ordering::SeqCst), 1);
+    // The next request retries the disk and gets the right bytes.
+    let (chunk, outcome) = get(&cache, &fx, 0).unwrap();
+    assert_eq!(outcome, Outcome::Miss);
+    assert_eq!(chunk.as_slice(), &fx.data[..CHUNK as usize]);
+}
+
+#[test]
+fn chunks_larger_than_the_budget_are_served_uncached() {
+    let fx = fixture(2);
+    let cache = ChunkCache::new(CHUNK / 2, Arc::new(Counters::default()));
+    let (chunk, _) = get(&cache, &fx, 1).unwrap();
+    assert_eq!(chunk.as_slice(), &fx.data[CHUNK as usize..]);
+    assert!(!cache.is_present(key(1)));
+    assert_eq!(cache.snapshot().used_bytes, 0);
+}
+
+#[test]
+fn shrinking_the_budget_evicts_at_once_and_forget_drops_a_file() {
+    let fx = fixture(4);
+    let cache = ChunkCache::new(4 * CHUNK, Arc::new(Counters::default()));
+    for chunk in 0..4 {
+        get(&cache, &fx, chunk).unwrap();
+    }
+    assert_eq!(cache.cached_bytes(1), 4 * CHUNK);
+    cache.set_budget(CHUNK);
+    assert_eq!(cache.snapshot().used_bytes, CHUNK);
+    cache.forget_file(1);
+    assert_eq!((cache.snapshot().used_bytes, cache.cached_bytes(1)), (0, 0));
+}
+
+#[test]
+fn prefetched_chunks_count_as_used_or_wasted() {
+    let fx = fixture(4);
+    let cache = ChunkCache::new(2 * CHUNK, Arc::new(Counters::default()));
+    for chunk in 0..2u32 {
+        let (start, end) = (u64::from(chunk) * CHUNK, u64::from(chunk + 1) * CHUNK);
+        cache
+            .get_or_load(key(chunk), CHUNK, Want::Prefetch, || {
+                fx.source.read_aligned(start, end)
+            })
+            .unwrap();
+    }
+    get(&cache, &fx, 0).unwrap(); // used
+    get(&cache, &fx, 2).unwrap(); // evicts chunk 1, never read: wasted
+    let c = cache.counters();
+    assert_eq!(c.prefetch_issued_bytes.load(Ordering::SeqCst), 2 * CHUNK);
+    assert_eq!(c.prefetch_used_bytes.load(Ordering::SeqCst), CHUNK);
+    assert_eq!(c.prefetch_wasted_bytes.load(Ordering::SeqCst), CHUNK);
+}
