@@ -113,3 +113,88 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn sequential_readahead_is_not_wasted() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = checkpoint(dir.path(), "m.safetensors", 96 << 20, 1);
+    let store = ModelStore::new(64 << 20);
+    let file = store
+        .open(
+            Path::new("m.safetensors"),
+            &dir.path().join("m.safetensors"),
+        )
+        .unwrap();
+    for _pass in 0..2 {
+        let mut offset = 0;
+        while offset < bytes.len() as u64 {
+            let got = store.read(&file, offset, 128 << 10).unwrap();
+            offset += got.len() as u64;
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+    }
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let c = store.counters();
+    let (issued, used, wasted) = (
+        Counters::get(&c.prefetch_issued_bytes),
+        Counters::get(&c.prefetch_used_bytes),
+        Counters::get(&c.prefetch_wasted_bytes),
+    );
+    eprintln!(
+        "issued {issued} used {used} wasted {wasted} hits {} misses {}",
+        Counters::get(&c.hits),
+        Counters::get(&c.misses)
+    );
+    assert!(issued > 0);
+    assert!(
+        wasted <= issued / 10,
+        "issued {issued} used {used} wasted {wasted}"
+    );
+}
+
+#[test]
+fn concurrent_sequential_readers_account_prefetch_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = checkpoint(dir.path(), "m.safetensors", 96 << 20, 1);
+    let store = Arc::new(ModelStore::new(64 << 20));
+    let file = store
+        .open(
+            Path::new("m.safetensors"),
+            &dir.path().join("m.safetensors"),
+        )
+        .unwrap();
+    let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let len = bytes.len() as u64;
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let (store, file, next) = (store.clone(), file.clone(), next.clone());
+            std::thread::spawn(move || loop {
+                let offset = next.fetch_add(1 << 20, Ordering::SeqCst);
+                if offset >= 2 * len {
+                    return;
+                }
+                store.read(&file, offset % len, 1 << 20).unwrap();
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let c = store.counters();
+    let (issued, used, wasted) = (
+        Counters::get(&c.prefetch_issued_bytes),
+        Counters::get(&c.prefetch_used_bytes),
+        Counters::get(&c.prefetch_wasted_bytes),
+    );
+    eprintln!(
+        "issued {issued} used {used} wasted {wasted} hits {} misses {} disk {}",
+        Counters::get(&c.hits),
+        Counters::get(&c.misses),
+        Counters::get(&c.disk_read_bytes)
+    );
+    assert!(
+        wasted <= issued / 10,
+        "issued {issued} used {used} wasted {wasted}"
+    );
+}
