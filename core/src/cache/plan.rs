@@ -221,7 +221,7 @@ mod tests {
             let mut cursor = index.header_bytes;
             for chunk in plan.chunks() {
                 prop_assert_eq!(chunk.start, cursor);
-                prop_assert!(chunk.len() > 0 && chunk.len() <= CHUNK_BYTES);
+                prop_assert!(!chunk.is_empty() && chunk.len() <= CHUNK_BYTES);
                 let inside: Vec<&TensorInfo> = index.tensors.iter()
                     .filter(|t| t.start < chunk.end && t.end > chunk.start)
                     .collect();

@@ -19,6 +19,7 @@
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -26,7 +27,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use thiserror::Error;
 
 use crate::cache::plan::ChunkPlan;
-use crate::cache::{CacheError, ChunkCache, ChunkKey, Outcome, Want};
+use crate::cache::{CacheError, Chunk, ChunkCache, ChunkKey, Outcome, Want};
 use crate::index::{IndexError, TensorIndex};
 use crate::prefetch::Prefetcher;
 use crate::source::{aligned_footprint, SourceError, SourceFile, SourceIdentity};
@@ -50,9 +51,32 @@ pub enum OpenError {
     Source(#[from] SourceError),
 }
 
+/// Bytes of one read: borrowed from a cached chunk when the read falls inside one (the kernel's
+/// 128 KiB–1 MiB requests inside 4 MiB chunks, nearly always), else assembled in a buffer.
+pub enum ReadBytes {
+    Chunk {
+        bytes: Arc<Chunk>,
+        range: Range<usize>,
+    },
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for ReadBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            ReadBytes::Chunk { bytes, range } => &bytes.as_slice()[range.clone()],
+            ReadBytes::Owned(bytes) => bytes,
+        }
+    }
+}
+
 /// A read could not be served (becomes EIO for that read only).
 #[derive(Debug, Error)]
 pub enum ReadError {
+    #[error("internal error: chunk plan and offset disagree")]
+    NoChunk,
     #[error(transparent)]
     Source(#[from] SourceError),
     #[error(transparent)]
@@ -158,7 +182,7 @@ impl ModelFile {
         cache: &ChunkCache,
         chunk: usize,
         want: Want,
-    ) -> Result<Option<(Arc<crate::cache::Chunk>, Outcome)>, CacheError> {
+    ) -> Result<Option<(Arc<Chunk>, Outcome)>, CacheError> {
         let Some(span) = self.plan().and_then(|plan| plan.get(chunk)).copied() else {
             return Ok(None);
         };
@@ -275,8 +299,36 @@ impl ModelStore {
     }
 
     /// Reads up to `len` bytes at `offset` (fewer only at end of file).
-    pub fn read(&self, file: &Arc<ModelFile>, offset: u64, len: u32) -> Result<Vec<u8>, ReadError> {
+    pub fn read(
+        &self,
+        file: &Arc<ModelFile>,
+        offset: u64,
+        len: u32,
+    ) -> Result<ReadBytes, ReadError> {
         let end = file.size().min(offset.saturating_add(u64::from(len)));
+        let in_data = file.header_end().is_some_and(|h| offset >= h);
+        let chunk = file
+            .plan()
+            .filter(|_| in_data)
+            .and_then(|plan| plan.chunk_at(offset));
+        if let Some(chunk) = chunk {
+            // The common case, a kernel request inside one chunk: no copy here at all.
+            let (bytes, range, stop) = self.chunk_slice(file, chunk, offset, end)?;
+            if stop == end {
+                self.prefetcher.after_read(file, chunk);
+                return Ok(ReadBytes::Chunk { bytes, range });
+            }
+        }
+        self.read_assembled(file, offset, end).map(ReadBytes::Owned)
+    }
+
+    /// A read that spans regions or chunks, copied together into one buffer.
+    fn read_assembled(
+        &self,
+        file: &Arc<ModelFile>,
+        offset: u64,
+        end: u64,
+    ) -> Result<Vec<u8>, ReadError> {
         let mut out = Vec::with_capacity(end.saturating_sub(offset) as usize);
         let mut pos = offset;
         let mut last_chunk = None;
@@ -287,7 +339,9 @@ impl ModelStore {
                 stop
             } else if let Some(chunk) = file.plan().and_then(|plan| plan.chunk_at(pos)) {
                 last_chunk = Some(chunk);
-                self.copy_from_chunk(file, chunk, pos, end, &mut out)?
+                let (bytes, range, stop) = self.chunk_slice(file, chunk, pos, end)?;
+                out.extend_from_slice(&bytes.as_slice()[range]);
+                stop
             } else {
                 self.copy_uncached(file, pos, end, &mut out)?
             };
@@ -298,30 +352,34 @@ impl ModelStore {
         Ok(out)
     }
 
-    fn copy_from_chunk(
+    /// The part of chunk `chunk` that serves `[pos, end)`: the chunk, the byte range within it,
+    /// and the file offset where that part stops.
+    fn chunk_slice(
         &self,
-        file: &Arc<ModelFile>,
+        file: &ModelFile,
         chunk: usize,
         pos: u64,
         end: u64,
-        out: &mut Vec<u8>,
-    ) -> Result<u64, ReadError> {
-        let Some(span) = file.plan().and_then(|p| p.get(chunk)).copied() else {
-            return self.copy_uncached(file, pos, end, out);
-        };
-        let Some((bytes, outcome)) = file.fetch_chunk(&self.cache, chunk, Want::Read)? else {
-            return self.copy_uncached(file, pos, end, out);
-        };
+    ) -> Result<(Arc<Chunk>, Range<usize>, u64), ReadError> {
+        let span = file
+            .plan()
+            .and_then(|p| p.get(chunk))
+            .copied()
+            .ok_or(ReadError::NoChunk)?;
+        let (bytes, outcome) = file
+            .fetch_chunk(&self.cache, chunk, Want::Read)?
+            .ok_or(ReadError::NoChunk)?;
         let stop = end.min(span.end);
-        out.extend_from_slice(
-            &bytes.as_slice()[(pos - span.start) as usize..(stop - span.start) as usize],
-        );
         let counter = match outcome {
             Outcome::Hit => &self.counters().hit_bytes,
             Outcome::Miss => &self.counters().miss_bytes,
         };
         Counters::add(counter, stop - pos);
-        Ok(stop)
+        Ok((
+            bytes,
+            (pos - span.start) as usize..(stop - span.start) as usize,
+            stop,
+        ))
     }
 
     /// Serves `[pos, stop)` straight from the source, where `stop` is `end` or the start of the

@@ -38,7 +38,8 @@ use fuser::{
     ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request,
 };
 use tierfs_core::kernel_cache::{InodeRange, KernelCacheWindow};
-use tierfs_core::models::{is_model_path, ModelFile, ModelStore};
+use tierfs_core::models::{is_model_path, ModelFile, ModelStore, OpenError};
+use tierfs_core::source::SourceError;
 
 use crate::stats_doc::StatsDocument;
 use inodes::Inodes;
@@ -208,7 +209,7 @@ impl TierFs {
                 Ok(_) => {} // served below like any other file
                 Err(e) => {
                     tracing::warn!(file = %abs.display(), error = %e, "cannot open model file");
-                    return reply.error(Errno::EIO);
+                    return reply.error(open_errno(&e));
                 }
             }
         }
@@ -689,6 +690,18 @@ fn statvfs(path: &Path) -> io::Result<libc::statvfs> {
     }
     // SAFETY: statvfs returned 0, so it filled `out`.
     Ok(unsafe { out.assume_init() })
+}
+
+/// The errno for a model file that could not be opened: the OS's own (EACCES, ENOENT…) when
+/// opening failed, EIO when reading its header did.
+fn open_errno(e: &OpenError) -> Errno {
+    match e {
+        OpenError::Source(SourceError::Open { source, .. }) => match source.raw_os_error() {
+            Some(code) if code > 0 => Errno::from_i32(code),
+            _ => Errno::EIO,
+        },
+        OpenError::Source(_) => Errno::EIO,
+    }
 }
 
 /// An OS error as an errno for the kernel (EIO when it carries none).
