@@ -12,6 +12,8 @@
 //! behind, new requests are dropped rather than queued, since a reader that outruns the disk
 //! will fetch those chunks itself anyway.
 
+pub mod order;
+
 use std::sync::Arc;
 use std::thread;
 
