@@ -113,10 +113,12 @@ impl Mounted {
 
 /// Runs `tierfs mount` in the foreground until unmounted; SIGINT/SIGTERM unmount.
 pub fn run_foreground(request: &MountRequest) -> Result<()> {
-    let mounted = Mounted::start(request)?;
-    let mountpoint = mounted.mountpoint.clone();
+    // Handlers first: a signal that arrives while mounting is kept and acted on once the mount
+    // is up, instead of killing the process and leaving the mount behind.
     let mut signals = signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM])
         .context("cannot install signal handlers")?;
+    let mounted = Mounted::start(request)?;
+    let mountpoint = mounted.mountpoint.clone();
     thread::Builder::new()
         .name("tierfs-signals".into())
         .spawn(move || {

@@ -28,6 +28,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -195,12 +196,8 @@ def main() -> int:
     finally:
         for m in mounts:
             m.close()
-        for p in sorted(root.iterdir(), reverse=True):
-            if p.is_dir() and not is_mounted(p):
-                try:
-                    p.rmdir()
-                except OSError:
-                    pass
+        if not any(is_mounted(p) for p in root.iterdir() if p.is_dir()):
+            shutil.rmtree(root, ignore_errors=True)
 
     med = {k: statistics.median(v) for k, v in res.items()}
     rows = [

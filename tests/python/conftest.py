@@ -101,7 +101,13 @@ def _safety_net() -> None:
             p.wait(timeout=5)
 
 
-atexit.register(_safety_net)
+def _atexit() -> None:
+    _safety_net()
+    if _OWN_ROOT and not mounted_under(SESSION_ROOT) and not os.environ.get("TIERFS_KEEP_TMP"):
+        shutil.rmtree(SESSION_ROOT, ignore_errors=True)
+
+
+atexit.register(_atexit)
 
 
 def fresh_dir(name: str) -> Path:

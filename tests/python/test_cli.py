@@ -142,7 +142,7 @@ def test_demo(tierfs_bin):
     r = run(tierfs_bin, "demo", timeout=300)
     assert r.returncode == 0, f"demo rc={r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
     out = (r.stdout + r.stderr).lower()
-    assert "hit" in out and "miss" in out, f"demo should print stats:\n{r.stdout[-2000:]}"
+    assert "hit" in out and "budget" in out, f"demo should print the cache stats:\n{r.stdout[-2000:]}"
     assert not PANIC.search(r.stderr)
 
 
@@ -160,17 +160,46 @@ def test_signal_unmounts_cleanly(tierfs_bin, tree, sig):
         m.close()
 
 
+def test_sigterm_right_after_ready_repeated(tierfs_bin, workdir):
+    """SIGTERM as soon as the mount is ready, 50 times: always exit 0, never a mount left.
+    (Catches signal handling installed after the mount is already serving.)"""
+    src = workdir / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("a")
+    bad = []
+    for i in range(50):
+        m = Mount(src, "16MiB")
+        try:
+            m.proc.send_signal(signal.SIGTERM)
+            rc = m.proc.wait(timeout=15)
+            left = is_mounted(m.mnt)
+            if rc != 0 or left:
+                bad.append(f"try {i}: rc={rc}, mount left={left}")
+        finally:
+            m.close()
+    assert not bad, f"{len(bad)} immediate SIGTERMs (of 50) went wrong: {bad}"
+
+
 def test_signal_while_file_open(tierfs_bin, tree):
-    """SIGTERM with an open file still exits 0 and leaves no mount (lazy unmount is acceptable)."""
+    """SIGTERM with a file open: the mount disappears at once (lazy detach is fine), the open
+    file may keep working, and the daemon exits 0 once the file is closed."""
     root, _ = tree
     m = Mount(root, "64MiB")
     f = open(m.mnt / "flux.safetensors", "rb")
     try:
-        f.read(1000)
+        head = f.read(1000)
         m.proc.send_signal(signal.SIGTERM)
-        rc = m.proc.wait(timeout=15)
+        deadline = time.monotonic() + 5
+        while is_mounted(m.mnt) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not is_mounted(m.mnt), "mount still in /proc/mounts 5 s after SIGTERM with an open file"
+        f.close()
+        try:
+            rc = m.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"daemon still running 15 s after SIGTERM and closing the last file\n{m.log_tail()}")
         assert rc == 0, f"exit code {rc}\n{m.log_tail()}"
-        assert not is_mounted(m.mnt), "mount left behind after SIGTERM with an open file"
+        assert len(head) == 1000
     finally:
         f.close()
         m.close()
@@ -222,12 +251,12 @@ def test_mount_bad_size(tierfs_bin, tree, bad):
     root, _ = tree
     mnt = fresh_dir("mnt")
     try:
-        r = subprocess.run([str(tierfs_bin), "mount", str(root), str(mnt), "--ram-cache", bad],
+        r = subprocess.run([str(tierfs_bin), "mount", str(root), str(mnt), f"--ram-cache={bad}"],
                            capture_output=True, text=True, timeout=20)
         assert r.returncode != 0, f"--ram-cache {bad!r} accepted"
         assert r.stderr.strip(), "no error message"
         assert not PANIC.search(r.stderr), r.stderr
-        assert len(r.stderr.strip().splitlines()) <= 3, f"error should be short:\n{r.stderr}"
+        assert len([l for l in r.stderr.splitlines() if l.strip()]) <= 3, f"error should be short:\n{r.stderr}"
     except subprocess.TimeoutExpired:
         pytest.fail(f"--ram-cache {bad!r}: tierfs kept running (mounted?) instead of failing")
     finally:

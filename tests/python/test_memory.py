@@ -4,7 +4,7 @@ Bounds (from the daemon's contract), budget B:
   * daemon peak RSS (VmHWM)                          <= B + 64 MiB
   * page cache of the SOURCE file                    <= 64 MiB   (O_DIRECT / fadvise)
   * page cache of the MOUNTED file + daemon cache    <= 1.1*B + 64 MiB
-Figures are printed and appended to tests/bench/memory-results.md (override with
+Figures are printed and written to tests/bench/memory-results.md (rewritten each session) (override with
 $TIERFS_RESULTS) for the closing note.
 """
 
@@ -20,6 +20,7 @@ import pytest
 from conftest import MiB, Sampler, drop_caches, parse_size, proc_status_kib, results_file
 
 BUDGET = "256MiB"
+_fresh = True  # the results file is rewritten by the first test of each session
 
 
 def _record(mode: str, size: int, budget: int, fig: dict) -> None:
@@ -27,8 +28,10 @@ def _record(mode: str, size: int, budget: int, fig: dict) -> None:
             f"{fig['hwm'] / MiB:.1f} | {fig['rss_max'] / MiB:.1f} | {fig['src_pc'] / MiB:.1f} | "
             f"{fig['mnt_pc'] / MiB:.1f} | {fig['mnt_plus_cache'] / MiB:.1f} | {fig['cache_max'] / MiB:.1f} | "
             f"{fig['mb_s']:.0f} |\n")
+    global _fresh
     p = results_file()
-    if not p.exists():
+    if _fresh or not p.exists():
+        _fresh = False
         p.write_text("# tierfs bounded-memory figures (tests/python/test_memory.py)\n\n"
                      "| date | mode | file MiB | budget MiB | daemon VmHWM MiB | max VmRSS MiB | "
                      "max src page cache MiB | max mnt page cache MiB | max (mnt pc + cache) MiB | "

@@ -99,7 +99,7 @@ def _compare_safe_open(src: Path, mnt: Path, order: list[str]) -> list[str]:
         assert fs.metadata() == fm.metadata()
         for name in order:
             a, b = fs.get_tensor(name), fm.get_tensor(name)
-            if a.dtype != b.dtype or a.shape != b.shape or a.view(np.uint8).tobytes() != b.view(np.uint8).tobytes():
+            if a.dtype != b.dtype or a.shape != b.shape or a.tobytes() != b.tobytes():
                 bad.append(f"{mnt.name}:{name} ({a.dtype}{a.shape})")
     return bad
 

@@ -75,6 +75,10 @@ impl Chunk {
     fn footprint(&self) -> u64 {
         self.bytes.footprint()
     }
+
+    fn len(&self) -> u64 {
+        self.bytes.as_slice().len() as u64
+    }
 }
 
 /// How a lookup was answered.
@@ -115,7 +119,7 @@ struct State {
     used: u64,
     resident: LruCache<ChunkKey, Arc<Chunk>>,
     loading: HashMap<ChunkKey, Arc<Loading>>,
-    /// Resident bytes per file generation, for the stats.
+    /// Resident file bytes per file generation (without alignment slack), for the stats.
     per_file: HashMap<u64, u64>,
 }
 
@@ -220,7 +224,7 @@ impl ChunkCache {
         self.lock().budget
     }
 
-    /// Resident bytes of file generation `file`.
+    /// Resident file bytes of file generation `file`.
     pub fn cached_bytes(&self, file: u64) -> u64 {
         self.lock().per_file.get(&file).copied().unwrap_or(0)
     }
@@ -312,7 +316,7 @@ impl ChunkCache {
             Ok(chunk) if cached => {
                 // The reservation was `footprint`; the buffer may differ by alignment slack.
                 state.used = state.used - footprint + chunk.footprint();
-                *state.per_file.entry(key.file).or_default() += chunk.footprint();
+                *state.per_file.entry(key.file).or_default() += chunk.len();
                 state.resident.put(key, Arc::clone(chunk));
             }
             Ok(_) => {
@@ -345,7 +349,7 @@ impl ChunkCache {
     fn release(&self, state: &mut State, key: ChunkKey, chunk: &Chunk) {
         state.used -= chunk.footprint();
         if let Some(bytes) = state.per_file.get_mut(&key.file) {
-            *bytes = bytes.saturating_sub(chunk.footprint());
+            *bytes = bytes.saturating_sub(chunk.len());
         }
         if chunk.unread_prefetch.swap(false, Ordering::Relaxed) {
             Counters::add(&self.counters.prefetch_wasted_bytes, chunk.footprint());

@@ -6,7 +6,7 @@
 //!   served from the chunk cache. Every served range is recorded in a [`KernelCacheWindow`]; the
 //!   ranges that fall out of it are invalidated by a notifier thread (never from a request
 //!   thread, which could deadlock against a read holding the same pages locked).
-//! - **Other files and malformed model files** are handed to the kernel with FUSE passthrough
+//! - **Other files** are handed to the kernel with FUSE passthrough
 //!   (Linux ≥ 6.9, root), so their reads never reach this process: as fast as the source itself.
 //!   Where passthrough is unavailable they are served with plain `pread`.
 //! - **`.tierfs/stats`** is rendered when opened and served with `FOPEN_DIRECT_IO`, so every
@@ -201,12 +201,14 @@ impl TierFs {
             Err(e) => return reply.error(errno(e)),
         }
         if is_model_path(&rel) {
+            // Malformed model files are served by the read path too (uncached), never with
+            // passthrough: the kernel refuses a passthrough open of an inode that is open in
+            // cached mode, which a model file's earlier, well-formed version may still be.
             match self.store.open(&rel, &abs) {
-                Ok(model) if !model.is_malformed() => {
+                Ok(model) => {
                     let fh = self.add_handle(Handle::Model(model));
                     return reply.opened(FileHandle(fh), FopenFlags::empty());
                 }
-                Ok(_) => {} // served below like any other file
                 Err(e) => {
                     tracing::warn!(file = %abs.display(), error = %e, "cannot open model file");
                     return reply.error(open_errno(&e));
