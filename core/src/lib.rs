@@ -11,9 +11,11 @@
 //! - [`models`]: model file versions and the read path that ties the above together.
 //! - [`kernel_cache`]: keeping the mounted files' kernel page cache bounded.
 //! - [`stats`]: the counters behind `.tierfs/stats`.
+//! - [`control`]: the commands of `.tierfs/control`.
 //! - [`synth`]: deterministic synthetic checkpoints (demo, tests, benchmarks).
 //! - [`size`]: human byte sizes.
 pub mod cache;
+pub mod control;
 pub mod index;
 pub mod kernel_cache;
 pub mod models;

@@ -101,4 +101,11 @@ pub struct FileSnapshot {
     pub malformed: bool,
     pub malformed_reason: Option<String>,
     pub direct_io: bool,
+    /// Whether a whole pass over the file's blocks was seen, and how many blocks it touched.
+    pub order_learned: bool,
+    pub learned_blocks: usize,
+    /// This file's share of the prefetch figures.
+    pub prefetch: PrefetchSnapshot,
+    /// Time readers of this file waited for the disk.
+    pub stall_seconds: f64,
 }

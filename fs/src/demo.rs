@@ -59,6 +59,7 @@ pub fn run(size: u64, budget: u64) -> Result<()> {
         readahead: 4 << 20,
         passthrough: true,
         allow_other: false,
+        state_file: None,
     };
     let mounted = Mounted::start(&request)?;
     let streamed = stream_twice(&mnt.join(name), &models.join(name));

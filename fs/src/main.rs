@@ -54,6 +54,19 @@ enum Command {
         /// Let other users use the mount (with the source's permissions enforced).
         #[arg(long)]
         allow_other: bool,
+        /// Where learned block orders are kept across remounts
+        /// [default: /var/lib/tierfs for root, else ~/.local/state/tierfs].
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// Do not keep learned block orders across remounts.
+        #[arg(long, conflicts_with = "state_dir")]
+        no_state: bool,
+    },
+    /// Send a command to a mount's control file: ram-cache SIZE | drop | prefetch PATH.
+    Ctl {
+        mountpoint: PathBuf,
+        #[arg(required = true, num_args = 1.., trailing_var_arg = true)]
+        command: Vec<String>,
     },
     /// Unmount a tierfs mount (also cleans up a dead one).
     Unmount {
@@ -119,6 +132,8 @@ fn run(command: Command) -> Result<()> {
             readahead,
             no_passthrough,
             allow_other,
+            state_dir,
+            no_state,
         } => {
             let budget = ram_cache.unwrap_or_else(|| {
                 let budget = mount::default_budget();
@@ -136,6 +151,11 @@ fn run(command: Command) -> Result<()> {
                 readahead,
                 passthrough: !no_passthrough,
                 allow_other,
+                state_file: (!no_state).then(|| {
+                    state_dir
+                        .unwrap_or_else(mount::default_state_dir)
+                        .join("orders.json")
+                }),
             };
             if daemon {
                 return mount::daemonize(&request, log_file.as_deref());
@@ -143,6 +163,10 @@ fn run(command: Command) -> Result<()> {
             mount::run_foreground(&request)
         }
         Command::Unmount { mountpoint, lazy } => mount::unmount(&mountpoint, lazy),
+        Command::Ctl {
+            mountpoint,
+            command,
+        } => mount::send_control(&mountpoint, &command.join(" ")),
         Command::Stats {
             mountpoint,
             watch,

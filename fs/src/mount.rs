@@ -20,6 +20,7 @@ use crossbeam::channel::{unbounded, Receiver};
 use fuser::{BackgroundSession, Config, INodeNo, MountOption, Notifier, SessionACL};
 use tierfs_core::kernel_cache::{window_for_budget, InodeRange, KernelCacheWindow};
 use tierfs_core::models::ModelStore;
+use tierfs_core::prefetch::saved::SavedOrders;
 use tierfs_core::size::format_size;
 use tierfs_core::stats::Counters;
 
@@ -39,6 +40,8 @@ pub struct MountRequest {
     pub readahead: u64,
     pub passthrough: bool,
     pub allow_other: bool,
+    /// Where learned block orders are kept across remounts (`None`: not kept).
+    pub state_file: Option<PathBuf>,
 }
 
 /// The default cache budget: a quarter of physical RAM, leaving the rest to the loader, the
@@ -55,6 +58,43 @@ pub fn default_budget() -> u64 {
     (ram / 4).max(256 << 20)
 }
 
+/// Where learned block orders live by default: `/var/lib/tierfs` for root (a system daemon),
+/// else `$XDG_STATE_HOME/tierfs` or `~/.local/state/tierfs`.
+pub fn default_state_dir() -> PathBuf {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        return PathBuf::from("/var/lib/tierfs");
+    }
+    std::env::var_os("XDG_STATE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".local/state")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("tierfs")
+}
+
+/// `tierfs ctl`: writes one command to the mount's control file.
+pub fn send_control(mountpoint: &Path, command: &str) -> Result<()> {
+    use std::io::Write;
+    let path = mountpoint.join(".tierfs/control");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .with_context(|| {
+            format!(
+                "cannot open {} (is {} a tierfs mount?)",
+                path.display(),
+                mountpoint.display()
+            )
+        })?;
+    match file.write(command.as_bytes()) {
+        Ok(_) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            bail!("the mount refused {command:?} (commands: ram-cache SIZE, drop, prefetch PATH; the daemon's log says why)")
+        }
+        Err(e) => Err(e).with_context(|| format!("cannot write to {}", path.display())),
+    }
+}
+
 /// A live mount.
 pub struct Mounted {
     session: BackgroundSession,
@@ -66,7 +106,10 @@ impl Mounted {
     pub fn start(request: &MountRequest) -> Result<Mounted> {
         let source = check_source(&request.source)?;
         let mountpoint = check_mountpoint(&request.mountpoint, &source)?;
-        let store = Arc::new(ModelStore::new(request.budget));
+        let store = Arc::new(ModelStore::new(
+            request.budget,
+            SavedOrders::load(request.state_file.clone()),
+        ));
         let window = Arc::new(KernelCacheWindow::new(window_for_budget(request.budget)));
         let (invalidations, invalidation_queue) = unbounded();
         let settings = MountSettings {
@@ -175,6 +218,12 @@ pub fn daemonize(request: &MountRequest, log_file: Option<&Path>) -> Result<()> 
     if request.allow_other {
         command.arg("--allow-other");
     }
+    match &request.state_file {
+        Some(file) => command
+            .arg("--state-dir")
+            .arg(file.parent().unwrap_or(Path::new("."))),
+        None => command.arg("--no-state"),
+    };
     // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
     unsafe {
         std::os::unix::process::CommandExt::pre_exec(&mut command, || {
@@ -214,8 +263,8 @@ pub fn is_tierfs_mount(mountpoint: &Path) -> bool {
 
 fn session_config(request: &MountRequest, source: &Path) -> Config {
     let mut config = Config::default();
+    // No `ro`: `.tierfs/control` must take writes; the file system refuses every other write.
     config.mount_options = vec![
-        MountOption::RO,
         MountOption::NoDev,
         MountOption::NoSuid,
         MountOption::FSName(format!("tierfs:{}", source.display())),

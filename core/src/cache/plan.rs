@@ -46,6 +46,9 @@ impl ChunkSpan {
 #[derive(Debug, Clone, Default)]
 pub struct ChunkPlan {
     chunks: Vec<ChunkSpan>,
+    /// `by_block[b]`: the chunks of block `b`, in file order (a block's tensors can sit in
+    /// several regions of the file, e.g. when a writer sorts by dtype first).
+    by_block: Vec<Vec<usize>>,
 }
 
 impl ChunkPlan {
@@ -63,7 +66,20 @@ impl ChunkPlan {
             }
             cursor = cursor.max(tensor.end);
         }
-        builder.finish()
+        builder.finish(index.blocks.len())
+    }
+
+    /// The chunks of block `block`, in file order.
+    pub fn block_chunks(&self, block: usize) -> &[usize] {
+        self.by_block.get(block).map_or(&[], Vec::as_slice)
+    }
+
+    /// Bytes of block `block`'s chunks.
+    pub fn block_bytes(&self, block: usize) -> u64 {
+        self.block_chunks(block)
+            .iter()
+            .map(|&c| self.chunks[c].len())
+            .sum()
     }
 
     pub fn chunks(&self) -> &[ChunkSpan] {
@@ -127,10 +143,17 @@ impl PlanBuilder {
         self.chunks.extend(self.open_pack.take());
     }
 
-    fn finish(mut self) -> ChunkPlan {
+    fn finish(mut self, blocks: usize) -> ChunkPlan {
         self.close_pack();
+        let mut by_block = vec![Vec::new(); blocks];
+        for (chunk, span) in self.chunks.iter().enumerate() {
+            if let Some(list) = by_block.get_mut(span.block) {
+                list.push(chunk);
+            }
+        }
         ChunkPlan {
             chunks: self.chunks,
+            by_block,
         }
     }
 }

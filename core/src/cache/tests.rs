@@ -40,6 +40,7 @@ fn get(cache: &ChunkCache, fx: &Fixture, chunk: u32) -> Result<(Arc<Chunk>, Outc
         key(chunk),
         aligned_footprint(start, end),
         Want::Read,
+        None,
         || fx.source.read_aligned(start, end),
     )
 }
@@ -89,7 +90,7 @@ fn concurrent_misses_read_the_disk_once() {
             thread::spawn(move || {
                 barrier.wait();
                 let (chunk, _) = cache
-                    .get_or_load(key(1), CHUNK, Want::Read, || {
+                    .get_or_load(key(1), CHUNK, Want::Read, None, || {
                         loads.fetch_add(1, Ordering::SeqCst);
                         thread::sleep(Duration::from_millis(50)); // keep the read in flight
                         fx.source.read_aligned(CHUNK, 2 * CHUNK)
@@ -110,7 +111,7 @@ fn concurrent_misses_read_the_disk_once() {
 fn failed_reads_are_not_cached_and_release_their_reservation() {
     let fx = fixture(2);
     let cache = ChunkCache::new(4 * CHUNK, Arc::new(Counters::default()));
-    let failed = cache.get_or_load(key(0), CHUNK, Want::Read, || {
+    let failed = cache.get_or_load(key(0), CHUNK, Want::Read, None, || {
         Err(SourceError::Truncated {
             path: "x".into(),
             wanted_end: 10,
@@ -158,7 +159,7 @@ fn prefetched_chunks_count_as_used_or_wasted() {
     for chunk in 0..2u32 {
         let (start, end) = (u64::from(chunk) * CHUNK, u64::from(chunk + 1) * CHUNK);
         cache
-            .get_or_load(key(chunk), CHUNK, Want::Prefetch, || {
+            .get_or_load(key(chunk), CHUNK, Want::Prefetch, None, || {
                 fx.source.read_aligned(start, end)
             })
             .unwrap();

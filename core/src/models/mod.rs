@@ -23,15 +23,19 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
 
 use thiserror::Error;
 
 use crate::cache::plan::ChunkPlan;
-use crate::cache::{CacheError, Chunk, ChunkCache, ChunkKey, Outcome, Want};
+use crate::cache::{CacheError, Chunk, ChunkCache, ChunkKey, ChunkOwner, Outcome, Want};
 use crate::index::{IndexError, TensorIndex};
+use crate::prefetch::access::FileCounters;
+use crate::prefetch::access::{FileAccess, Step};
+use crate::prefetch::saved::SavedOrders;
 use crate::prefetch::Prefetcher;
 use crate::source::{aligned_footprint, SourceError, SourceFile, SourceIdentity};
-use crate::stats::{Counters, FileSnapshot};
+use crate::stats::{Counters, FileSnapshot, PrefetchSnapshot};
 
 /// Bytes read at first open in the hope that they hold the whole header. Most checkpoint headers
 /// are 10–200 KiB; when one is larger, exactly what it needs is read in a second request.
@@ -99,11 +103,21 @@ pub struct ModelFile {
     /// The first `header_bytes` of the file (empty when malformed).
     header: Vec<u8>,
     layout: Layout,
+    /// How readers walk the file's blocks (well-formed files only).
+    access: Option<Arc<FileAccess>>,
+    /// Key of the file's learned order in [`SavedOrders`].
+    order_key: String,
 }
 
 impl ModelFile {
-    fn open(path: &Path, abs: &Path, generation: u64) -> Result<ModelFile, OpenError> {
+    fn open(
+        path: &Path,
+        abs: &Path,
+        generation: u64,
+        saved: &SavedOrders,
+    ) -> Result<ModelFile, OpenError> {
         let source = SourceFile::open(abs)?;
+        let order_key = SavedOrders::key(abs, source.identity().size);
         let (header, layout) = match read_header(&source) {
             Ok((header, index)) => {
                 let plan = ChunkPlan::for_index(&index);
@@ -120,13 +134,27 @@ impl ModelFile {
             }
             Err(HeaderError::Source(e)) => return Err(e.into()),
         };
+        let access = match &layout {
+            Layout::Indexed { index, .. } => Some(Arc::new(FileAccess::new(
+                index.blocks.len(),
+                saved.get(&order_key),
+            ))),
+            Layout::Malformed { .. } => None,
+        };
         Ok(ModelFile {
             path: path.to_owned(),
             generation,
             source,
             header,
             layout,
+            access,
+            order_key,
         })
+    }
+
+    /// The file's access state (learned order, reader position), for a well-formed file.
+    pub fn access(&self) -> Option<&Arc<FileAccess>> {
+        self.access.as_ref()
     }
 
     /// Path relative to the mount root.
@@ -187,8 +215,12 @@ impl ModelFile {
             return Ok(None);
         };
         let footprint = aligned_footprint(span.start, span.end);
+        let owner = self.access.as_ref().map(|access| ChunkOwner {
+            access: Arc::clone(access),
+            block: span.block,
+        });
         cache
-            .get_or_load(self.key(chunk), footprint, want, || {
+            .get_or_load(self.key(chunk), footprint, want, owner.as_ref(), || {
                 self.source.read_aligned(span.start, span.end)
             })
             .map(Some)
@@ -200,6 +232,10 @@ impl ModelFile {
     }
 
     fn snapshot(&self, cache: &ChunkCache) -> FileSnapshot {
+        let (order_learned, learned_blocks) =
+            self.access.as_ref().map_or((false, 0), |a| a.learned());
+        let counters = self.access.as_ref().map(|a| &a.counters);
+        let get = |f: fn(&FileCounters) -> &AtomicU64| counters.map_or(0, |c| Counters::get(f(c)));
         let (tensors, blocks, malformed_reason) = match &self.layout {
             Layout::Indexed { index, .. } => (index.tensors.len(), index.blocks.len(), None),
             Layout::Malformed { reason } => (0, 0, Some(reason.clone())),
@@ -213,6 +249,14 @@ impl ModelFile {
             malformed: malformed_reason.is_some(),
             malformed_reason,
             direct_io: self.source.uses_direct_io(),
+            order_learned,
+            learned_blocks,
+            prefetch: PrefetchSnapshot {
+                issued_bytes: get(|c| &c.prefetch_issued_bytes),
+                used_bytes: get(|c| &c.prefetch_used_bytes),
+                wasted_bytes: get(|c| &c.prefetch_wasted_bytes),
+            },
+            stall_seconds: get(|c| &c.stall_ns) as f64 / 1e9,
         }
     }
 }
@@ -251,17 +295,26 @@ pub struct ModelStore {
     prefetcher: Prefetcher,
     files: Mutex<HashMap<PathBuf, Arc<ModelFile>>>,
     next_generation: AtomicU64,
+    saved: SavedOrders,
 }
 
 impl ModelStore {
-    pub fn new(budget: u64) -> ModelStore {
+    /// A store with `budget` bytes of cache, keeping learned orders in `saved`.
+    pub fn new(budget: u64, saved: SavedOrders) -> ModelStore {
         let cache = Arc::new(ChunkCache::new(budget, Arc::new(Counters::default())));
         ModelStore {
             prefetcher: Prefetcher::new(Arc::clone(&cache)),
             cache,
             files: Mutex::new(HashMap::new()),
             next_generation: AtomicU64::new(1),
+            saved,
         }
+    }
+
+    /// Warms `file` into the cache in its learned (or default) block order, in the background,
+    /// up to the budget.
+    pub fn warm(&self, file: &Arc<ModelFile>) {
+        self.prefetcher.warm(file);
     }
 
     pub fn cache(&self) -> &ChunkCache {
@@ -287,7 +340,7 @@ impl ModelStore {
             }
         }
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
-        let file = Arc::new(ModelFile::open(path, abs, generation)?);
+        let file = Arc::new(ModelFile::open(path, abs, generation, &self.saved)?);
         let replaced = self.lock().insert(path.to_owned(), Arc::clone(&file));
         if let Some(old) = replaced {
             if old.generation != generation {
@@ -356,7 +409,7 @@ impl ModelStore {
     /// and the file offset where that part stops.
     fn chunk_slice(
         &self,
-        file: &ModelFile,
+        file: &Arc<ModelFile>,
         chunk: usize,
         pos: u64,
         end: u64,
@@ -366,9 +419,17 @@ impl ModelStore {
             .and_then(|p| p.get(chunk))
             .copied()
             .ok_or(ReadError::NoChunk)?;
+        self.touch(file, span.block);
+        let started = Instant::now();
         let (bytes, outcome) = file
             .fetch_chunk(&self.cache, chunk, Want::Read)?
             .ok_or(ReadError::NoChunk)?;
+        if let (Outcome::Miss, Some(access)) = (outcome, file.access()) {
+            Counters::add(
+                &access.counters.stall_ns,
+                started.elapsed().as_nanos() as u64,
+            );
+        }
         let stop = end.min(span.end);
         let counter = match outcome {
             Outcome::Hit => &self.counters().hit_bytes,
@@ -413,6 +474,24 @@ impl ModelStore {
             return Ok(end);
         }
         Ok(stop)
+    }
+
+    /// Records that a reader touched `block`, and prefetches what follows when it entered it.
+    fn touch(&self, file: &Arc<ModelFile>, block: usize) {
+        let Some(access) = file.access() else { return };
+        if let Step::Entered {
+            predicted,
+            new_pass,
+        } = access.touch(block)
+        {
+            if new_pass {
+                let (learned, _) = access.learned();
+                if learned {
+                    self.saved.put(file.order_key.clone(), access.saved_order());
+                }
+            }
+            self.prefetcher.entered_block(file, block, predicted);
+        }
     }
 
     /// One entry per known model file (its current version), sorted by path.

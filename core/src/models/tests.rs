@@ -5,6 +5,7 @@ use std::path::Path;
 use proptest::prelude::*;
 
 use super::*;
+use crate::prefetch::saved::SavedOrders;
 use crate::synth::{write_checkpoint, Layout as SynthLayout, SynthDtype, SynthSpec};
 
 fn checkpoint(dir: &Path, name: &str, bytes: u64, seed: u64) -> Vec<u8> {
@@ -33,7 +34,7 @@ fn read_all(store: &ModelStore, file: &Arc<ModelFile>, step: u32) -> Vec<u8> {
 fn whole_file_reads_are_bit_exact_under_a_tiny_budget() {
     let dir = tempfile::tempdir().unwrap();
     let bytes = checkpoint(dir.path(), "m.safetensors", 24 << 20, 1);
-    let store = ModelStore::new(8 << 20);
+    let store = ModelStore::new(8 << 20, SavedOrders::default());
     let file = store
         .open(
             Path::new("m.safetensors"),
@@ -55,7 +56,7 @@ fn malformed_files_are_served_as_plain_bytes() {
     bytes[..8].copy_from_slice(&4000u64.to_le_bytes());
     bytes[8..20].copy_from_slice(b"{not json!!!");
     std::fs::write(dir.path().join("bad.safetensors"), &bytes).unwrap();
-    let store = ModelStore::new(8 << 20);
+    let store = ModelStore::new(8 << 20, SavedOrders::default());
     let file = store
         .open(
             Path::new("bad.safetensors"),
@@ -80,7 +81,7 @@ fn a_changed_file_is_a_new_version_and_old_bytes_are_dropped() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.safetensors");
     checkpoint(dir.path(), "m.safetensors", 4 << 20, 1);
-    let store = ModelStore::new(64 << 20);
+    let store = ModelStore::new(64 << 20, SavedOrders::default());
     let old = store.open(Path::new("m.safetensors"), &path).unwrap();
     read_all(&store, &old, 1 << 20);
     assert!(store.cache().cached_bytes(old.generation()) > 0);
@@ -103,7 +104,7 @@ proptest! {
     fn random_ranges_are_bit_exact(ranges in prop::collection::vec((0u64..(6 << 20), 0u32..(3 << 20)), 1..20)) {
         let dir = tempfile::tempdir().unwrap();
         let bytes = checkpoint(dir.path(), "m.safetensors", 5 << 20, 3);
-        let store = ModelStore::new(2 << 20);
+        let store = ModelStore::new(2 << 20, SavedOrders::default());
         let file = store.open(Path::new("m.safetensors"), &dir.path().join("m.safetensors")).unwrap();
         for (offset, len) in ranges {
             let got = store.read(&file, offset, len).unwrap();
@@ -118,7 +119,7 @@ proptest! {
 fn sequential_readahead_is_not_wasted() {
     let dir = tempfile::tempdir().unwrap();
     let bytes = checkpoint(dir.path(), "m.safetensors", 96 << 20, 1);
-    let store = ModelStore::new(64 << 20);
+    let store = ModelStore::new(64 << 20, SavedOrders::default());
     let file = store
         .open(
             Path::new("m.safetensors"),
@@ -156,7 +157,7 @@ fn sequential_readahead_is_not_wasted() {
 fn concurrent_sequential_readers_account_prefetch_exactly() {
     let dir = tempfile::tempdir().unwrap();
     let bytes = checkpoint(dir.path(), "m.safetensors", 96 << 20, 1);
-    let store = Arc::new(ModelStore::new(64 << 20));
+    let store = Arc::new(ModelStore::new(64 << 20, SavedOrders::default()));
     let file = store
         .open(
             Path::new("m.safetensors"),

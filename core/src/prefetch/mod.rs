@@ -1,45 +1,56 @@
 //! Reading ahead of readers, in the background.
 //!
-//! This first policy is *sequential readahead in file order*: when a reader touches chunk `i`,
-//! the next chunks of the file (up to [`READAHEAD_BYTES`], and never more than a quarter of the
-//! budget, so read-ahead cannot evict what readers are using) are queued for worker threads that
-//! load them into the cache. It keeps the disk busy while the reader copies and computes, which
-//! is what lets a cold sequential read through the mount match a direct read of the source.
-//! Block-order prefetch (learned access order) plugs in here: it decides *which* chunks to
-//! queue; the workers, the queue and the cache's single-flight loading stay the same.
+//! Two policies feed one worker pool:
+//! - **Block order.** When a reader enters a block ([`access::FileAccess::touch`]), the rest of
+//!   that block is queued, and if the reader arrived where the file's order predicted, the next
+//!   `depth` blocks in that order too (learned order once a pass was seen, else the default
+//!   model order from the names; see [`order`]). A block's tensors may be spread over several
+//!   regions of the file; its chunks are fetched wherever they are. A jump (an unpredicted
+//!   block) bumps the file's epoch, and the workers drop block prefetches queued under an
+//!   older one, so the disk is not kept busy with blocks nobody will read soon.
+//! - **Sequential.** After each read, the next chunks in *file* order (up to [`READAHEAD_BYTES`],
+//!   at most a quarter of the budget) are queued, as long as they belong to the block being read
+//!   or to the block the order predicts next: this is what keeps a plain sequential reader
+//!   (`cp`, `cat`, a loader reading the file front to back) at disk speed, without pulling in
+//!   the next block *in the file* when the reader will go elsewhere.
 //!
-//! Requests go through a bounded `crossbeam` channel with `try_send`: when the workers are
-//! behind, new requests are dropped rather than queued, since a reader that outruns the disk
-//! will fetch those chunks itself anyway.
+//! Workers read with `O_DIRECT`, several reads in flight. A reader never waits behind the queue:
+//! its own misses are read on its own thread (and if a worker is already reading that chunk,
+//! it waits for that read rather than issuing a second one). Requests go through a bounded
+//! `crossbeam` channel with `try_send`: when the workers are behind, new requests are dropped
+//! rather than queued, since a reader that outruns the disk fetches those chunks itself.
 
+pub mod access;
 pub mod order;
+pub mod saved;
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread;
 
 use crossbeam::channel::{bounded, Receiver, Sender, TrySendError};
 
-use std::collections::HashSet;
-use std::sync::{Mutex, MutexGuard, PoisonError};
-
 use crate::cache::{ChunkCache, ChunkKey, Want};
 use crate::models::ModelFile;
 
-/// Bytes read ahead of the chunk a reader is on: 16 MiB is four chunks, about 16 ms of disk
-/// time at 1 GB/s — enough to cover the gap between a reader finishing one chunk and asking for
-/// the next, even with the FUSE round trips in between.
+/// Bytes read ahead of a sequential reader: 16 MiB is four chunks, about 16 ms of disk time at
+/// 1 GB/s — enough to cover the gap between a reader finishing one chunk and asking for the
+/// next, even with the FUSE round trips in between.
 pub const READAHEAD_BYTES: u64 = 16 << 20;
 
 /// Worker threads. Each has one chunk read in flight; four keep an NVMe or virtual disk queue
 /// busy (their reads use `O_DIRECT`, so they cost no CPU copying) without flooding it.
 const WORKERS: usize = 4;
 
-/// Pending requests beyond which new ones are dropped.
-const QUEUE_DEPTH: usize = 64;
+/// Pending requests beyond which new ones are dropped: 1024 chunks is 4 GiB, several blocks
+/// of the largest models, and a job is a few words of memory.
+const QUEUE_DEPTH: usize = 1024;
 
 struct Job {
     file: Arc<ModelFile>,
     chunk: usize,
+    /// For block prefetches: the file's epoch when queued (stale after a jump).
+    epoch: Option<u64>,
 }
 
 /// Chunks queued and not yet picked up by a worker: a reader issues many small reads per chunk,
@@ -75,30 +86,92 @@ impl Prefetcher {
         }
     }
 
-    /// A reader just read chunk `chunk` of `file`: queue what follows it.
+    /// A reader entered `block` of `file`: queue the rest of it and, if the reader follows the
+    /// order, the next blocks.
+    pub fn entered_block(&self, file: &Arc<ModelFile>, block: usize, predicted: bool) {
+        let (Some(access), Some(plan)) = (file.access(), file.plan()) else {
+            return;
+        };
+        let present = |chunk: &usize| file.chunk_present(&self.cache, *chunk);
+        if predicted && !plan.block_chunks(block).iter().all(present) {
+            access.deepen(); // the reader caught up with prefetch: fetch further ahead
+        }
+        let epoch = Some(access.epoch());
+        let mut blocks = vec![block];
+        if predicted {
+            blocks.extend(access.next_blocks(block, access.depth()));
+        }
+        let limit = self.cache.budget() / 2;
+        let mut queued = 0;
+        for b in blocks {
+            queued += plan.block_bytes(b);
+            if queued > limit && b != block {
+                break;
+            }
+            for &chunk in plan.block_chunks(b) {
+                if !self.queue(file, chunk, epoch) {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// A reader just read chunk `chunk` of `file`: queue what follows it in the file.
     pub fn after_read(&self, file: &Arc<ModelFile>, chunk: usize) {
-        let Some(plan) = file.plan() else { return };
+        let (Some(plan), Some(span)) = (file.plan(), file.plan().and_then(|p| p.get(chunk))) else {
+            return;
+        };
+        let next_block = file
+            .access()
+            .and_then(|a| a.next_blocks(span.block, 1).first().copied());
         let limit = READAHEAD_BYTES.min(self.cache.budget() / 4);
         let mut ahead = 0;
         for next in chunk + 1..plan.len() {
-            let Some(span) = plan.get(next) else { break };
-            ahead += span.len();
-            if ahead > limit {
+            let Some(next_span) = plan.get(next) else {
+                break;
+            };
+            ahead += next_span.len();
+            let follows = next_span.block == span.block || Some(next_span.block) == next_block;
+            if ahead > limit || !follows || !self.queue(file, next, None) {
                 break;
             }
-            if file.chunk_present(&self.cache, next) || !lock(&self.queued).insert(file.key(next)) {
-                continue;
-            }
-            let job = Job {
-                file: Arc::clone(file),
-                chunk: next,
-            };
-            match self.jobs.try_send(job) {
-                Ok(()) => {}
-                Err(TrySendError::Full(job)) | Err(TrySendError::Disconnected(job)) => {
-                    lock(&self.queued).remove(&job.file.key(job.chunk));
-                    break;
+        }
+    }
+
+    /// Queues every block of `file`, in its order, until the budget's worth is queued.
+    pub fn warm(&self, file: &Arc<ModelFile>) {
+        let (Some(access), Some(plan)) = (file.access(), file.plan()) else {
+            return;
+        };
+        let first = access.order_from(0).first().copied().unwrap_or(0);
+        let budget = self.cache.budget();
+        let mut queued = 0;
+        for block in access.order_from(first) {
+            for &chunk in plan.block_chunks(block) {
+                queued += plan.get(chunk).map_or(0, |c| c.len());
+                if queued > budget || !self.queue(file, chunk, None) {
+                    return;
                 }
+            }
+        }
+    }
+
+    /// Queues one chunk unless it is cached, loading or queued. Returns false when the queue is
+    /// full (the caller stops queueing).
+    fn queue(&self, file: &Arc<ModelFile>, chunk: usize, epoch: Option<u64>) -> bool {
+        if file.chunk_present(&self.cache, chunk) || !lock(&self.queued).insert(file.key(chunk)) {
+            return true;
+        }
+        let job = Job {
+            file: Arc::clone(file),
+            chunk,
+            epoch,
+        };
+        match self.jobs.try_send(job) {
+            Ok(()) => true,
+            Err(TrySendError::Full(job)) | Err(TrySendError::Disconnected(job)) => {
+                lock(&self.queued).remove(&job.file.key(job.chunk));
+                false
             }
         }
     }
@@ -107,11 +180,14 @@ impl Prefetcher {
 fn run_worker(cache: &ChunkCache, queue: &Receiver<Job>, queued: &Mutex<HashSet<ChunkKey>>) {
     for job in queue {
         lock(queued).remove(&job.file.key(job.chunk));
-        if job.file.chunk_present(cache, job.chunk) {
+        let stale = job
+            .epoch
+            .is_some_and(|epoch| job.file.access().is_some_and(|a| a.epoch() != epoch));
+        if stale || job.file.chunk_present(cache, job.chunk) {
             continue;
         }
         if let Err(e) = job.file.fetch_chunk(cache, job.chunk, Want::Prefetch) {
-            tracing::debug!(file = %job.file.path().display(), chunk = job.chunk, error = %e, "prefetch failed; the reader will retry");
+            tracing::trace!(file = %job.file.path().display(), chunk = job.chunk, error = %e, "prefetch not done; the reader will fetch it if needed");
         }
     }
 }

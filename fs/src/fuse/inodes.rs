@@ -16,6 +16,8 @@ pub const ROOT_INO: u64 = 1;
 pub const CONTROL_DIR_INO: u64 = 2;
 /// `.tierfs/stats`.
 pub const STATS_INO: u64 = 3;
+/// `.tierfs/control`.
+pub const CONTROL_INO: u64 = 4;
 /// First number handed to a source path; the ones below are reserved for virtual files.
 const FIRST_SOURCE_INO: u64 = 16;
 

@@ -11,8 +11,11 @@
 //!   Where passthrough is unavailable they are served with plain `pread`.
 //! - **`.tierfs/stats`** is rendered when opened and served with `FOPEN_DIRECT_IO`, so every
 //!   open sees fresh figures whatever size `stat` reported.
-//! - **Writes** of any kind get `EROFS` (the mount is also `ro`, so the kernel refuses most of
-//!   them before they get here).
+//! - **`.tierfs/control`** (mode 0200, the mounting user's) takes one command per `write()`
+//!   ([`tierfs_core::control`]); a bad one fails with `EINVAL` and changes nothing.
+//! - **Writes** of any other kind get `EROFS`. The mount itself cannot carry the kernel's `ro`
+//!   flag, since the control file must be writable, so every write path is refused here, and
+//!   `access(W_OK)` answers `EROFS` too.
 //!
 //! Attribute and entry timeouts are [`ATTR_TTL`], which is what bounds how long a change in
 //! SOURCE takes to show through the mount.
@@ -37,13 +40,14 @@ use fuser::{
     InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData,
     ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request,
 };
+use tierfs_core::control::{self, Command};
 use tierfs_core::kernel_cache::{InodeRange, KernelCacheWindow};
 use tierfs_core::models::{is_model_path, ModelFile, ModelStore, OpenError};
 use tierfs_core::source::SourceError;
 
 use crate::stats_doc::StatsDocument;
 use inodes::Inodes;
-pub use inodes::{CONTROL_DIR_INO, ROOT_INO, STATS_INO};
+pub use inodes::{CONTROL_DIR_INO, CONTROL_INO, ROOT_INO, STATS_INO};
 use present::present;
 
 /// How long the kernel may trust attributes and lookups. Half a second keeps the promise that
@@ -67,6 +71,7 @@ enum Handle {
     Passthrough(#[allow(dead_code)] Arc<BackingId>),
     Plain(File),
     Stats(Vec<u8>),
+    Control,
     Dir(Vec<(u64, FileType, OsString)>),
 }
 
@@ -82,6 +87,8 @@ pub struct TierFs {
     started: SystemTime,
     uid: u32,
     gid: u32,
+    /// The kernel allows mmap of `FOPEN_DIRECT_IO` files (see `model_open_flags`).
+    direct_io_mmap: bool,
 }
 
 impl TierFs {
@@ -104,6 +111,7 @@ impl TierFs {
             started: SystemTime::now(),
             uid,
             gid,
+            direct_io_mmap: false,
         }
     }
 
@@ -132,6 +140,7 @@ impl TierFs {
         match ino {
             CONTROL_DIR_INO => Ok(self.virtual_attr(ino, FileType::Directory, 0o555, 0)),
             STATS_INO => Ok(self.virtual_attr(ino, FileType::RegularFile, 0o444, 0)),
+            CONTROL_INO => Ok(self.virtual_attr(ino, FileType::RegularFile, 0o200, 0)),
             _ => {
                 let rel = self.inodes.path_of(ino).ok_or(Errno::ENOENT)?;
                 let (meta, kind) = present(&self.abs(&rel)).map_err(errno)?;
@@ -165,10 +174,10 @@ impl TierFs {
             return Ok(CONTROL_DIR_INO);
         }
         if parent == CONTROL_DIR_INO {
-            return if name == "stats" {
-                Ok(STATS_INO)
-            } else {
-                Err(Errno::ENOENT)
+            return match name.to_str() {
+                Some("stats") => Ok(STATS_INO),
+                Some("control") => Ok(CONTROL_INO),
+                _ => Err(Errno::ENOENT),
             };
         }
         let parent_path = self.inodes.path_of(parent).ok_or(Errno::ENOENT)?;
@@ -207,7 +216,7 @@ impl TierFs {
             match self.store.open(&rel, &abs) {
                 Ok(model) => {
                     let fh = self.add_handle(Handle::Model(model));
-                    return reply.opened(FileHandle(fh), FopenFlags::empty());
+                    return reply.opened(FileHandle(fh), self.model_open_flags());
                 }
                 Err(e) => {
                     tracing::warn!(file = %abs.display(), error = %e, "cannot open model file");
@@ -233,6 +242,68 @@ impl TierFs {
         }
         let fh = self.add_handle(Handle::Plain(file));
         reply.opened(FileHandle(fh), FopenFlags::empty())
+    }
+
+    /// Opens the control file: write-only, for the mounting user (or root).
+    fn open_control(&self, req: &Request, flags: OpenFlags, reply: ReplyOpen) {
+        if flags.acc_mode() != OpenAccMode::O_WRONLY {
+            return reply.error(Errno::EACCES);
+        }
+        if req.uid() != self.uid && req.uid() != 0 {
+            return reply.error(Errno::EACCES);
+        }
+        let fh = self.add_handle(Handle::Control);
+        reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO)
+    }
+
+    /// Carries out one control command; on error nothing has changed.
+    fn run_control(&self, data: &[u8]) -> Result<(), String> {
+        match control::parse(data).map_err(|e| e.to_string())? {
+            Command::RamCache(bytes) => {
+                self.store.cache().set_budget(bytes);
+                tracing::info!(budget = bytes, "cache budget changed");
+            }
+            Command::Drop => {
+                self.store.cache().clear();
+                tracing::info!("cache dropped");
+            }
+            Command::Prefetch(rel) => {
+                let abs = self.abs(&rel);
+                match present(&abs) {
+                    Ok((_, FileType::RegularFile)) if is_model_path(&rel) => {}
+                    _ => {
+                        return Err(format!(
+                            "{} is not a model file in the mount",
+                            rel.display()
+                        ))
+                    }
+                }
+                let model = self.store.open(&rel, &abs).map_err(|e| e.to_string())?;
+                if model.is_malformed() {
+                    return Err(format!("{} is malformed", rel.display()));
+                }
+                self.store.warm(&model);
+                tracing::info!(file = %rel.display(), "warming");
+            }
+        }
+        Ok(())
+    }
+
+    /// Model files are opened with `FOPEN_DIRECT_IO` where the kernel still allows `mmap` of
+    /// such files (`FUSE_DIRECT_IO_ALLOW_MMAP`, Linux 6.6+): each `read()` then reaches the
+    /// cache with the reader's own offsets and sizes, copied once, straight into the reader's
+    /// buffer, with no page cache of the mounted file and no kernel readahead. Readahead would
+    /// read past the end of what the reader asked for, into whatever block comes next *in the
+    /// file*, which both blurs the block order tierfs learns and costs a disk read of a block
+    /// the reader may not want; tierfs's own prefetch does the reading ahead instead. `mmap`
+    /// readers still go through the page cache (kept to the window). Older kernels keep page
+    /// cache mode.
+    fn model_open_flags(&self) -> FopenFlags {
+        if self.direct_io_mmap {
+            FopenFlags::FOPEN_DIRECT_IO
+        } else {
+            FopenFlags::empty()
+        }
     }
 
     fn read_model(
@@ -265,6 +336,7 @@ impl TierFs {
         ];
         if ino == CONTROL_DIR_INO {
             entries.push((STATS_INO, FileType::RegularFile, "stats".into()));
+            entries.push((CONTROL_INO, FileType::RegularFile, "control".into()));
             return Ok(entries);
         }
         let rel = self.inodes.path_of(ino).ok_or(Errno::ENOENT)?;
@@ -291,6 +363,9 @@ impl Filesystem for TierFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
         // Large reads: the kernel may send up to max_pages (1 MiB) per request.
         let _ = config.set_max_readahead(crate::mount::KERNEL_READAHEAD_BYTES);
+        self.direct_io_mmap = config
+            .add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
+            .is_ok();
         if self.settings.passthrough {
             let enabled = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
                 && config.set_max_stack_depth(1).is_ok();
@@ -330,7 +405,10 @@ impl Filesystem for TierFs {
         }
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if ino.0 == CONTROL_INO {
+            return self.open_control(req, flags, reply);
+        }
         if flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0 {
             return reply.error(Errno::EROFS);
         }
@@ -370,7 +448,7 @@ impl Filesystem for TierFs {
                 let end = start.saturating_add(size as usize).min(json.len());
                 reply.data(&json[start..end])
             }
-            Handle::Passthrough(_) | Handle::Dir(_) => reply.error(Errno::EBADF),
+            Handle::Passthrough(_) | Handle::Dir(_) | Handle::Control => reply.error(Errno::EBADF),
         }
     }
 
@@ -484,11 +562,11 @@ impl Filesystem for TierFs {
     fn setattr(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        _mode: Option<u32>,
-        _uid: Option<u32>,
-        _gid: Option<u32>,
-        _size: Option<u64>,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
         _atime: Option<fuser::TimeOrNow>,
         _mtime: Option<fuser::TimeOrNow>,
         _ctime: Option<SystemTime>,
@@ -499,6 +577,18 @@ impl Filesystem for TierFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        // `echo drop > control` opens with O_TRUNC, which the kernel sends as a size-0 setattr.
+        if ino.0 == CONTROL_INO
+            && size == Some(0)
+            && mode.is_none()
+            && uid.is_none()
+            && gid.is_none()
+        {
+            return reply.attr(
+                &ATTR_TTL,
+                &self.virtual_attr(CONTROL_INO, FileType::RegularFile, 0o200, 0),
+            );
+        }
         reply.error(Errno::EROFS)
     }
 
@@ -573,16 +663,35 @@ impl Filesystem for TierFs {
     fn write(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
+        ino: INodeNo,
+        fh: FileHandle,
         _offset: u64,
-        _data: &[u8],
+        data: &[u8],
         _write_flags: fuser::WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        reply.error(Errno::EROFS)
+        let is_control = self
+            .handle(fh)
+            .is_ok_and(|h| matches!(h.as_ref(), Handle::Control));
+        if ino.0 != CONTROL_INO || !is_control {
+            return reply.error(Errno::EROFS);
+        }
+        match self.run_control(data) {
+            Ok(()) => reply.written(data.len() as u32),
+            Err(reason) => {
+                tracing::warn!(command = %String::from_utf8_lossy(&data[..data.len().min(200)]).trim(), %reason, "control command refused");
+                reply.error(Errno::EINVAL)
+            }
+        }
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        if mask.contains(fuser::AccessFlags::W_OK) && ino.0 != CONTROL_INO {
+            return reply.error(Errno::EROFS);
+        }
+        reply.ok()
     }
 
     fn create(

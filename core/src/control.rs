@@ -1,0 +1,145 @@
+//! Commands accepted by `MOUNTPOINT/.tierfs/control`, one per `write()`.
+//!
+//! - `ram-cache SIZE`: change the cache budget (shrinking evicts at once);
+//! - `drop`: empty the cache;
+//! - `prefetch PATH`: warm a model file (PATH relative to the mount root) in its learned block
+//!   order, in the background, up to the budget.
+//!
+//! Parsing is strict: one command, its arguments, optional surrounding whitespace (so `echo`'s
+//! newline is fine), nothing else. Anything unexpected is an error with a reason, and the
+//! daemon then changes nothing.
+
+use std::path::{Component, Path, PathBuf};
+
+use thiserror::Error;
+
+use crate::size::{parse_size, SizeError};
+
+/// Longest command accepted: a size or a path (PATH_MAX is 4096) with its keyword.
+pub const MAX_COMMAND_BYTES: usize = 4200;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    RamCache(u64),
+    Drop,
+    Prefetch(PathBuf),
+}
+
+#[derive(Debug, Error)]
+pub enum ControlError {
+    #[error("command is {0} bytes; the longest accepted is {MAX_COMMAND_BYTES}")]
+    TooLong(usize),
+    #[error("command is not UTF-8 text")]
+    NotText,
+    #[error("empty command (expected ram-cache SIZE, drop or prefetch PATH)")]
+    Empty,
+    #[error("unknown command {0:?} (expected ram-cache SIZE, drop or prefetch PATH)")]
+    Unknown(String),
+    #[error("{command} takes {expected}")]
+    Arguments {
+        command: &'static str,
+        expected: &'static str,
+    },
+    #[error(transparent)]
+    Size(#[from] SizeError),
+    #[error("prefetch path {0:?} must be relative to the mount root and stay inside it")]
+    Path(String),
+}
+
+/// Parses one write to the control file.
+pub fn parse(bytes: &[u8]) -> Result<Command, ControlError> {
+    if bytes.len() > MAX_COMMAND_BYTES {
+        return Err(ControlError::TooLong(bytes.len()));
+    }
+    let text = std::str::from_utf8(bytes)
+        .map_err(|_| ControlError::NotText)?
+        .trim();
+    let (word, rest) = text.split_once(char::is_whitespace).unwrap_or((text, ""));
+    let rest = rest.trim();
+    match word {
+        "" => Err(ControlError::Empty),
+        "drop" if rest.is_empty() => Ok(Command::Drop),
+        "drop" => Err(ControlError::Arguments {
+            command: "drop",
+            expected: "no arguments",
+        }),
+        "ram-cache" if rest.is_empty() => Err(ControlError::Arguments {
+            command: "ram-cache",
+            expected: "one SIZE, e.g. ram-cache 8GiB",
+        }),
+        "ram-cache" => Ok(Command::RamCache(parse_size(rest)?)),
+        "prefetch" if rest.is_empty() => Err(ControlError::Arguments {
+            command: "prefetch",
+            expected: "one PATH relative to the mount root",
+        }),
+        "prefetch" => relative_path(rest).map(Command::Prefetch),
+        other => Err(ControlError::Unknown(other.chars().take(64).collect())),
+    }
+}
+
+fn relative_path(text: &str) -> Result<PathBuf, ControlError> {
+    let path = Path::new(text);
+    let mut clean = PathBuf::new();
+    for component in path.components() {
+        match component {
+            Component::Normal(part) => clean.push(part),
+            Component::CurDir => {}
+            _ => return Err(ControlError::Path(text.to_owned())),
+        }
+    }
+    if clean.as_os_str().is_empty() {
+        return Err(ControlError::Path(text.to_owned()));
+    }
+    Ok(clean)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_the_documented_commands() {
+        assert_eq!(parse(b"drop\n").unwrap(), Command::Drop);
+        assert_eq!(
+            parse(b"ram-cache 8GiB").unwrap(),
+            Command::RamCache(8 << 30)
+        );
+        assert_eq!(
+            parse(b"  ram-cache 512MiB \n").unwrap(),
+            Command::RamCache(512 << 20)
+        );
+        assert_eq!(
+            parse(b"prefetch sub/m.safetensors\n").unwrap(),
+            Command::Prefetch("sub/m.safetensors".into())
+        );
+        assert_eq!(
+            parse(b"prefetch ./m.sft").unwrap(),
+            Command::Prefetch("m.sft".into())
+        );
+    }
+
+    #[test]
+    fn rejects_everything_else_with_a_reason() {
+        for bad in [
+            &b""[..],
+            b"\n",
+            b"dorp",
+            b"drop now",
+            b"ram-cache",
+            b"ram-cache lots",
+            b"ram-cache 1G 2G",
+            b"prefetch",
+            b"prefetch ../../etc/passwd",
+            b"prefetch /etc/passwd",
+            b"prefetch .",
+            b"\xff\xfe",
+        ] {
+            let err = parse(bad).unwrap_err();
+            assert!(!err.to_string().is_empty(), "{bad:?}");
+        }
+        assert!(matches!(
+            parse(&vec![b'a'; MAX_COMMAND_BYTES + 1]),
+            Err(ControlError::TooLong(_))
+        ));
+    }
+}

@@ -1,0 +1,232 @@
+//! What tierfs knows about how one file version is being read: its learned block order, the
+//! block the reader is in, and per-file prefetch figures.
+//!
+//! [`FileAccess`] is shared by the read path (which reports every block a reader touches), the
+//! prefetcher (which asks which blocks come next, and drops queued work after a jump) and the
+//! cache (which asks how soon a chunk's block is needed again, to evict the one needed furthest
+//! in the future).
+//!
+//! **Trust.** Prefetching whole blocks ahead only pays when the reader really follows the order.
+//! A block entered right after the block the order predicts is a *predicted* transition; only
+//! then are the next blocks fetched. Any other transition is a *jump*: it bumps the file's
+//! epoch, and queued block prefetches of the old epoch are dropped by the workers instead of
+//! occupying the disk.
+//!
+//! **Depth** starts at one block ahead and grows by one (up to [`MAX_DEPTH`]) each time the
+//! reader enters a predicted block that is not fully in memory yet, i.e. the disk could not
+//! keep up with one block of lead; a reader that computes longer than the disk needs never
+//! grows it.
+//!
+//! **Distance** (for eviction) is how many blocks ahead of the reader's current block a block
+//! comes in cyclic order. The block the reader just left counts as 0 rather than `n - 1`: with
+//! eight threads, some still finish it while others start the next one.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError, RwLock};
+
+use crate::prefetch::order::{AccessOrder, Touch};
+use crate::stats::Counters;
+
+/// Most blocks fetched ahead of the reader. A transformer block is 100–700 MiB in the models
+/// this is for; four of them is already more than a second of disk time.
+pub const MAX_DEPTH: usize = 4;
+
+/// No block entered yet.
+const NONE: usize = usize::MAX;
+
+/// What a touch means for prefetching.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Still in a block of the current pass.
+    Stay,
+    /// Entered a block for the first time in this pass; `predicted` if the order said so;
+    /// `new_pass` if this touch started a new pass (the order may just have been learned).
+    Entered { predicted: bool, new_pass: bool },
+}
+
+/// Access state of one file version.
+#[derive(Debug)]
+pub struct FileAccess {
+    order: Mutex<AccessOrder>,
+    /// `position[block]` in the order, readable without the order's lock (eviction scans it).
+    position: RwLock<Vec<usize>>,
+    current: AtomicUsize,
+    previous: AtomicUsize,
+    epoch: AtomicU64,
+    depth: AtomicUsize,
+    pub counters: FileCounters,
+}
+
+/// Per-file figures for the stats.
+#[derive(Debug, Default)]
+pub struct FileCounters {
+    pub prefetch_issued_bytes: AtomicU64,
+    pub prefetch_used_bytes: AtomicU64,
+    pub prefetch_wasted_bytes: AtomicU64,
+    pub stall_ns: AtomicU64,
+}
+
+impl FileAccess {
+    /// Access state for a file of `blocks` blocks, starting from a saved order when one fits.
+    pub fn new(blocks: usize, saved: Option<AccessOrder>) -> FileAccess {
+        let order = saved
+            .filter(|o| o.blocks() == blocks)
+            .unwrap_or_else(|| AccessOrder::new(blocks));
+        let position = positions(&order);
+        FileAccess {
+            order: Mutex::new(order),
+            position: RwLock::new(position),
+            current: AtomicUsize::new(NONE),
+            previous: AtomicUsize::new(NONE),
+            epoch: AtomicU64::new(0),
+            depth: AtomicUsize::new(1),
+            counters: FileCounters::default(),
+        }
+    }
+
+    /// A reader touched `block`.
+    pub fn touch(&self, block: usize) -> Step {
+        let mut order = self.lock();
+        let touch = order.touch(block);
+        if touch == Touch::Again {
+            return Step::Stay;
+        }
+        if touch == Touch::NewPass {
+            *self
+                .position
+                .write()
+                .unwrap_or_else(PoisonError::into_inner) = positions(&order);
+        }
+        let left = self.current.swap(block, Ordering::Relaxed);
+        self.previous.store(left, Ordering::Relaxed);
+        let predicted = left != NONE && order.next_after(left, 1).first() == Some(&block);
+        if !predicted {
+            self.epoch.fetch_add(1, Ordering::Relaxed);
+        }
+        Step::Entered {
+            predicted,
+            new_pass: touch == Touch::NewPass,
+        }
+    }
+
+    /// Up to `count` blocks after `block` in the order.
+    pub fn next_blocks(&self, block: usize, count: usize) -> Vec<usize> {
+        self.lock().next_after(block, count)
+    }
+
+    /// The whole order, starting with `first` (for warming a file).
+    pub fn order_from(&self, first: usize) -> Vec<usize> {
+        let order = self.lock();
+        let mut blocks = vec![first];
+        blocks.extend(order.next_after(first, order.blocks()));
+        blocks
+    }
+
+    /// Bumped on every jump; block prefetches queued under an older epoch are stale.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Relaxed)
+    }
+
+    pub fn depth(&self) -> usize {
+        self.depth.load(Ordering::Relaxed)
+    }
+
+    /// The reader entered a predicted block that prefetch had not finished: fetch further ahead.
+    pub fn deepen(&self) {
+        let _ = self
+            .depth
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |d| {
+                (d < MAX_DEPTH).then_some(d + 1)
+            });
+    }
+
+    /// How many blocks ahead of the reader `block` is needed (0: in use now; larger: later).
+    pub fn distance(&self, block: usize) -> usize {
+        let current = self.current.load(Ordering::Relaxed);
+        if current == NONE || block == self.previous.load(Ordering::Relaxed) {
+            return 0;
+        }
+        let position = self.position.read().unwrap_or_else(PoisonError::into_inner);
+        let (Some(&to), Some(&from)) = (position.get(block), position.get(current)) else {
+            return 0;
+        };
+        (to + position.len() - from) % position.len()
+    }
+
+    /// Whether a pass was learned, and how many blocks it touched.
+    pub fn learned(&self) -> (bool, usize) {
+        let order = self.lock();
+        (order.is_learned(), order.learned_len())
+    }
+
+    /// A copy of the order, for saving across remounts.
+    pub fn saved_order(&self) -> AccessOrder {
+        self.lock().clone()
+    }
+
+    pub fn add(counter: &AtomicU64, value: u64) {
+        Counters::add(counter, value);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, AccessOrder> {
+        self.order.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+fn positions(order: &AccessOrder) -> Vec<usize> {
+    let mut position = vec![0; order.blocks()];
+    for (at, &block) in order.order().iter().enumerate() {
+        if let Some(slot) = position.get_mut(block) {
+            *slot = at;
+        }
+    }
+    position
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numeric_reader_is_predicted_and_a_jump_bumps_the_epoch() {
+        let access = FileAccess::new(10, None);
+        let entered = |predicted| Step::Entered {
+            predicted,
+            new_pass: false,
+        };
+        assert_eq!(access.touch(0), entered(false));
+        let epoch = access.epoch();
+        assert_eq!(access.touch(1), entered(true));
+        assert_eq!(access.touch(1), Step::Stay);
+        assert_eq!(access.touch(2), entered(true));
+        assert_eq!(access.epoch(), epoch);
+        assert_eq!(access.touch(7), entered(false));
+        assert_eq!(access.epoch(), epoch + 1);
+    }
+
+    #[test]
+    fn distance_is_cyclic_from_the_current_block_and_spares_the_one_just_left() {
+        let access = FileAccess::new(10, None);
+        for block in 0..=4 {
+            access.touch(block);
+        }
+        assert_eq!(access.distance(4), 0);
+        assert_eq!(
+            access.distance(3),
+            0,
+            "stragglers may still read the block just left"
+        );
+        assert_eq!(access.distance(5), 1);
+        assert_eq!(access.distance(0), 6);
+        assert_eq!(access.distance(2), 8, "blocks just behind are needed last");
+    }
+
+    #[test]
+    fn depth_grows_to_a_bound() {
+        let access = FileAccess::new(4, None);
+        for _ in 0..10 {
+            access.deepen();
+        }
+        assert_eq!(access.depth(), MAX_DEPTH);
+    }
+}
