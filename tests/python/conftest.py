@@ -124,6 +124,10 @@ class Mount:
         self.log_path = self.mnt.parent / (self.mnt.name + ".log")
         self.log = open(self.log_path, "wb")
         self.budget = budget
+        if not any(a in ("--state-dir", "--no-state") for a in extra):
+            # Learned orders persist across mounts (by default in /var/lib/tierfs for root):
+            # give every mount its own, so nothing leaks between tests or into the system.
+            extra = (*extra, "--state-dir", str(fresh_dir("state")))
         cmd = [str(TIERFS_BIN), "mount", str(self.source), str(self.mnt), "--ram-cache", budget, *extra]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         _PROCS.append(self.proc)
@@ -434,3 +438,29 @@ def results_file() -> Path:
     p = Path(os.environ.get("TIERFS_RESULTS", REPO / "tests" / "bench" / "memory-results.md"))
     p.parent.mkdir(parents=True, exist_ok=True)
     return p
+
+
+@pytest.fixture(scope="session")
+def sorted_dit(data_dir) -> Path:
+    """A ~720 MiB bf16 DiT with 40 blocks laid out in name order (``blocks.0, blocks.1,
+    blocks.10, ...``), so file order differs from model order (generated once per session)."""
+    return gen.make_sorted_dit(data_dir / "sorted_dit" / "dit_sorted.safetensors")
+
+
+def quiesce(m: "Mount", quiet_s: float = 0.4, timeout: float = 15.0) -> dict:
+    """Wait until the daemon's disk and prefetch counters stop moving (background prefetch
+    finished) and return the stats then; after `timeout` s return the latest stats anyway."""
+    def key(st):
+        return (st["disk"]["read_bytes"], st["prefetch"]["issued_bytes"], st["cache"]["used_bytes"])
+    deadline = time.monotonic() + timeout
+    st = m.stats()
+    last, since = key(st), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        st = m.stats()
+        k = key(st)
+        if k != last:
+            last, since = k, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            break
+    return st

@@ -28,7 +28,7 @@
 pub mod plan;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
@@ -38,6 +38,12 @@ use thiserror::Error;
 use crate::prefetch::access::FileAccess;
 use crate::source::{AlignedBytes, SourceError};
 use crate::stats::{CacheSnapshot, Counters};
+
+/// How long after a reader got a chunk it is spared from eviction while other candidates exist
+/// (see [`ChunkCache::victim`]). The eight 2 MiB reads a loader issues at a block boundary finish
+/// within milliseconds of each other; 50 ms covers that with margin and is far shorter than the
+/// time between two passes over a block.
+const RECENTLY_READ: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// A chunk of one version of one file: `file` is the version's generation number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -86,6 +92,8 @@ pub struct Chunk {
     /// Loaded by the prefetcher and not yet read by anyone.
     unread_prefetch: AtomicBool,
     owner: Option<ChunkOwner>,
+    /// When a reader last got it ([`ChunkCache::now`]), for the recency guard.
+    last_read: AtomicU64,
 }
 
 impl Chunk {
@@ -104,6 +112,16 @@ impl Chunk {
     /// How soon the chunk is needed again (larger: later; 0 when unknown).
     fn distance(&self) -> usize {
         self.owner.as_ref().map_or(0, ChunkOwner::distance)
+    }
+
+    /// Whether threads of a reader that just moved on may still be reading this chunk: it is in
+    /// the block the reader left, and a reader got it since `recent`.
+    fn may_be_in_use(&self, recent: u64) -> bool {
+        self.last_read.load(Ordering::Relaxed) >= recent
+            && self
+                .owner
+                .as_ref()
+                .is_some_and(|o| o.access.is_previous(o.block))
     }
 
     fn file_counters(&self) -> Option<&crate::prefetch::access::FileCounters> {
@@ -157,6 +175,8 @@ struct State {
 pub struct ChunkCache {
     state: Mutex<State>,
     counters: Arc<Counters>,
+    /// Origin of the cache's clock ([`Self::now`]).
+    started: Instant,
 }
 
 enum Plan {
@@ -177,7 +197,13 @@ impl ChunkCache {
                 per_file: HashMap::new(),
             }),
             counters,
+            started: Instant::now(),
         }
+    }
+
+    /// Nanoseconds since the cache was made; 0 means "never".
+    fn now(&self) -> u64 {
+        self.started.elapsed().as_nanos() as u64 + 1
     }
 
     pub fn counters(&self) -> &Arc<Counters> {
@@ -284,6 +310,7 @@ impl ChunkCache {
 
     /// A reader got `chunk`: if a prefetch brought it in, that prefetch was useful.
     fn note_read(&self, chunk: &Chunk) {
+        chunk.last_read.store(self.now(), Ordering::Relaxed);
         if chunk.unread_prefetch.swap(false, Ordering::Relaxed) {
             Counters::add(&self.counters.prefetch_used_bytes, chunk.footprint());
             if let Some(file) = chunk.file_counters() {
@@ -356,6 +383,7 @@ impl ChunkCache {
                     bytes,
                     unread_prefetch: AtomicBool::new(want == Want::Prefetch),
                     owner: owner.cloned(),
+                    last_read: AtomicU64::new(if want == Want::Read { self.now() } else { 0 }),
                 })
             })
             .map_err(|e| {
@@ -388,7 +416,7 @@ impl ChunkCache {
             return false;
         }
         while state.used + extra > state.budget {
-            let Some(key) = Self::victim(state, needed_in) else {
+            let Some(key) = self.victim(state, needed_in) else {
                 return false;
             };
             let Some(chunk) = state.resident.pop(&key) else {
@@ -401,20 +429,25 @@ impl ChunkCache {
     }
 
     /// The resident chunk needed furthest in the future, least recently used among equals;
-    /// `None` if it is not needed later than `needed_in` blocks from now. One pass over the
-    /// resident chunks: a 16 GiB budget is 4096 chunks, a few microseconds per eviction next to
-    /// the milliseconds of disk time that each eviction makes room for.
-    fn victim(state: &State, needed_in: Option<usize>) -> Option<ChunkKey> {
-        let mut best: Option<(usize, ChunkKey)> = None;
+    /// `None` if it is not needed later than `needed_in` blocks from now. Chunks of the block a
+    /// reader just left that it got in the last [`RECENTLY_READ`] are passed over while there is
+    /// any other candidate: a multi-threaded reader that moved on to the next block may still
+    /// have threads finishing the last pieces of the one it left, which is otherwise exactly the
+    /// block needed furthest ahead.
+    /// One pass over the resident chunks: a 16 GiB budget is 4096 chunks, microseconds per
+    /// eviction next to the milliseconds of disk time each eviction makes room for.
+    fn victim(&self, state: &State, needed_in: Option<usize>) -> Option<ChunkKey> {
+        let recent = self.now().saturating_sub(RECENTLY_READ.as_nanos() as u64);
+        let mut best: Option<(bool, usize, ChunkKey)> = None;
         for (key, chunk) in state.resident.iter().rev() {
-            let distance = chunk.distance();
-            if best.is_none_or(|(d, _)| distance > d) {
-                best = Some((distance, *key));
+            let rank = (!chunk.may_be_in_use(recent), chunk.distance(), *key);
+            if best.is_none_or(|(old, d, _)| (rank.0, rank.1) > (old, d)) {
+                best = Some(rank);
             }
         }
-        let (distance, key) = best?;
+        let (idle, distance, key) = best?;
         match needed_in {
-            Some(incoming) if distance <= incoming => None,
+            Some(incoming) if distance <= incoming || !idle => None,
             _ => Some(key),
         }
     }

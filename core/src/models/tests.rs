@@ -199,3 +199,185 @@ fn concurrent_sequential_readers_account_prefetch_exactly() {
         "issued {issued} used {used} wasted {wasted}"
     );
 }
+
+/// Reads every tensor of `file` block by block in `order`, each block's chunks by 4 threads,
+/// checking bytes; returns the disk bytes read by the pass.
+fn block_pass(
+    store: &Arc<ModelStore>,
+    file: &Arc<ModelFile>,
+    bytes: &[u8],
+    order: &[usize],
+) -> u64 {
+    let before = Counters::get(&store.counters().disk_read_bytes);
+    let Layout::Indexed { index, .. } = file.layout() else {
+        panic!("malformed")
+    };
+    for &block in order {
+        let ranges: Vec<(u64, u64)> = index
+            .block_tensors(block)
+            .map(|t| (t.start, t.end))
+            .collect();
+        std::thread::scope(|scope| {
+            for part in ranges.chunks(ranges.len().div_ceil(4).max(1)) {
+                scope.spawn(move || {
+                    for &(start, end) in part {
+                        let mut pos = start;
+                        while pos < end {
+                            let len = (end - pos).min(1 << 20) as u32;
+                            let got = store.read(file, pos, len).unwrap();
+                            assert_eq!(&got[..], &bytes[pos as usize..pos as usize + len as usize]);
+                            pos += u64::from(len);
+                        }
+                    }
+                });
+            }
+        });
+    }
+    Counters::get(&store.counters().disk_read_bytes) - before
+}
+
+fn resident_blocks(store: &ModelStore, file: &ModelFile) -> Vec<usize> {
+    let plan = file.plan().unwrap();
+    let mut blocks: Vec<usize> = (0..plan.len())
+        .filter(|&c| file.chunk_present(store.cache(), c))
+        .map(|c| plan.get(c).unwrap().block)
+        .collect();
+    blocks.dedup();
+    blocks
+}
+
+#[test]
+fn repeated_passes_keep_a_stable_resident_set_and_read_only_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = checkpoint(dir.path(), "m.safetensors", 64 << 20, 5);
+    let budget = 32 << 20;
+    let store = Arc::new(ModelStore::new(budget, SavedOrders::default()));
+    let file = store
+        .open(
+            Path::new("m.safetensors"),
+            &dir.path().join("m.safetensors"),
+        )
+        .unwrap();
+    let blocks = file
+        .plan()
+        .map(|_| file.access().unwrap().order_from(0))
+        .unwrap();
+    let data = (bytes.len() as u64)
+        - match file.layout() {
+            Layout::Indexed { index, .. } => index.header_bytes,
+            Layout::Malformed { .. } => unreachable!(),
+        };
+    let mut resident = Vec::new();
+    for pass in 0..4 {
+        let disk = block_pass(&store, &file, &bytes, &blocks);
+        std::thread::sleep(std::time::Duration::from_millis(50)); // let prefetch settle
+        assert!(store.cache().snapshot().used_bytes <= budget);
+        if pass >= 1 {
+            // LRU would read the whole file again; order-aware eviction reads what does not fit.
+            let bound = (data - budget) as f64 * 1.15;
+            assert!((disk as f64) <= bound, "pass {pass}: {disk} bytes from disk, bound {bound:.0} (data {data}, budget {budget})");
+        }
+        resident.push(resident_blocks(&store, &file));
+    }
+    assert!(file.access().unwrap().learned().0, "a pass was learned");
+    // The blocks needed first in each pass stay resident from one pass to the next.
+    let stable: Vec<usize> = resident[2]
+        .iter()
+        .filter(|b| resident[3].contains(b))
+        .copied()
+        .collect();
+    assert!(
+        stable.len() * 2 >= resident[3].len(),
+        "resident sets {:?} vs {:?}",
+        resident[2],
+        resident[3]
+    );
+    assert!(stable.contains(&blocks[1]), "early blocks stay: {stable:?}");
+}
+
+#[test]
+fn a_jump_cancels_queued_block_prefetches() {
+    let dir = tempfile::tempdir().unwrap();
+    checkpoint(dir.path(), "m.safetensors", 16 << 20, 6);
+    let store = ModelStore::new(64 << 20, SavedOrders::default());
+    let file = store
+        .open(
+            Path::new("m.safetensors"),
+            &dir.path().join("m.safetensors"),
+        )
+        .unwrap();
+    let access = file.access().unwrap();
+    let plan = file.plan().unwrap();
+    let before_jump = access.epoch();
+    access.touch(3);
+    assert_ne!(
+        access.epoch(),
+        before_jump,
+        "an unpredicted block is a jump"
+    );
+    let stale_chunk = plan.block_chunks(5)[0];
+    let fresh_chunk = plan.block_chunks(6)[0];
+    assert!(store
+        .prefetcher
+        .queue(&file, stale_chunk, Some(before_jump)));
+    assert!(store
+        .prefetcher
+        .queue(&file, fresh_chunk, Some(access.epoch())));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !file.chunk_present(store.cache(), fresh_chunk) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(
+        file.chunk_present(store.cache(), fresh_chunk),
+        "a current prefetch is done"
+    );
+    assert!(
+        !file.chunk_present(store.cache(), stale_chunk),
+        "a stale one is dropped"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(16))]
+    /// Readers on several threads plus the prefetcher never push the cache over its budget.
+    #[test]
+    fn budget_holds_under_concurrent_reads_and_prefetch(
+        budget_mib in 1u64..12,
+        reads in prop::collection::vec((0u64..(12 << 20), 1u32..(3 << 20)), 8..40),
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let bytes = checkpoint(dir.path(), "m.safetensors", 12 << 20, 7);
+        let budget = budget_mib << 20;
+        let store = Arc::new(ModelStore::new(budget, SavedOrders::default()));
+        let file = store.open(Path::new("m.safetensors"), &dir.path().join("m.safetensors")).unwrap();
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let peak = std::thread::scope(|scope| {
+            let monitor = scope.spawn(|| {
+                let mut peak = 0;
+                while !done.load(Ordering::Relaxed) {
+                    peak = peak.max(store.cache().snapshot().used_bytes);
+                    std::thread::yield_now();
+                }
+                peak
+            });
+            let readers: Vec<_> = reads.chunks(reads.len().div_ceil(4)).map(|part| {
+                let (store, file, bytes) = (&store, &file, &bytes);
+                scope.spawn(move || {
+                    for &(offset, len) in part {
+                        let got = store.read(file, offset, len).unwrap();
+                        let start = (offset as usize).min(bytes.len());
+                        let end = (offset as usize + len as usize).min(bytes.len());
+                        assert_eq!(&got[..], &bytes[start..end]);
+                    }
+                })
+            }).collect();
+            for reader in readers {
+                reader.join().unwrap();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            done.store(true, Ordering::Relaxed);
+            monitor.join().unwrap()
+        });
+        prop_assert!(peak <= budget, "peak {peak} over budget {budget}");
+    }
+}

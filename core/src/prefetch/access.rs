@@ -18,8 +18,9 @@
 //! grows it.
 //!
 //! **Distance** (for eviction) is how many blocks ahead of the reader's current block a block
-//! comes in cyclic order. The block the reader just left counts as 0 rather than `n - 1`: with
-//! eight threads, some still finish it while others start the next one.
+//! comes in cyclic order: the block the reader just left is needed last. (Its chunks that
+//! straggling threads are still reading are protected by the cache's recency guard, which asks
+//! [`FileAccess::is_previous`].)
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError, RwLock};
@@ -27,9 +28,11 @@ use std::sync::{Mutex, MutexGuard, PoisonError, RwLock};
 use crate::prefetch::order::{AccessOrder, Touch};
 use crate::stats::Counters;
 
-/// Most blocks fetched ahead of the reader. A transformer block is 100–700 MiB in the models
-/// this is for; four of them is already more than a second of disk time.
-pub const MAX_DEPTH: usize = 4;
+/// Most blocks fetched ahead of the reader. Every block held ahead is a block less of the
+/// resident set that repeated passes keep (and so one more block read per pass), so depth only
+/// grows when the reader outruns one block of lead; a transformer block is 100–700 MiB in the
+/// models this is for, and two of them are a second or more of disk time.
+pub const MAX_DEPTH: usize = 2;
 
 /// No block entered yet.
 const NONE: usize = usize::MAX;
@@ -51,6 +54,7 @@ pub struct FileAccess {
     /// `position[block]` in the order, readable without the order's lock (eviction scans it).
     position: RwLock<Vec<usize>>,
     current: AtomicUsize,
+    /// The block the reader was in before `current`.
     previous: AtomicUsize,
     epoch: AtomicU64,
     depth: AtomicUsize,
@@ -143,7 +147,7 @@ impl FileAccess {
     /// How many blocks ahead of the reader `block` is needed (0: in use now; larger: later).
     pub fn distance(&self, block: usize) -> usize {
         let current = self.current.load(Ordering::Relaxed);
-        if current == NONE || block == self.previous.load(Ordering::Relaxed) {
+        if current == NONE {
             return 0;
         }
         let position = self.position.read().unwrap_or_else(PoisonError::into_inner);
@@ -151,6 +155,12 @@ impl FileAccess {
             return 0;
         };
         (to + position.len() - from) % position.len()
+    }
+
+    /// Whether `block` is the one the reader left for its current block (threads of a
+    /// multi-threaded reader may still be finishing it).
+    pub fn is_previous(&self, block: usize) -> bool {
+        self.previous.load(Ordering::Relaxed) == block
     }
 
     /// Whether a pass was learned, and how many blocks it touched.
@@ -205,20 +215,21 @@ mod tests {
     }
 
     #[test]
-    fn distance_is_cyclic_from_the_current_block_and_spares_the_one_just_left() {
+    fn distance_is_cyclic_from_the_current_block() {
         let access = FileAccess::new(10, None);
+        assert_eq!(
+            access.distance(7),
+            0,
+            "nothing is known before the first touch"
+        );
         for block in 0..=4 {
             access.touch(block);
         }
         assert_eq!(access.distance(4), 0);
-        assert_eq!(
-            access.distance(3),
-            0,
-            "stragglers may still read the block just left"
-        );
         assert_eq!(access.distance(5), 1);
         assert_eq!(access.distance(0), 6);
-        assert_eq!(access.distance(2), 8, "blocks just behind are needed last");
+        assert_eq!(access.distance(3), 9, "the block just left is needed last");
+        assert!(access.is_previous(3) && !access.is_previous(2));
     }
 
     #[test]

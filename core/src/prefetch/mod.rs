@@ -101,7 +101,9 @@ impl Prefetcher {
         if predicted {
             blocks.extend(access.next_blocks(block, access.depth()));
         }
-        let limit = self.cache.budget() / 2;
+        // Blocks held ahead are taken from what repeated passes keep resident: an eighth of the
+        // budget at most.
+        let limit = self.cache.budget() / 8;
         let mut queued = 0;
         for b in blocks {
             queued += plan.block_bytes(b);
@@ -158,7 +160,7 @@ impl Prefetcher {
 
     /// Queues one chunk unless it is cached, loading or queued. Returns false when the queue is
     /// full (the caller stops queueing).
-    fn queue(&self, file: &Arc<ModelFile>, chunk: usize, epoch: Option<u64>) -> bool {
+    pub(crate) fn queue(&self, file: &Arc<ModelFile>, chunk: usize, epoch: Option<u64>) -> bool {
         if file.chunk_present(&self.cache, chunk) || !lock(&self.queued).insert(file.key(chunk)) {
             return true;
         }
