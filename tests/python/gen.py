@@ -269,3 +269,18 @@ def make_tree(root: Path, big: Path | None) -> dict[str, Path]:
     os.symlink("nested", root / "link_dir")
     done.write_text("ok\n")
     return paths
+
+
+def sorted_dit_specs(dim: int = 768, ffn: int = 3072, n_blocks: int = 40) -> list[Spec]:
+    """A bf16 DiT laid out in *name* order, as writers sort it: ``blocks.0, blocks.1, blocks.10,
+    ..., blocks.19, blocks.2, ...`` then ``head.*``, ``patch_embedding.*``, ..., so file order
+    differs from the numeric (model) order of the blocks."""
+    return sorted(dit_specs(dim, ffn, n_blocks, ("BF16",)), key=lambda s: s[0])
+
+
+def make_sorted_dit(path: Path, dim: int = 768, ffn: int = 3072, n_blocks: int = 40, seed: int = 21) -> Path:
+    """Write (once) a name-sorted DiT; with the defaults 40 blocks of ~18 MiB, ~720 MiB in all."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_streaming(path, sorted_dit_specs(dim, ffn, n_blocks), seed)
+    return path
