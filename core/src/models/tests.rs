@@ -19,6 +19,24 @@ fn checkpoint(dir: &Path, name: &str, bytes: u64, seed: u64) -> Vec<u8> {
     std::fs::read(dir.join(name)).unwrap()
 }
 
+/// A synthetic checkpoint of about `bytes` bytes, opened in a store with `budget`.
+fn opened(
+    bytes: u64,
+    budget: u64,
+    seed: u64,
+) -> (tempfile::TempDir, Vec<u8>, Arc<ModelStore>, Arc<ModelFile>) {
+    let dir = tempfile::tempdir().unwrap();
+    let content = checkpoint(dir.path(), "m.safetensors", bytes, seed);
+    let store = Arc::new(ModelStore::new(budget, SavedOrders::default()));
+    let file = store
+        .open(
+            Path::new("m.safetensors"),
+            &dir.path().join("m.safetensors"),
+        )
+        .unwrap();
+    (dir, content, store, file)
+}
+
 fn read_all(store: &ModelStore, file: &Arc<ModelFile>, step: u32) -> Vec<u8> {
     let mut out = Vec::new();
     loop {
@@ -32,15 +50,7 @@ fn read_all(store: &ModelStore, file: &Arc<ModelFile>, step: u32) -> Vec<u8> {
 
 #[test]
 fn whole_file_reads_are_bit_exact_under_a_tiny_budget() {
-    let dir = tempfile::tempdir().unwrap();
-    let bytes = checkpoint(dir.path(), "m.safetensors", 24 << 20, 1);
-    let store = ModelStore::new(8 << 20, SavedOrders::default());
-    let file = store
-        .open(
-            Path::new("m.safetensors"),
-            &dir.path().join("m.safetensors"),
-        )
-        .unwrap();
+    let (_dir, bytes, store, file) = opened(24 << 20, 8 << 20, 1);
     assert!(!file.is_malformed());
     assert_eq!(read_all(&store, &file, 1 << 20), bytes);
     assert_eq!(read_all(&store, &file, 131_072 + 7), bytes);
@@ -117,15 +127,7 @@ proptest! {
 
 #[test]
 fn sequential_readahead_is_not_wasted() {
-    let dir = tempfile::tempdir().unwrap();
-    let bytes = checkpoint(dir.path(), "m.safetensors", 96 << 20, 1);
-    let store = ModelStore::new(64 << 20, SavedOrders::default());
-    let file = store
-        .open(
-            Path::new("m.safetensors"),
-            &dir.path().join("m.safetensors"),
-        )
-        .unwrap();
+    let (_dir, bytes, store, file) = opened(96 << 20, 64 << 20, 1);
     for _pass in 0..2 {
         let mut offset = 0;
         while offset < bytes.len() as u64 {
@@ -155,15 +157,7 @@ fn sequential_readahead_is_not_wasted() {
 
 #[test]
 fn concurrent_sequential_readers_account_prefetch_exactly() {
-    let dir = tempfile::tempdir().unwrap();
-    let bytes = checkpoint(dir.path(), "m.safetensors", 96 << 20, 1);
-    let store = Arc::new(ModelStore::new(64 << 20, SavedOrders::default()));
-    let file = store
-        .open(
-            Path::new("m.safetensors"),
-            &dir.path().join("m.safetensors"),
-        )
-        .unwrap();
+    let (_dir, bytes, store, file) = opened(96 << 20, 64 << 20, 1);
     let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let len = bytes.len() as u64;
     let threads: Vec<_> = (0..8)
@@ -248,16 +242,8 @@ fn resident_blocks(store: &ModelStore, file: &ModelFile) -> Vec<usize> {
 
 #[test]
 fn repeated_passes_keep_a_stable_resident_set_and_read_only_the_rest() {
-    let dir = tempfile::tempdir().unwrap();
-    let bytes = checkpoint(dir.path(), "m.safetensors", 64 << 20, 5);
     let budget = 32 << 20;
-    let store = Arc::new(ModelStore::new(budget, SavedOrders::default()));
-    let file = store
-        .open(
-            Path::new("m.safetensors"),
-            &dir.path().join("m.safetensors"),
-        )
-        .unwrap();
+    let (_dir, bytes, store, file) = opened(64 << 20, budget, 5);
     let blocks = file
         .plan()
         .map(|_| file.access().unwrap().order_from(0))

@@ -231,18 +231,8 @@ impl SourceFile {
     }
 
     fn fill_buffered(&self, buf: &mut [u8], offset: u64) -> Result<usize, SourceError> {
-        let mut filled = 0;
-        while filled < buf.len() {
-            match self
-                .buffered
-                .read_at(&mut buf[filled..], offset + filled as u64)
-            {
-                Ok(0) => break,
-                Ok(n) => filled += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(source) => return Err(self.read_error(offset + filled as u64, source)),
-            }
-        }
+        let filled = read_full_at(&self.buffered, buf, offset)
+            .map_err(|(filled, source)| self.read_error(offset + filled as u64, source))?;
         fadvise(
             &self.buffered,
             offset,
@@ -259,6 +249,21 @@ impl SourceFile {
             source,
         }
     }
+}
+
+/// `pread` into `buf` until it is full or the file ends, retrying interrupted calls. Returns the
+/// bytes read, or the bytes read before the error and the error.
+pub fn read_full_at(file: &File, buf: &mut [u8], offset: u64) -> Result<usize, (usize, io::Error)> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match file.read_at(&mut buf[filled..], offset + filled as u64) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err((filled, e)),
+        }
+    }
+    Ok(filled)
 }
 
 fn same_inode(file: &File, identity: &SourceIdentity) -> bool {

@@ -28,7 +28,7 @@ use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -43,7 +43,7 @@ use fuser::{
 use tierfs_core::control::{self, Command};
 use tierfs_core::kernel_cache::{InodeRange, KernelCacheWindow};
 use tierfs_core::models::{is_model_path, ModelFile, ModelStore, OpenError};
-use tierfs_core::source::SourceError;
+use tierfs_core::source::{read_full_at, SourceError};
 
 use crate::stats_doc::StatsDocument;
 use inodes::Inodes;
@@ -777,15 +777,7 @@ fn source_attr(ino: u64, meta: &std::fs::Metadata, kind: FileType) -> FileAttr {
 
 fn pread_full(file: &File, offset: u64, size: u32) -> io::Result<Vec<u8>> {
     let mut buf = vec![0u8; size as usize];
-    let mut filled = 0;
-    while filled < buf.len() {
-        match file.read_at(&mut buf[filled..], offset + filled as u64) {
-            Ok(0) => break,
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        }
-    }
+    let filled = read_full_at(file, &mut buf, offset).map_err(|(_, e)| e)?;
     buf.truncate(filled);
     Ok(buf)
 }
