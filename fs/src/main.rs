@@ -111,6 +111,14 @@ fn parse_size_arg(text: &str) -> Result<u64, String> {
 fn main() -> ExitCode {
     init_logging();
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Mount { .. } | Command::Demo { .. }) {
+        // Commands that print (`inspect FILE | head`) end quietly when the reader goes away,
+        // like other Unix tools, instead of failing on EPIPE. The daemon keeps ignoring SIGPIPE.
+        // SAFETY: restoring a default signal disposition before any thread is started.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

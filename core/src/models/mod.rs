@@ -117,7 +117,7 @@ impl ModelFile {
         saved: &SavedOrders,
     ) -> Result<ModelFile, OpenError> {
         let source = SourceFile::open(abs)?;
-        let order_key = SavedOrders::key(abs, source.identity().size);
+        let order_key = SavedOrders::key(abs, &source.identity());
         let (header, layout) = match read_header(&source) {
             Ok((header, index)) => {
                 let plan = ChunkPlan::for_index(&index);

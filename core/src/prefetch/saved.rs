@@ -1,8 +1,8 @@
 //! Learned orders kept across remounts: one small JSON file in the daemon's state directory
 //! (never in SOURCE, which is mounted read-only and may not be ours to write).
 //!
-//! Orders are keyed by the source file's canonical path and size: a file replaced by a
-//! different model of another size starts fresh, and an order whose block count no longer
+//! Orders are keyed by the source file's canonical path, size and modification time: a file
+//! replaced or rewritten starts fresh, and an order whose block count no longer
 //! matches the file is ignored when loaded ([`crate::prefetch::access::FileAccess::new`]). The
 //! file is rewritten (to a temporary name, then renamed) each time a pass is learned, which is
 //! at most once per sampling step; it holds one short list of numbers per model.
@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
 use crate::prefetch::order::AccessOrder;
+use crate::source::SourceIdentity;
 
 /// Orders kept at most; beyond this the alphabetically first keys are dropped. A models folder
 /// has tens of files, so this only bounds a pathological state file.
@@ -35,9 +36,14 @@ impl SavedOrders {
         }
     }
 
-    pub fn key(abs: &Path, size: u64) -> String {
+    pub fn key(abs: &Path, identity: &SourceIdentity) -> String {
         let canonical = abs.canonicalize().unwrap_or_else(|_| abs.to_owned());
-        format!("{}|{size}", canonical.display())
+        format!(
+            "{}|{}|{}",
+            canonical.display(),
+            identity.size,
+            identity.mtime_ns
+        )
     }
 
     pub fn get(&self, key: &str) -> Option<AccessOrder> {
