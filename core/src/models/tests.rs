@@ -244,10 +244,7 @@ fn resident_blocks(store: &ModelStore, file: &ModelFile) -> Vec<usize> {
 fn repeated_passes_keep_a_stable_resident_set_and_read_only_the_rest() {
     let budget = 32 << 20;
     let (_dir, bytes, store, file) = opened(64 << 20, budget, 5);
-    let blocks = file
-        .plan()
-        .map(|_| file.access().unwrap().order_from(0))
-        .unwrap();
+    let blocks = file.plan().map(|_| file.access().unwrap().order()).unwrap();
     let data = (bytes.len() as u64)
         - match file.layout() {
             Layout::Indexed { index, .. } => index.header_bytes,

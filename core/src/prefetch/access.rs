@@ -118,12 +118,9 @@ impl FileAccess {
         self.lock().next_after(block, count)
     }
 
-    /// The whole order, starting with `first` (for warming a file).
-    pub fn order_from(&self, first: usize) -> Vec<usize> {
-        let order = self.lock();
-        let mut blocks = vec![first];
-        blocks.extend(order.next_after(first, order.blocks()));
-        blocks
+    /// The whole order (learned, else default), for warming a file.
+    pub fn order(&self) -> Vec<usize> {
+        self.lock().order().to_vec()
     }
 
     /// Bumped on every jump; block prefetches queued under an older epoch are stale.

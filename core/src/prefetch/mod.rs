@@ -145,10 +145,9 @@ impl Prefetcher {
         let (Some(access), Some(plan)) = (file.access(), file.plan()) else {
             return;
         };
-        let first = access.order_from(0).first().copied().unwrap_or(0);
         let budget = self.cache.budget();
         let mut queued = 0;
-        for block in access.order_from(first) {
+        for block in access.order() {
             for &chunk in plan.block_chunks(block) {
                 queued += plan.get(chunk).map_or(0, |c| c.len());
                 if queued > budget || !self.queue(file, chunk, None) {
