@@ -1,11 +1,13 @@
 //! Keeping the kernel's page cache of the *mounted* files bounded.
 //!
-//! Every byte a reader gets through the mount also lands in the kernel page cache of the FUSE
-//! file (mmap needs it, and buffered `read()` goes through it). Left alone, that second copy of
-//! the model grows like the source's page cache would, which defeats the byte budget. So the
-//! adapter records each range it serves here, and once more than a window's worth is recorded,
-//! the oldest ranges are handed back to be invalidated (FUSE `NOTIFY_INVAL_INODE`). Pages a
-//! reader touches again are refetched from the tierfs cache, not the disk.
+//! What an `mmap` reader faults in through the mount lands in the kernel page cache of the FUSE
+//! file (model files are opened with `FOPEN_DIRECT_IO`, so plain `read()`s bypass it, but mmap
+//! cannot; on kernels without `FUSE_DIRECT_IO_ALLOW_MMAP` every read goes through it). Left
+//! alone, that second copy of the model grows like the source's page cache would, which defeats
+//! the byte budget. So the adapter records each range it serves here, and once more than a
+//! window's worth is recorded, the oldest ranges are handed back to be invalidated (FUSE
+//! `NOTIFY_INVAL_INODE`; invalidating a range the kernel does not hold costs next to nothing).
+//! Pages a reader touches again are refetched from the tierfs cache, not the disk.
 //!
 //! The window is [`window_for_budget`]: a tenth of the budget, at least 8 MiB (a few readahead
 //! windows, so pages are not dropped before the reader copied them) and at most 64 MiB, so the
