@@ -2,6 +2,7 @@
 //! byte-bounded, tensor-aware RAM cache. See the README for the user's view; this file only
 //! parses the command line and dispatches.
 
+mod comfyui;
 mod demo;
 mod fuse;
 mod inspect;
@@ -93,6 +94,13 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print an extra_model_paths.yaml section pointing ComfyUI's model folders at MOUNTPOINT.
+    ComfyuiConfig {
+        mountpoint: PathBuf,
+        /// Name of the section (ComfyUI only uses it as a label).
+        #[arg(long, default_value = "tierfs")]
+        name: String,
+    },
     /// Write a synthetic checkpoint, mount it with a small budget, stream it, show the stats.
     Demo {
         /// Size of the synthetic checkpoint.
@@ -183,6 +191,7 @@ fn run(command: Command) -> Result<()> {
         } => stats_cmd::run(&mountpoint, watch, interval, json),
         Command::Inspect { file, json } => inspect::run(&file, json),
         Command::Demo { size, ram_cache } => demo::run(size, ram_cache),
+        Command::ComfyuiConfig { mountpoint, name } => comfyui::run(&mountpoint, &name),
     }
 }
 
