@@ -118,10 +118,13 @@ def fresh_dir(name: str) -> Path:
 class Mount:
     """A running `tierfs mount`.  Unpacks as (source, mountpoint, proc)."""
 
-    def __init__(self, source: Path, budget: str = "64MiB", extra: tuple[str, ...] = ()):
+    def __init__(self, source: Path, budget: str = "64MiB", extra: tuple[str, ...] = (),
+                 mnt: Path | None = None):
         self.source = Path(source)
-        self.mnt = fresh_dir("mnt")
+        self.mnt = Path(mnt) if mnt is not None else fresh_dir("mnt")
         self.log_path = self.mnt.parent / (self.mnt.name + ".log")
+        if mnt is not None:  # a reused mountpoint: keep the earlier mount's log
+            self.log_path = self.mnt.parent / f"{self.mnt.name}.{time.monotonic_ns()}.log"
         self.log = open(self.log_path, "wb")
         self.budget = budget
         if not any(a in ("--state-dir", "--no-state") for a in extra):
@@ -301,11 +304,12 @@ def tree(data_dir, big_file) -> tuple[Path, dict[str, Path]]:
 
 @pytest.fixture
 def mount(tierfs_bin):
-    """Factory: mount(source, budget="64MiB", extra=()) -> Mount; all are torn down after the test."""
+    """Factory: mount(source, budget="64MiB", extra=(), mnt=None) -> Mount; all are torn down after
+    the test.  `mnt` reuses an existing mountpoint (default: a fresh one)."""
     mounts: list[Mount] = []
 
-    def _mount(source, budget: str = "64MiB", extra: tuple[str, ...] = ()) -> Mount:
-        m = Mount(source, budget, extra)
+    def _mount(source, budget: str = "64MiB", extra: tuple[str, ...] = (), mnt: Path | None = None) -> Mount:
+        m = Mount(source, budget, extra, mnt)
         mounts.append(m)
         return m
 

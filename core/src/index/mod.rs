@@ -393,7 +393,8 @@ fn parse_json(json: &[u8]) -> Result<(Metamap, Vec<RawTensor>), IndexError> {
             return Err(IndexError::DuplicateTensor { name });
         }
         if name == METADATA_KEY {
-            metadata = Some(serde_json::from_value(value).map_err(IndexError::InvalidMetadata)?);
+            // `null` means no metadata, as in the safetensors crate (`Option<HashMap>`).
+            metadata = serde_json::from_value(value).map_err(IndexError::InvalidMetadata)?;
         } else {
             tensors.push(raw_tensor(name, value)?);
         }

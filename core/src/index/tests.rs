@@ -211,6 +211,31 @@ fn rejects_bad_entries() {
     rejects!(file(dup, 2), IndexError::DuplicateTensor { .. });
 }
 
+/// Regression (fuzz target `index_parse`, seed `fuzz/corpus/index_parse/meta-null-valid`): the
+/// safetensors crate reads `"__metadata__": null` as no metadata; we rejected the file with
+/// `InvalidMetadata`.
+#[test]
+fn null_metadata_is_no_metadata() {
+    let json = r#"{"__metadata__":null,"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}"#;
+    let bytes = file(json, 1);
+    assert!(safetensors::SafeTensors::deserialize(&bytes).is_ok());
+    let idx = parse(&bytes).unwrap();
+    assert_eq!(idx.metadata, None);
+    assert_eq!(idx.tensors.len(), 1);
+}
+
+/// Regression (fuzz target `index_parse`, seed `fuzz/corpus/index_parse/regress-dup-field`): a
+/// field repeated inside one tensor entry is rejected by the safetensors crate ("duplicate field
+/// `dtype`"), but `parse_json` reads entries through `serde_json::Value`, whose map silently keeps
+/// the last value, so we accepted a header the crate rejects.
+#[test]
+fn rejects_duplicate_field_in_entry() {
+    let json = r#"{"a":{"dtype":"U8","shape":[1],"dtype":"U8","data_offsets":[0,1]}}"#;
+    let bytes = file(json, 1);
+    assert!(safetensors::SafeTensors::deserialize(&bytes).is_err());
+    assert!(parse(&bytes).is_err(), "accepted a header the crate rejects");
+}
+
 #[test]
 fn rejects_unknown_dtype() {
     let msg = rejects!(
