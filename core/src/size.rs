@@ -62,6 +62,24 @@ mod tests {
         }
     }
 
+    /// Regression (fuzz targets `parse_size` and `control_parse`, seeds
+    /// `fuzz/corpus/{parse_size,control_parse}/regress-mantissa-overflow`): parse-size 1.1.0 rounds
+    /// a 21st significant digit with an unchecked `mantissa += 1`, which overflows when the first
+    /// 20 digits are exactly `u64::MAX`: a panic with overflow checks (debug, tests, fuzzing), and a
+    /// silent wrap to 0 in release builds, so `ram-cache 184467440737095516157` set a 0-byte budget.
+    #[test]
+    fn mantissa_overflow_is_an_error() {
+        for big in [
+            "184467440737095516157",
+            "184467440737095516159",
+            "18446744073709551615.9",
+        ] {
+            assert!(parse_size(big).is_err(), "{big}");
+        }
+        // Far below one byte: must not panic (0 or an error are both fine).
+        let _ = parse_size("0.000000184467440737095516159");
+    }
+
     #[test]
     fn formats_for_people() {
         assert_eq!(format_size(100), "100 B");

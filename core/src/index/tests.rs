@@ -233,7 +233,10 @@ fn rejects_duplicate_field_in_entry() {
     let json = r#"{"a":{"dtype":"U8","shape":[1],"dtype":"U8","data_offsets":[0,1]}}"#;
     let bytes = file(json, 1);
     assert!(safetensors::SafeTensors::deserialize(&bytes).is_err());
-    assert!(parse(&bytes).is_err(), "accepted a header the crate rejects");
+    assert!(
+        parse(&bytes).is_err(),
+        "accepted a header the crate rejects"
+    );
 }
 
 #[test]

@@ -34,7 +34,7 @@ use crate::prefetch::access::FileCounters;
 use crate::prefetch::access::{FileAccess, Step};
 use crate::prefetch::saved::SavedOrders;
 use crate::prefetch::Prefetcher;
-use crate::source::{aligned_footprint, SourceError, SourceFile, SourceIdentity};
+use crate::source::{aligned_footprint, ReadWrapper, SourceError, SourceFile, SourceIdentity};
 use crate::stats::{Counters, FileSnapshot, PrefetchSnapshot};
 
 /// Bytes read at first open in the hope that they hold the whole header. Most checkpoint headers
@@ -114,9 +114,9 @@ impl ModelFile {
         path: &Path,
         abs: &Path,
         generation: u64,
-        saved: &SavedOrders,
+        (saved, wrap): (&SavedOrders, Option<&ReadWrapper>),
     ) -> Result<ModelFile, OpenError> {
-        let source = SourceFile::open(abs)?;
+        let source = SourceFile::open_with(abs, wrap)?;
         let order_key = SavedOrders::key(abs, &source.identity());
         let (header, layout) = match read_header(&source) {
             Ok((header, index)) => {
@@ -296,6 +296,8 @@ pub struct ModelStore {
     files: Mutex<HashMap<PathBuf, Arc<ModelFile>>>,
     next_generation: AtomicU64,
     saved: SavedOrders,
+    /// Fault injection for tests ([`ModelStore::with_read_wrapper`]); `None` in the daemon.
+    read_wrapper: Option<ReadWrapper>,
 }
 
 impl ModelStore {
@@ -308,7 +310,15 @@ impl ModelStore {
             files: Mutex::new(HashMap::new()),
             next_generation: AtomicU64::new(1),
             saved,
+            read_wrapper: None,
         }
+    }
+
+    /// Makes every source file opened from now on read through `wrap`: how the fault-injection
+    /// tests put short reads, `EINTR` and `EIO` under the whole read path.
+    pub fn with_read_wrapper(mut self, wrap: ReadWrapper) -> ModelStore {
+        self.read_wrapper = Some(wrap);
+        self
     }
 
     /// Warms `file` into the cache in its learned (or default) block order, in the background,
@@ -340,7 +350,12 @@ impl ModelStore {
             }
         }
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
-        let file = Arc::new(ModelFile::open(path, abs, generation, &self.saved)?);
+        let file = Arc::new(ModelFile::open(
+            path,
+            abs,
+            generation,
+            (&self.saved, self.read_wrapper.as_ref()),
+        )?);
         let replaced = self.lock().insert(path.to_owned(), Arc::clone(&file));
         if let Some(old) = replaced {
             if old.generation != generation {
@@ -510,3 +525,6 @@ impl ModelStore {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod fault_tests;

@@ -19,6 +19,7 @@ use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use memmap2::MmapMut;
 use thiserror::Error;
@@ -112,19 +113,51 @@ fn align_up(x: u64) -> u64 {
     x.div_ceil(DIRECT_IO_ALIGN) * DIRECT_IO_ALIGN
 }
 
+/// Positional reads of one open file. Implemented by [`File`]; tests wrap it to inject the
+/// faults real disks and filesystems produce (short reads, `EINTR`, `EIO`), see
+/// [`SourceFile::open_with`].
+pub trait ReadAt: Send + Sync {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
+}
+
+impl ReadAt for File {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        FileExt::read_at(self, buf, offset)
+    }
+}
+
+/// Wraps the descriptors a [`SourceFile`] reads through (fault-injection tests only).
+pub type ReadWrapper = Arc<dyn Fn(File) -> Arc<dyn ReadAt> + Send + Sync>;
+
 /// One open version of a source file.
-#[derive(Debug)]
 pub struct SourceFile {
     path: PathBuf,
-    buffered: File,
-    direct: Option<File>,
+    /// The plain descriptor: page-cache advice, and the reads `O_DIRECT` cannot do.
+    advice: File,
+    buffered: Arc<dyn ReadAt>,
+    direct: Option<Arc<dyn ReadAt>>,
     direct_works: AtomicBool,
     identity: SourceIdentity,
+}
+
+impl std::fmt::Debug for SourceFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SourceFile")
+            .field("path", &self.path)
+            .field("direct_io", &self.uses_direct_io())
+            .field("identity", &self.identity)
+            .finish()
+    }
 }
 
 impl SourceFile {
     /// Opens `path` (following symlinks) for reading, with an `O_DIRECT` twin where supported.
     pub fn open(path: &Path) -> Result<Self, SourceError> {
+        Self::open_with(path, None)
+    }
+
+    /// [`Self::open`], reading through `wrap` when given (fault injection in tests).
+    pub fn open_with(path: &Path, wrap: Option<&ReadWrapper>) -> Result<Self, SourceError> {
         let open_err = |source| SourceError::Open {
             path: path.to_owned(),
             source,
@@ -140,11 +173,19 @@ impl SourceFile {
             .open(path)
             .ok()
             .filter(|direct| same_inode(direct, &identity));
+        let reader = |file: File| -> Arc<dyn ReadAt> {
+            match wrap {
+                Some(wrap) => wrap(file),
+                None => Arc::new(file),
+            }
+        };
+        let advice = buffered.try_clone().map_err(open_err)?;
         Ok(SourceFile {
             path: path.to_owned(),
             direct_works: AtomicBool::new(direct.is_some()),
-            buffered,
-            direct,
+            advice,
+            buffered: reader(buffered),
+            direct: direct.map(reader),
             identity,
         })
     }
@@ -160,11 +201,6 @@ impl SourceFile {
     /// Whether reads currently bypass the page cache with `O_DIRECT`.
     pub fn uses_direct_io(&self) -> bool {
         self.direct_works.load(Ordering::Relaxed)
-    }
-
-    /// The underlying descriptor (for FUSE passthrough of files tierfs does not cache).
-    pub fn file(&self) -> &File {
-        &self.buffered
     }
 
     /// Reads `[start, end)` into a fresh page-aligned buffer, bypassing the page cache.
@@ -231,10 +267,10 @@ impl SourceFile {
     }
 
     fn fill_buffered(&self, buf: &mut [u8], offset: u64) -> Result<usize, SourceError> {
-        let filled = read_full_at(&self.buffered, buf, offset)
+        let filled = read_full_at(self.buffered.as_ref(), buf, offset)
             .map_err(|(filled, source)| self.read_error(offset + filled as u64, source))?;
         fadvise(
-            &self.buffered,
+            &self.advice,
             offset,
             filled as u64,
             libc::POSIX_FADV_DONTNEED,
@@ -253,7 +289,11 @@ impl SourceFile {
 
 /// `pread` into `buf` until it is full or the file ends, retrying interrupted calls. Returns the
 /// bytes read, or the bytes read before the error and the error.
-pub fn read_full_at(file: &File, buf: &mut [u8], offset: u64) -> Result<usize, (usize, io::Error)> {
+pub fn read_full_at(
+    file: &dyn ReadAt,
+    buf: &mut [u8],
+    offset: u64,
+) -> Result<usize, (usize, io::Error)> {
     let mut filled = 0;
     while filled < buf.len() {
         match file.read_at(&mut buf[filled..], offset + filled as u64) {
