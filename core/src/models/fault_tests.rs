@@ -46,7 +46,7 @@ impl ReadAt for FaultyFile {
                 Fault::Eio { start, end } if offset < end && offset + len as u64 > start => {
                     return Err(io::Error::from_raw_os_error(libc::EIO));
                 }
-                Fault::Eintr if call % 2 == 0 => {
+                Fault::Eintr if call.is_multiple_of(2) => {
                     return Err(io::Error::from_raw_os_error(libc::EINTR))
                 }
                 Fault::Short(max) => len = len.min(max),
