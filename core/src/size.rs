@@ -10,18 +10,40 @@ use thiserror::Error;
 #[error("invalid size {input:?}: {reason} (examples: 512MiB, 8GiB, 8G, 1073741824)")]
 pub struct SizeError {
     input: String,
-    reason: parse_size::Error,
+    reason: String,
 }
+
+/// Most digits accepted (leading zeros aside). `parse-size` 1.1.0 overflows (a panic in debug
+/// builds, a silently wrong value such as 0 in release builds) on a number whose first 20 digits
+/// are `u64::MAX` and that has a 21st (found by fuzzing). `u64::MAX` itself has 20 digits, so a
+/// number with more cannot be a byte count anyway: it is refused before the crate sees it.
+const MAX_SIGNIFICANT_DIGITS: usize = 20;
 
 /// Parses a human size such as `512MiB`, `8GiB`, `8G` or `1073741824` into bytes.
 pub fn parse_size(input: &str) -> Result<u64, SizeError> {
+    let error = |reason: String| SizeError {
+        input: input.to_owned(),
+        reason,
+    };
+    let text = input.trim();
+    if significant_digits(text) > MAX_SIGNIFICANT_DIGITS {
+        return Err(error(format!(
+            "more than {MAX_SIGNIFICANT_DIGITS} significant digits"
+        )));
+    }
     parse_size::Config::new()
         .with_binary()
-        .parse_size(input.trim())
-        .map_err(|reason| SizeError {
-            input: input.to_owned(),
-            reason,
-        })
+        .parse_size(text)
+        .map_err(|reason| error(reason.to_string()))
+}
+
+/// Digits in `text`, leading zeros aside. All of them, not just a leading run: the crate reads
+/// a number across `.`, `_` and whitespace (`1 024`), and units hold no digits.
+fn significant_digits(text: &str) -> usize {
+    text.chars()
+        .filter(char::is_ascii_digit)
+        .skip_while(|&c| c == '0')
+        .count()
 }
 
 /// Formats bytes for people: `1.50 GiB`, `512.00 MiB`, `4096 B`.
@@ -78,6 +100,12 @@ mod tests {
         }
         // Far below one byte: must not panic (0 or an error are both fine).
         let _ = parse_size("0.000000184467440737095516159");
+        // Found by fuzzing after the first fix: digits split by spaces still form one number
+        // for the crate, and zeros after the point do not count against it.
+        assert!(parse_size("00184467440737       095   516159").is_err());
+        assert!(parse_size(&format!("0.{}184467440737095516159", "0".repeat(40))).is_err());
+        // The largest plain byte count still parses.
+        assert_eq!(parse_size("18446744073709551615").unwrap(), u64::MAX);
     }
 
     #[test]

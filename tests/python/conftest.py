@@ -147,6 +147,13 @@ class Mount:
             self.proc.kill()
         subprocess.run(["umount", "-l", str(self.mnt)], capture_output=True)
 
+    def rearm_watchdog(self, seconds: float) -> None:
+        """Restart the hung-mount watchdog to fire `seconds` from now (for long-running tests)."""
+        self._watchdog.cancel()
+        self._watchdog = threading.Timer(seconds, self._fire_watchdog)
+        self._watchdog.daemon = True
+        self._watchdog.start()
+
     def __iter__(self):
         return iter((self.source, self.mnt, self.proc))
 

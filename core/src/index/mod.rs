@@ -49,6 +49,7 @@ use safetensors::tensor::{Dtype, Metadata};
 use safetensors::SafeTensorError;
 use serde::de::{IntoDeserializer, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::value::RawValue;
 
 /// Largest accepted JSON header, in bytes.
 ///
@@ -353,7 +354,10 @@ struct RawTensor {
 }
 
 /// Header JSON as an ordered list of `(key, value)` pairs, keeping duplicates.
-struct Entries(Vec<(String, serde_json::Value)>);
+/// Entries kept as raw JSON text: deserializing each entry from its own text (not from a
+/// `serde_json::Value`, whose map silently keeps the last of repeated keys) rejects a field
+/// repeated inside an entry, as the safetensors crate does.
+struct Entries(Vec<(String, Box<RawValue>)>);
 
 impl<'de> Deserialize<'de> for Entries {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -394,16 +398,16 @@ fn parse_json(json: &[u8]) -> Result<(Metamap, Vec<RawTensor>), IndexError> {
         }
         if name == METADATA_KEY {
             // `null` means no metadata, as in the safetensors crate (`Option<HashMap>`).
-            metadata = serde_json::from_value(value).map_err(IndexError::InvalidMetadata)?;
+            metadata = serde_json::from_str(value.get()).map_err(IndexError::InvalidMetadata)?;
         } else {
-            tensors.push(raw_tensor(name, value)?);
+            tensors.push(raw_tensor(name, &value)?);
         }
     }
     Ok((metadata, tensors))
 }
 
-fn raw_tensor(name: String, value: serde_json::Value) -> Result<RawTensor, IndexError> {
-    let entry: RawEntry = match serde_json::from_value(value) {
+fn raw_tensor(name: String, value: &RawValue) -> Result<RawTensor, IndexError> {
+    let entry: RawEntry = match serde_json::from_str(value.get()) {
         Ok(entry) => entry,
         Err(source) => return Err(IndexError::InvalidEntry { name, source }),
     };

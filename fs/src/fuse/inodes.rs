@@ -1,14 +1,22 @@
-//! Inode numbers for paths under the source root.
+//! Inode numbers for the objects under the source root.
 //!
-//! tierfs is path-based: an inode number stands for a path relative to SOURCE, and every
-//! operation looks the path up in SOURCE again, so changes made there show through at once.
-//! Numbers are handed out on first sight and kept for the life of the mount (a path that comes
-//! back gets its old number); the table grows with the number of distinct paths looked up, a
-//! few hundred bytes each, which for a models folder is nothing.
+//! An inode number stands for *one source object at one path*: the pair (path relative to
+//! SOURCE, the object's device and inode number there). Every operation looks the path up in
+//! SOURCE again, so changes show through at once. When a file is replaced at its path (`mv`
+//! over it, delete and recreate, a model re-downloaded), the new object gets a new number: the
+//! kernel keeps a page cache per inode, and an `mmap` of the old version must never be filled
+//! with pages of the new one (nor the other way round), since the old handle still reads the
+//! old file. The number of the old object lives on, answering with its last known attributes,
+//! until the kernel forgets it.
+//!
+//! Numbers are never reused during a mount; the table grows with the number of distinct objects
+//! seen, a few hundred bytes each, which for a models folder is nothing.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use fuser::FileAttr;
 
 /// The root directory (FUSE's fixed root inode).
 pub const ROOT_INO: u64 = 1;
@@ -18,17 +26,30 @@ pub const CONTROL_DIR_INO: u64 = 2;
 pub const STATS_INO: u64 = 3;
 /// `.tierfs/control`.
 pub const CONTROL_INO: u64 = 4;
-/// First number handed to a source path; the ones below are reserved for virtual files.
+/// First number handed to a source object; the ones below are reserved for virtual files.
 const FIRST_SOURCE_INO: u64 = 16;
+
+/// The source object behind an inode: device and inode number in SOURCE.
+pub type ObjectId = (u64, u64);
+
+/// What the table knows of one inode.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub path: PathBuf,
+    /// `None` for the root, which stands for SOURCE itself whatever it is.
+    pub object: Option<ObjectId>,
+    /// The attributes last reported for it.
+    pub attr: Option<FileAttr>,
+}
 
 #[derive(Debug)]
 struct Table {
-    paths: HashMap<u64, PathBuf>,
-    inos: HashMap<PathBuf, u64>,
+    entries: HashMap<u64, Entry>,
+    inos: HashMap<(PathBuf, ObjectId), u64>,
     next: u64,
 }
 
-/// Two-way map between inode numbers and relative paths.
+/// Two-way map between inode numbers and (path, object) pairs.
 #[derive(Debug)]
 pub struct Inodes {
     table: Mutex<Table>,
@@ -36,11 +57,15 @@ pub struct Inodes {
 
 impl Default for Inodes {
     fn default() -> Self {
-        let root = PathBuf::new();
+        let root = Entry {
+            path: PathBuf::new(),
+            object: None,
+            attr: None,
+        };
         Inodes {
             table: Mutex::new(Table {
-                paths: HashMap::from([(ROOT_INO, root.clone())]),
-                inos: HashMap::from([(root, ROOT_INO)]),
+                entries: HashMap::from([(ROOT_INO, root)]),
+                inos: HashMap::new(),
                 next: FIRST_SOURCE_INO,
             }),
         }
@@ -48,22 +73,35 @@ impl Default for Inodes {
 }
 
 impl Inodes {
-    /// The inode number of `path`, assigning one if it is new.
-    pub fn ino_of(&self, path: &Path) -> u64 {
+    /// The inode number of `object` at `path`, assigning one if the pair is new.
+    pub fn ino_of(&self, path: &Path, object: ObjectId) -> u64 {
         let mut table = self.lock();
-        if let Some(&ino) = table.inos.get(path) {
+        let key = (path.to_owned(), object);
+        if let Some(&ino) = table.inos.get(&key) {
             return ino;
         }
         let ino = table.next;
         table.next += 1;
-        table.inos.insert(path.to_owned(), ino);
-        table.paths.insert(ino, path.to_owned());
+        table.inos.insert(key, ino);
+        let entry = Entry {
+            path: path.to_owned(),
+            object: Some(object),
+            attr: None,
+        };
+        table.entries.insert(ino, entry);
         ino
     }
 
-    /// The relative path of inode `ino`, if it is a source path.
-    pub fn path_of(&self, ino: u64) -> Option<PathBuf> {
-        self.lock().paths.get(&ino).cloned()
+    /// What is known of inode `ino`, if it is a source object.
+    pub fn entry(&self, ino: u64) -> Option<Entry> {
+        self.lock().entries.get(&ino).cloned()
+    }
+
+    /// Records the attributes just reported for `ino`.
+    pub fn remember(&self, ino: u64, attr: FileAttr) {
+        if let Some(entry) = self.lock().entries.get_mut(&ino) {
+            entry.attr = Some(attr);
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Table> {
@@ -76,15 +114,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn numbers_are_stable_and_distinct() {
+    fn numbers_are_stable_per_object_and_new_for_a_replacement() {
         let inodes = Inodes::default();
-        let a = inodes.ino_of(Path::new("a.safetensors"));
-        let b = inodes.ino_of(Path::new("dir/b"));
+        let a = inodes.ino_of(Path::new("a.safetensors"), (1, 100));
+        let b = inodes.ino_of(Path::new("dir/b"), (1, 101));
         assert_ne!(a, b);
         assert!(a >= FIRST_SOURCE_INO && b >= FIRST_SOURCE_INO);
-        assert_eq!(inodes.ino_of(Path::new("a.safetensors")), a);
-        assert_eq!(inodes.path_of(b).as_deref(), Some(Path::new("dir/b")));
-        assert_eq!(inodes.path_of(ROOT_INO).as_deref(), Some(Path::new("")));
-        assert_eq!(inodes.path_of(STATS_INO), None);
+        assert_eq!(inodes.ino_of(Path::new("a.safetensors"), (1, 100)), a);
+        let replaced = inodes.ino_of(Path::new("a.safetensors"), (1, 102));
+        assert_ne!(replaced, a, "a file replaced at its path is a new inode");
+        assert_eq!(
+            inodes.entry(b).map(|e| e.path),
+            Some(PathBuf::from("dir/b"))
+        );
+        assert_eq!(inodes.entry(ROOT_INO).map(|e| e.path), Some(PathBuf::new()));
+        assert!(inodes.entry(STATS_INO).is_none());
     }
 }

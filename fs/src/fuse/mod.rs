@@ -141,12 +141,36 @@ impl TierFs {
             CONTROL_DIR_INO => Ok(self.virtual_attr(ino, FileType::Directory, 0o555, 0)),
             STATS_INO => Ok(self.virtual_attr(ino, FileType::RegularFile, 0o444, 0)),
             CONTROL_INO => Ok(self.virtual_attr(ino, FileType::RegularFile, 0o200, 0)),
-            _ => {
-                let rel = self.inodes.path_of(ino).ok_or(Errno::ENOENT)?;
-                let (meta, kind) = present(&self.abs(&rel)).map_err(errno)?;
-                Ok(source_attr(ino, &meta, kind))
-            }
+            _ => self.source_attr(ino),
         }
+    }
+
+    /// Attributes of a source inode. An inode whose path now holds another object (the file was
+    /// replaced or deleted) keeps answering with its last attributes: the kernel may still have
+    /// it open, and must not shrink or refill an old mapping from the new file.
+    fn source_attr(&self, ino: u64) -> Result<FileAttr, Errno> {
+        let entry = self.inodes.entry(ino).ok_or(Errno::ENOENT)?;
+        match present(&self.abs(&entry.path)) {
+            Ok((meta, kind)) if entry.object.is_none_or(|o| o == object_id(&meta)) => {
+                let attr = source_attr(ino, &meta, kind);
+                self.inodes.remember(ino, attr);
+                Ok(attr)
+            }
+            Ok(_) => entry.attr.ok_or(Errno::ESTALE),
+            Err(e) => entry
+                .attr
+                .filter(|_| e.kind() == io::ErrorKind::NotFound)
+                .ok_or_else(|| errno(e)),
+        }
+    }
+
+    /// The current inode of `rel`: looks it up in SOURCE and numbers the object found there.
+    fn lookup_source(&self, rel: &Path) -> Result<(u64, FileAttr), Errno> {
+        let (meta, kind) = present(&self.abs(rel)).map_err(errno)?;
+        let ino = self.inodes.ino_of(rel, object_id(&meta));
+        let attr = source_attr(ino, &meta, kind);
+        self.inodes.remember(ino, attr);
+        Ok((ino, attr))
     }
 
     fn virtual_attr(&self, ino: u64, kind: FileType, perm: u16, size: u64) -> FileAttr {
@@ -169,19 +193,20 @@ impl TierFs {
         }
     }
 
-    fn child(&self, parent: u64, name: &OsStr) -> Result<u64, Errno> {
+    fn child(&self, parent: u64, name: &OsStr) -> Result<FileAttr, Errno> {
         if parent == ROOT_INO && name == CONTROL_DIR {
-            return Ok(CONTROL_DIR_INO);
+            return self.attr(CONTROL_DIR_INO);
         }
         if parent == CONTROL_DIR_INO {
             return match name.to_str() {
-                Some("stats") => Ok(STATS_INO),
-                Some("control") => Ok(CONTROL_INO),
+                Some("stats") => self.attr(STATS_INO),
+                Some("control") => self.attr(CONTROL_INO),
                 _ => Err(Errno::ENOENT),
             };
         }
-        let parent_path = self.inodes.path_of(parent).ok_or(Errno::ENOENT)?;
-        Ok(self.inodes.ino_of(&parent_path.join(plain_name(name)?)))
+        let parent_path = self.inodes.entry(parent).ok_or(Errno::ENOENT)?.path;
+        self.lookup_source(&parent_path.join(plain_name(name)?))
+            .map(|(_, attr)| attr)
     }
 
     fn add_handle(&self, handle: Handle) -> u64 {
@@ -199,11 +224,15 @@ impl TierFs {
     }
 
     fn open_source(&self, ino: u64, reply: ReplyOpen) {
-        let Some(rel) = self.inodes.path_of(ino) else {
+        let Some(entry) = self.inodes.entry(ino) else {
             return reply.error(Errno::ENOENT);
         };
-        let abs = self.abs(&rel);
+        let (rel, abs) = (entry.path.clone(), self.abs(&entry.path));
         match present(&abs) {
+            // The path holds another object than this inode: the kernel looks it up again.
+            Ok((meta, _)) if entry.object.is_some_and(|o| o != object_id(&meta)) => {
+                return reply.error(Errno::ESTALE)
+            }
             Ok((_, FileType::RegularFile)) => {}
             Ok((_, FileType::Directory)) => return reply.error(Errno::EISDIR),
             Ok(_) => return reply.error(Errno::EACCES),
@@ -339,7 +368,7 @@ impl TierFs {
             entries.push((CONTROL_INO, FileType::RegularFile, "control".into()));
             return Ok(entries);
         }
-        let rel = self.inodes.path_of(ino).ok_or(Errno::ENOENT)?;
+        let rel = self.inodes.entry(ino).ok_or(Errno::ENOENT)?.path;
         if ino == ROOT_INO {
             entries.push((CONTROL_DIR_INO, FileType::Directory, CONTROL_DIR.into()));
         }
@@ -349,11 +378,10 @@ impl TierFs {
             if ino == ROOT_INO && name == CONTROL_DIR {
                 continue; // hidden by the control directory
             }
-            let child_rel = rel.join(&name);
-            let Ok((_, kind)) = present(&self.abs(&child_rel)) else {
+            let Ok((ino, attr)) = self.lookup_source(&rel.join(&name)) else {
                 continue; // vanished since read_dir listed it
             };
-            entries.push((self.inodes.ino_of(&child_rel), kind, name));
+            entries.push((ino, attr.kind, name));
         }
         Ok(entries)
     }
@@ -380,7 +408,7 @@ impl Filesystem for TierFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.child(parent.0, name).and_then(|ino| self.attr(ino)) {
+        match self.child(parent.0, name) {
             Ok(attr) => reply.entry(&ATTR_TTL, &attr, Generation(0)),
             Err(e) => reply.error(e),
         }
@@ -396,9 +424,9 @@ impl Filesystem for TierFs {
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         let target = self
             .inodes
-            .path_of(ino.0)
+            .entry(ino.0)
             .ok_or(Errno::ENOENT)
-            .and_then(|rel| std::fs::read_link(self.abs(&rel)).map_err(errno));
+            .and_then(|entry| std::fs::read_link(self.abs(&entry.path)).map_err(errno));
         match target {
             Ok(target) => reply.data(target.as_os_str().as_bytes()),
             Err(e) => reply.error(e),
@@ -746,6 +774,11 @@ fn plain_name(name: &OsStr) -> Result<&Path, Errno> {
         (Some(Component::Normal(_)), None) if !name.as_bytes().contains(&b'/') => Ok(path),
         _ => Err(Errno::ENOENT),
     }
+}
+
+/// The source object a presented entry stands for.
+fn object_id(meta: &std::fs::Metadata) -> inodes::ObjectId {
+    (meta.dev(), meta.ino())
 }
 
 fn source_attr(ino: u64, meta: &std::fs::Metadata, kind: FileType) -> FileAttr {
