@@ -33,6 +33,17 @@ cleanup() {
         [ "$pid" != "$$" ] && kill -TERM "$pid" 2>/dev/null || true
     done
     sleep 1
+    # A wedged FUSE connection (requests nobody will answer) keeps its readers in
+    # uninterruptible sleep forever: abort the connections of the test mounts first
+    # (their fusectl entry is named after the mount's minor device number).
+    [ -d /sys/fs/fuse/connections ] && ! mountpoint -q /sys/fs/fuse/connections &&
+        mount -t fusectl none /sys/fs/fuse/connections 2>/dev/null || true
+    awk -v r="$TIERFS_TEST_ROOT" 'index($5, r) == 1 {
+            for (i = 7; i < NF; i++) if ($i == "-") { if ($(i + 1) ~ /^fuse/) print $3; break }
+        }' /proc/self/mountinfo |
+        while read -r dev; do
+            echo 1 > "/sys/fs/fuse/connections/${dev#*:}/abort" 2>/dev/null || true
+        done
     awk -v r="$TIERFS_TEST_ROOT" 'index($2, r) == 1 {print $2}' /proc/mounts | sort -r |
         while read -r mp; do umount -l "$(printf '%b' "$mp")" 2>/dev/null || true; done
     for pid in $(grep -lsa -- "$TIERFS_TEST_ROOT" /proc/[0-9]*/cmdline 2>/dev/null | cut -d/ -f3); do
