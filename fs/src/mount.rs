@@ -142,9 +142,13 @@ impl Mounted {
 
     /// Blocks until the mount goes away (unmounted by a signal, `tierfs unmount` or `umount`).
     pub fn wait(self) -> Result<()> {
-        self.session
-            .join()
-            .context("FUSE session ended with an error")
+        match self.session.join() {
+            // How the kernel ends a connection once the file system is gone: ENODEV, or
+            // ECONNABORTED when it aborts the connection as the last user of a lazily detached
+            // mount goes away (threads of one session can see either).
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENODEV | libc::ECONNABORTED)) => Ok(()),
+            result => result.context("FUSE session ended with an error"),
+        }
     }
 
     /// Unmounts and waits for the session to end.

@@ -356,12 +356,19 @@ impl ModelStore {
             generation,
             (&self.saved, self.read_wrapper.as_ref()),
         )?);
-        let replaced = self.lock().insert(path.to_owned(), Arc::clone(&file));
-        if let Some(old) = replaced {
-            if old.generation != generation {
-                tracing::info!(file = %abs.display(), "source changed: dropping cached bytes of the old version");
-                self.cache.forget_file(old.generation);
+        let mut files = self.lock();
+        // Several readers may open a file at once: the first version indexed wins, the others
+        // use it (same identity) rather than replace it and drop its cached bytes.
+        if let Some(known) = files.get(path) {
+            if known.source.identity() == file.source.identity() {
+                return Ok(Arc::clone(known));
             }
+        }
+        let replaced = files.insert(path.to_owned(), Arc::clone(&file));
+        drop(files);
+        if let Some(old) = replaced {
+            tracing::info!(file = %abs.display(), "source changed: dropping cached bytes of the old version");
+            self.cache.forget_file(old.generation);
         }
         Ok(file)
     }
