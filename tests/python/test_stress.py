@@ -48,10 +48,10 @@ from conftest import REPO, MiB, GiB, is_mounted, proc_status_kib
 
 DURATION = float(os.environ.get("TIERFS_STRESS_SECONDS", "45"))
 
-# Opt-in until the hang its 10-minute run found is fixed (see the README's "Reliability"): after
-# about 7 minutes every reader waited on FUSE requests nobody answered, with the daemon's
-# page-cache notifier blocked in invalidate_inode_pages2_range on a locked folio. A CI run that
-# wedges would not finish, so this test runs only when TIERFS_STRESS_SECONDS is set.
+# Opt-in until the stall its 10-minute runs found is fixed (see the README's "Reliability"): after
+# 2-7 minutes the watchdog saw no reader progress, and the killed daemon's page-cache notifier
+# stayed blocked in invalidate_inode_pages2_range on a locked folio. A CI run that wedges would
+# not finish, so this test runs only when TIERFS_STRESS_SECONDS is set.
 pytestmark = pytest.mark.skipif(
     "TIERFS_STRESS_SECONDS" not in os.environ,
     reason="stress run is opt-in (TIERFS_STRESS_SECONDS=45 for the short one) until the known hang is fixed",
