@@ -19,6 +19,21 @@ fn checkpoint(dir: &Path, name: &str, bytes: u64, seed: u64) -> Vec<u8> {
     std::fs::read(dir.join(name)).unwrap()
 }
 
+/// Prefetch happened, and at most a tenth of what it read was evicted unread.
+fn assert_little_prefetch_wasted(store: &ModelStore) {
+    let c = store.counters();
+    let (issued, used, wasted) = (
+        Counters::get(&c.prefetch_issued_bytes),
+        Counters::get(&c.prefetch_used_bytes),
+        Counters::get(&c.prefetch_wasted_bytes),
+    );
+    assert!(issued > 0, "no prefetch at all");
+    assert!(
+        wasted <= issued / 10,
+        "issued {issued} used {used} wasted {wasted}"
+    );
+}
+
 /// A synthetic checkpoint of about `bytes` bytes, opened in a store with `budget`.
 fn opened(
     bytes: u64,
@@ -137,22 +152,7 @@ fn sequential_readahead_is_not_wasted() {
         }
     }
     std::thread::sleep(std::time::Duration::from_millis(100));
-    let c = store.counters();
-    let (issued, used, wasted) = (
-        Counters::get(&c.prefetch_issued_bytes),
-        Counters::get(&c.prefetch_used_bytes),
-        Counters::get(&c.prefetch_wasted_bytes),
-    );
-    eprintln!(
-        "issued {issued} used {used} wasted {wasted} hits {} misses {}",
-        Counters::get(&c.hits),
-        Counters::get(&c.misses)
-    );
-    assert!(issued > 0);
-    assert!(
-        wasted <= issued / 10,
-        "issued {issued} used {used} wasted {wasted}"
-    );
+    assert_little_prefetch_wasted(&store);
 }
 
 #[test]
@@ -176,22 +176,7 @@ fn concurrent_sequential_readers_account_prefetch_exactly() {
         t.join().unwrap();
     }
     std::thread::sleep(std::time::Duration::from_millis(200));
-    let c = store.counters();
-    let (issued, used, wasted) = (
-        Counters::get(&c.prefetch_issued_bytes),
-        Counters::get(&c.prefetch_used_bytes),
-        Counters::get(&c.prefetch_wasted_bytes),
-    );
-    eprintln!(
-        "issued {issued} used {used} wasted {wasted} hits {} misses {} disk {}",
-        Counters::get(&c.hits),
-        Counters::get(&c.misses),
-        Counters::get(&c.disk_read_bytes)
-    );
-    assert!(
-        wasted <= issued / 10,
-        "issued {issued} used {used} wasted {wasted}"
-    );
+    assert_little_prefetch_wasted(&store);
 }
 
 /// Reads every tensor of `file` block by block in `order`, each block's chunks by 4 threads,

@@ -26,7 +26,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError, RwLock};
 
 use crate::prefetch::order::{AccessOrder, Touch};
-use crate::stats::Counters;
 
 /// Most blocks fetched ahead of the reader. Every block held ahead is a block less of the
 /// resident set that repeated passes keep (and so one more block read per pass), so depth only
@@ -169,10 +168,6 @@ impl FileAccess {
     /// A copy of the order, for saving across remounts.
     pub fn saved_order(&self) -> AccessOrder {
         self.lock().clone()
-    }
-
-    pub fn add(counter: &AtomicU64, value: u64) {
-        Counters::add(counter, value);
     }
 
     fn lock(&self) -> MutexGuard<'_, AccessOrder> {
