@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import struct
 from pathlib import Path
@@ -199,10 +200,13 @@ def big_dit_specs(target_bytes: int) -> list[Spec]:
     return dit_specs(dim, ffn, n, dts)
 
 
-def make_big_dit(path: Path, target_bytes: int, seed: int = 7) -> Path:
+def make_big_dit(path: Path, target_bytes: int, seed: int = 7, sort_names: bool = False) -> Path:
+    """Write (once) :func:`big_dit_specs`; `sort_names` lays tensors out in name order, as real
+    writers do (``blocks.0, blocks.1, blocks.10, ...``), so file order is not model order."""
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_streaming(path, big_dit_specs(target_bytes), seed)
+        specs = big_dit_specs(target_bytes)
+        write_streaming(path, sorted(specs, key=lambda s: s[0]) if sort_names else specs, seed)
     return path
 
 
@@ -284,3 +288,32 @@ def make_sorted_dit(path: Path, dim: int = 768, ffn: int = 3072, n_blocks: int =
         path.parent.mkdir(parents=True, exist_ok=True)
         write_streaming(path, sorted_dit_specs(dim, ffn, n_blocks), seed)
     return path
+
+
+# ----------------------------------------------------------------------------- model order
+
+# The outermost block of a tensor name, by family: UNet levels first (a UNet's input blocks hold
+# `transformer_blocks.N` of their own), then Flux / DiT / text-encoder blocks.
+_UNET_RE = re.compile(r"(?:^|\.)(?:(input_blocks|output_blocks)\.(\d+)|(middle_block))(?:\.|$)")
+_BLOCK_RE = re.compile(r"(?:^|\.)(double_blocks|single_transformer_blocks|single_blocks|transformer_blocks"
+                       r"|blocks|layers|h)\.(\d+)(?:\.|$)")
+_FAMILY_RANK = {"input_blocks": 0, "middle_block": 1, "output_blocks": 2, "double_blocks": 0,
+                "transformer_blocks": 0, "blocks": 0, "single_blocks": 1, "single_transformer_blocks": 1,
+                "layers": 2, "h": 2}
+
+
+def block_of(name: str) -> tuple[tuple, str]:
+    """(sort key, label) of the block a tensor belongs to; ``(0,), "(other)"`` for none."""
+    m = _UNET_RE.search(name) or _BLOCK_RE.search(name)
+    if not m:
+        return (0,), "(other)"
+    family, num = m.group(1) or "middle_block", int(m.group(2) or 0)
+    end = m.end(2) if m.group(2) else m.end(m.lastindex)
+    return (1, _FAMILY_RANK[family], num), name[:end].lstrip(".")
+
+
+def model_order(path: Path) -> list[tuple[str, int, int]]:
+    """[(name, abs_start, abs_end)] in model (block) order: the file's ``(other)`` tensors first,
+    then block by block (numeric; UNet input -> middle -> output; Flux double -> single), each
+    block's tensors in file order.  What a loader walking the model's modules touches."""
+    return sorted(tensor_ranges(path), key=lambda t: (block_of(t[0])[0], t[1]))

@@ -17,6 +17,15 @@
 //! - **Single flight**: a miss registers the chunk as loading; every other thread asking for it
 //!   waits for that one read instead of issuing its own, so a chunk is read from disk once no
 //!   matter how many readers (or the prefetcher) want it.
+//! - **Reads in flight are bounded by the budget**: they may reserve at most half of it
+//!   ([`READ_IN_FLIGHT_SHARE`]), prefetches at most a quarter ([`PREFETCH_IN_FLIGHT_SHARE`]).
+//!   Past that, a reader's miss waits for a read in flight to finish, and a prefetch is skipped.
+//!   Without the bound, many readers missing at once on a small budget (the stress test: 32
+//!   readers, 8 request threads and 4 prefetch workers on 64 MiB, resized down to 32 MiB)
+//!   reserve the whole budget with loads, so every new chunk is read *uncached*, the next
+//!   request for the rest of it reads the same 4 MiB again, and an `mmap` reader faulting page
+//!   by page reads the disk a thousand times per chunk: throughput collapsed and single reads
+//!   took over 20 s. Waiting cannot deadlock: a read in flight depends on nothing but the disk.
 //! - A chunk bigger than the whole budget (or one that cannot get room because everything else
 //!   is reserved by reads in flight) is read and handed to the caller without being cached.
 //! - Failed reads cache nothing: the error goes to the readers waiting on that read, and the
@@ -44,6 +53,15 @@ use crate::stats::{CacheSnapshot, Counters};
 /// within milliseconds of each other; 50 ms covers that with margin and is far shorter than the
 /// time between two passes over a block.
 const RECENTLY_READ: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Share of the budget that reads in flight may reserve before a reader's miss waits for one of
+/// them (see the module docs). Half leaves the other half to chunks that readers are still
+/// using, which is what keeps a chunk resident between two requests for its pages.
+const READ_IN_FLIGHT_SHARE: u64 = 2;
+
+/// Share of the budget that reads in flight may reserve before a prefetch is skipped: a quarter,
+/// so read-ahead never takes the room a reader's miss needs.
+const PREFETCH_IN_FLIGHT_SHARE: u64 = 4;
 
 /// A chunk of one version of one file: `file` is the version's generation number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -165,6 +183,8 @@ struct State {
     budget: u64,
     /// Resident footprints plus reservations of reads in flight.
     used: u64,
+    /// Footprints of reads in flight, cached or not.
+    in_flight: u64,
     resident: LruCache<ChunkKey, Arc<Chunk>>,
     loading: HashMap<ChunkKey, Arc<Loading>>,
     /// Resident file bytes per file generation (without alignment slack), for the stats.
@@ -174,6 +194,8 @@ struct State {
 /// The mount-wide chunk cache.
 pub struct ChunkCache {
     state: Mutex<State>,
+    /// Signalled when a read in flight finishes or the budget changes.
+    room: Condvar,
     counters: Arc<Counters>,
     /// Origin of the cache's clock ([`Self::now`]).
     started: Instant,
@@ -192,10 +214,12 @@ impl ChunkCache {
             state: Mutex::new(State {
                 budget,
                 used: 0,
+                in_flight: 0,
                 resident: LruCache::unbounded(),
                 loading: HashMap::new(),
                 per_file: HashMap::new(),
             }),
+            room: Condvar::new(),
             counters,
             started: Instant::now(),
         }
@@ -220,8 +244,8 @@ impl ChunkCache {
         owner: Option<&ChunkOwner>,
         load: impl FnOnce() -> Result<AlignedBytes, SourceError>,
     ) -> Result<(Arc<Chunk>, Outcome), CacheError> {
-        let plan = self.plan(key, footprint, want, owner);
         let started = Instant::now();
+        let plan = self.plan(key, footprint, want, owner);
         let result = match plan {
             Plan::Hit(chunk) => return Ok((chunk, Outcome::Hit)),
             Plan::Skip => return Err(CacheError::NoRoom),
@@ -268,6 +292,7 @@ impl ChunkCache {
         let mut state = self.lock();
         state.budget = budget;
         self.evict_until_fits(&mut state, 0, None);
+        self.room.notify_all();
     }
 
     /// Drops every resident chunk.
@@ -319,19 +344,38 @@ impl ChunkCache {
         }
     }
 
-    /// Decides, under the lock, how a request is answered.
+    /// Decides, under the lock, how a request is answered; a reader's miss may first wait for
+    /// room among the reads in flight.
     fn plan(&self, key: ChunkKey, footprint: u64, want: Want, owner: Option<&ChunkOwner>) -> Plan {
         let mut state = self.lock();
-        if let Some(chunk) = state.resident.get(&key) {
-            let chunk = Arc::clone(chunk);
-            if want == Want::Read {
-                Counters::add(&self.counters.hits, 1);
-                self.note_read(&chunk);
+        loop {
+            if let Some(chunk) = state.resident.get(&key) {
+                let chunk = Arc::clone(chunk);
+                if want == Want::Read {
+                    Counters::add(&self.counters.hits, 1);
+                    self.note_read(&chunk);
+                }
+                return Plan::Hit(chunk);
             }
-            return Plan::Hit(chunk);
-        }
-        if let Some(loading) = state.loading.get(&key) {
-            return Plan::Wait(Arc::clone(loading));
+            if let Some(loading) = state.loading.get(&key) {
+                return Plan::Wait(Arc::clone(loading));
+            }
+            let share = match want {
+                Want::Read => READ_IN_FLIGHT_SHARE,
+                Want::Prefetch => PREFETCH_IN_FLIGHT_SHARE,
+            };
+            // A read always goes ahead when nothing else is in flight, whatever its size.
+            let crowded = state.in_flight > 0 && state.in_flight + footprint > state.budget / share;
+            if !crowded {
+                break;
+            }
+            if want == Want::Prefetch {
+                return Plan::Skip;
+            }
+            state = self
+                .room
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
         }
         // A reader's chunk is needed now and may evict anything; a prefetched one only what is
         // needed later than itself.
@@ -346,6 +390,7 @@ impl ChunkCache {
         if cached {
             state.used += footprint;
         }
+        state.in_flight += footprint;
         let loading = Arc::new(Loading {
             result: Mutex::new(None),
             done: Condvar::new(),
@@ -392,6 +437,8 @@ impl ChunkCache {
             });
         let mut state = self.lock();
         state.loading.remove(&key);
+        state.in_flight -= footprint;
+        self.room.notify_all();
         match &result {
             Ok(chunk) if cached => {
                 // The reservation was `footprint`; the buffer may differ by alignment slack.

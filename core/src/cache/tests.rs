@@ -171,3 +171,74 @@ fn prefetched_chunks_count_as_used_or_wasted() {
     assert_eq!(c.prefetch_used_bytes.load(Ordering::SeqCst), CHUNK);
     assert_eq!(c.prefetch_wasted_bytes.load(Ordering::SeqCst), CHUNK);
 }
+
+#[test]
+fn reads_in_flight_never_reserve_more_than_half_the_budget() {
+    // Budget of 8 chunks: at most 4 reads in flight; 16 readers missing distinct chunks at once
+    // all get their exact bytes, and the chunks read are cached, not thrown away.
+    let fx = Arc::new(fixture(16));
+    let cache = Arc::new(ChunkCache::new(8 * CHUNK, Arc::new(Counters::default())));
+    let (now, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let barrier = Arc::new(Barrier::new(16));
+    let threads: Vec<_> = (0..16u32)
+        .map(|chunk| {
+            let (fx, cache, now, peak, barrier) = (
+                fx.clone(),
+                cache.clone(),
+                now.clone(),
+                peak.clone(),
+                barrier.clone(),
+            );
+            thread::spawn(move || {
+                barrier.wait();
+                let (start, end) = (u64::from(chunk) * CHUNK, u64::from(chunk + 1) * CHUNK);
+                let (got, _) = cache
+                    .get_or_load(key(chunk), CHUNK, Want::Read, None, || {
+                        peak.fetch_max(now.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                        thread::sleep(Duration::from_millis(20));
+                        now.fetch_sub(1, Ordering::SeqCst);
+                        fx.source.read_aligned(start, end)
+                    })
+                    .unwrap();
+                assert_eq!(got.as_slice(), &fx.data[start as usize..end as usize]);
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let peak = peak.load(Ordering::SeqCst);
+    assert!((1..=4).contains(&peak), "{peak} reads in flight at once");
+    assert_eq!(cache.counters().uncached_bytes.load(Ordering::SeqCst), 0);
+    assert_eq!(cache.snapshot().chunks, 8);
+}
+
+#[test]
+fn a_prefetch_is_skipped_while_reads_in_flight_fill_a_quarter_of_the_budget() {
+    let fx = Arc::new(fixture(4));
+    let cache = Arc::new(ChunkCache::new(4 * CHUNK, Arc::new(Counters::default())));
+    let started = Arc::new(Barrier::new(2));
+    let reader = {
+        let (fx, cache, started) = (fx.clone(), cache.clone(), started.clone());
+        thread::spawn(move || {
+            cache
+                .get_or_load(key(0), CHUNK, Want::Read, None, || {
+                    started.wait();
+                    thread::sleep(Duration::from_millis(100));
+                    fx.source.read_aligned(0, CHUNK)
+                })
+                .map(|_| ())
+        })
+    };
+    started.wait();
+    let prefetch = cache.get_or_load(key(1), CHUNK, Want::Prefetch, None, || {
+        fx.source.read_aligned(CHUNK, 2 * CHUNK)
+    });
+    assert!(matches!(prefetch, Err(CacheError::NoRoom)), "{prefetch:?}");
+    reader.join().unwrap().unwrap();
+    // With nothing in flight, the same prefetch goes ahead.
+    let prefetch = cache.get_or_load(key(1), CHUNK, Want::Prefetch, None, || {
+        fx.source.read_aligned(CHUNK, 2 * CHUNK)
+    });
+    assert!(prefetch.is_ok());
+}

@@ -13,6 +13,8 @@
 //!   open sees fresh figures whatever size `stat` reported.
 //! - **`.tierfs/control`** (mode 0200, the mounting user's) takes one command per `write()`
 //!   ([`tierfs_core::control`]); a bad one fails with `EINVAL` and changes nothing.
+//! - **`user.tierfs.source`** ([`SOURCE_XATTR`]), an extended attribute of every regular file,
+//!   names the SOURCE file behind it, for tools that must bypass FUSE (`tierfs-gpu`).
 //! - **Writes** of any other kind get `EROFS`. The mount itself cannot carry the kernel's `ro`
 //!   flag, since the control file must be writable, so every write path is refused here, and
 //!   `access(W_OK)` answers `EROFS` too.
@@ -55,8 +57,18 @@ use present::present;
 /// that stats each file several times in a row.
 pub const ATTR_TTL: Duration = Duration::from_millis(500);
 
+/// A model read taking longer than this is logged: it means the disk is saturated or a reader
+/// waits on a chunk another request is loading. Two seconds is a hundred times a 4 MiB chunk
+/// read on a healthy disk.
+const SLOW_READ: Duration = Duration::from_secs(2);
+
 /// Name of the control directory at the mount root.
 pub const CONTROL_DIR: &str = ".tierfs";
+
+/// Extended attribute of every regular file of the mount: the absolute path of the SOURCE file
+/// it presents. For tools that must read the source itself (`tierfs-gpu`: GPUDirect Storage
+/// cannot read through FUSE). Directories, links and `.tierfs/` files have none (`ENODATA`).
+pub const SOURCE_XATTR: &str = "user.tierfs.source";
 
 /// Settings the adapter needs beyond the store.
 pub struct MountSettings {
@@ -89,6 +101,9 @@ pub struct TierFs {
     gid: u32,
     /// The kernel allows mmap of `FOPEN_DIRECT_IO` files (see `model_open_flags`).
     direct_io_mmap: bool,
+    /// Per model inode, the file generation its kernel page cache was last opened with (see
+    /// `model_open_flags`).
+    page_cache_generations: Mutex<HashMap<u64, u64>>,
 }
 
 impl TierFs {
@@ -112,6 +127,7 @@ impl TierFs {
             uid,
             gid,
             direct_io_mmap: false,
+            page_cache_generations: Mutex::new(HashMap::new()),
         }
     }
 
@@ -244,8 +260,9 @@ impl TierFs {
             // cached mode, which a model file's earlier, well-formed version may still be.
             match self.store.open(&rel, &abs) {
                 Ok(model) => {
+                    let flags = self.model_open_flags(ino, model.generation());
                     let fh = self.add_handle(Handle::Model(model));
-                    return reply.opened(FileHandle(fh), self.model_open_flags());
+                    return reply.opened(FileHandle(fh), flags);
                 }
                 Err(e) => {
                     tracing::warn!(file = %abs.display(), error = %e, "cannot open model file");
@@ -327,12 +344,28 @@ impl TierFs {
     /// the reader may not want; tierfs's own prefetch does the reading ahead instead. `mmap`
     /// readers still go through the page cache (kept to the window). Older kernels keep page
     /// cache mode.
-    fn model_open_flags(&self) -> FopenFlags {
-        if self.direct_io_mmap {
+    ///
+    /// `FOPEN_KEEP_CACHE` is set when the inode's page cache was filled from this same file
+    /// generation. Without it the kernel drops the inode's whole page cache at every open,
+    /// waiting on each page still being read for an `mmap` reader, which then faults the pages
+    /// it had just read in again (the stress test, with readers opening the same model every
+    /// second or two, spent its disk bandwidth on that). When the generation changed (the file
+    /// was rewritten in place), the flag is left out, so the stale pages go.
+    fn model_open_flags(&self, ino: u64, generation: u64) -> FopenFlags {
+        let previous = self
+            .page_cache_generations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(ino, generation);
+        let mut flags = if self.direct_io_mmap {
             FopenFlags::FOPEN_DIRECT_IO
         } else {
             FopenFlags::empty()
+        };
+        if previous == Some(generation) {
+            flags |= FopenFlags::FOPEN_KEEP_CACHE;
         }
+        flags
     }
 
     fn read_model(
@@ -343,7 +376,13 @@ impl TierFs {
         size: u32,
         reply: ReplyData,
     ) {
-        match self.store.read(model, offset, size) {
+        let started = std::time::Instant::now();
+        let result = self.store.read(model, offset, size);
+        let elapsed = started.elapsed();
+        if elapsed > SLOW_READ {
+            tracing::warn!(file = %model.path().display(), ino, offset, size, ms = elapsed.as_millis() as u64, "slow read");
+        }
+        match result {
             Ok(bytes) => {
                 reply.data(&bytes);
                 for range in self.window.record(ino, offset, bytes.len() as u64) {
@@ -355,6 +394,17 @@ impl TierFs {
                 tracing::warn!(file = %model.path().display(), offset, size, error = %e, "read failed: returning EIO");
                 reply.error(Errno::EIO);
             }
+        }
+    }
+
+    /// The SOURCE path behind `ino`, if it is a regular file there ([`SOURCE_XATTR`]).
+    fn source_path(&self, ino: u64) -> Result<PathBuf, Errno> {
+        let entry = self.inodes.entry(ino).ok_or(Errno::ENODATA)?;
+        let abs = self.abs(&entry.path);
+        match present(&abs) {
+            Ok((_, FileType::RegularFile)) => Ok(abs),
+            Ok(_) => Err(Errno::ENODATA),
+            Err(e) => Err(errno(e)),
         }
     }
 
@@ -508,20 +558,26 @@ impl Filesystem for TierFs {
     fn getxattr(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        _name: &OsStr,
-        _size: u32,
+        ino: INodeNo,
+        name: &OsStr,
+        size: u32,
         reply: fuser::ReplyXattr,
     ) {
-        reply.error(Errno::ENODATA)
+        if name != OsStr::new(SOURCE_XATTR) {
+            return reply.error(Errno::ENODATA);
+        }
+        match self.source_path(ino.0) {
+            Ok(path) => reply_xattr(reply, size, path.as_os_str().as_bytes()),
+            Err(e) => reply.error(e),
+        }
     }
 
-    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
-        if size == 0 {
-            reply.size(0)
-        } else {
-            reply.data(&[])
-        }
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
+        let names = match self.source_path(ino.0) {
+            Ok(_) => format!("{SOURCE_XATTR}\0").into_bytes(),
+            Err(_) => Vec::new(),
+        };
+        reply_xattr(reply, size, &names)
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -805,6 +861,16 @@ fn source_attr(ino: u64, meta: &std::fs::Metadata, kind: FileType) -> FileAttr {
         rdev: meta.rdev() as u32,
         blksize: meta.blksize() as u32,
         flags: 0,
+    }
+}
+
+/// Answers a getxattr/listxattr request for `value`: its size when asked (`size == 0`), else
+/// the value, or `ERANGE` if it does not fit the caller's buffer.
+fn reply_xattr(reply: fuser::ReplyXattr, size: u32, value: &[u8]) {
+    match u32::try_from(value.len()) {
+        Ok(len) if size == 0 => reply.size(len),
+        Ok(len) if len <= size => reply.data(value),
+        _ => reply.error(Errno::ERANGE),
     }
 }
 

@@ -1,0 +1,381 @@
+#!/usr/bin/env python3
+"""Loader speed through tierfs: real loaders, cold and warm, against the same loader on the source.
+
+    sudo .venv/bin/python tests/bench/loaders.py [--loaders 1,2,3,4,5] [--reps 3] [--budget 3GiB]
+                                                 [--small-budget 512MiB] [--data DIR] [--out FILE]
+
+The loaders are those of tests/python/test_loaders.py (which checks their bytes; here only time
+is measured), each loading every tensor of a ~2 GiB generated DiT (bf16/fp16/fp8 blocks, fp32
+norms, tensors in name order like real writers, so model order is not file order):
+
+1. safetensors.safe_open(framework="numpy"), get_tensor of every tensor in header order;
+2. safetensors.torch.load_file, then every tensor copied in header order into a reused staging
+   buffer (safetensors >= 0.8 returns tensors over its mmap: loading alone reads nothing);
+3. ComfyUI's loader: comfy_aimdo.model_mmap.ModelMMAP maps the file, torch.frombuffer per
+   tensor, each tensor copied in model order into a reused staging buffer (what moving it to
+   the GPU does with its pages);
+4. ComfyUI's dynamic-VRAM re-read: per tensor in model order, 2 MiB chunks preadv'd by 8
+   threads into a staging buffer, posix_fadvise(DONTNEED) after each chunk;
+5. runai_model_streamer.SafetensorsStreamer, default concurrency, every tensor iterated.
+
+Rows, per loader (each figure the median of --reps passes; ratio = source s / tierfs s):
+  cold  - page cache dropped, a fresh `tierfs mount` (empty cache, --budget >= the file) vs the
+          source file after the same drop.  Goal >= 0.9.
+  warm  - the tierfs cache holds the file (the cold pass put it there), kernel caches dropped
+          (so the mount's own page cache is empty too) vs the source held in the page cache
+          (MAP_LOCKED, so nobody's drop_caches can spoil it).  Report; below 0.5 is explained.
+  cold, budget < file - the cold pass again on a mount whose --small-budget is smaller than
+          the file (streaming through evictions).  Report.
+Each pass runs in a process of its own (this script with --pass), so every loader starts fresh
+(allocator, mappings, thread pools) and imports stay outside the timing.  Within a repetition
+the source and mount passes of a loader run back to back, so drift on the shared machine hits
+both.  Mount stats after the passes (disk bytes, hits, misses, invalidated page cache) are
+recorded with the results.
+
+Writes tests/bench/loader-results.md (command, date, machine, binary, table, all passes) for a
+full run, or --out.  Reuses bench.py's helpers (mounts torn down on every exit path, the binary
+copied at the start, machine facts).  Needs root (drop_caches, mount).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime
+import json
+import os
+import resource
+import shlex
+import shutil
+import signal
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(REPO / "tests" / "python"))
+sys.path.insert(0, str(HERE))
+import gen  # noqa: E402
+
+MiB, GiB = 1 << 20, 1 << 30
+CHUNK, THREADS = 2 * MiB, 8
+COLD_GOAL, WARM_FLOOR = 0.9, 0.5
+NAMES = {1: "safe_open (numpy)", 2: "safetensors.torch.load_file", 3: "ComfyUI ModelMMAP + frombuffer",
+         4: "ComfyUI re-read, 8 x 2 MiB pread", 5: "runai SafetensorsStreamer"}
+_TORCH_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F8_E4M3": "float8_e4m3fn"}
+
+
+# ----------------------------------------------------------------------------- the loaders (child)
+
+def load_safe_open(path: Path) -> int:
+    from safetensors import safe_open
+    n = 0
+    with safe_open(str(path), framework="numpy") as f:
+        for name, _, _ in gen.tensor_ranges(path):
+            n += f.get_tensor(name).nbytes
+    return n
+
+
+def load_torch_file(path: Path) -> int:
+    """load_file, then every tensor copied into a staging buffer: safetensors >= 0.8 hands out
+    tensors over its mmap of the file, so nothing is read until the tensors are used."""
+    import torch
+    from safetensors.torch import load_file
+    sd = load_file(str(path))
+    stage = torch.empty(max(t.nbytes for t in sd.values()), dtype=torch.uint8)
+    n = 0
+    for name, _, _ in gen.tensor_ranges(path):
+        flat = sd[name].reshape(-1).view(torch.uint8)
+        stage[: flat.numel()].copy_(flat)
+        n += flat.numel()
+    return n
+
+
+def load_aimdo(path: Path) -> int:
+    """ComfyUI's comfy.utils.load_safetensors, then every tensor copied out in model order."""
+    import torch
+    import comfy_aimdo.control
+    import comfy_aimdo.model_mmap as model_mmap
+    if model_mmap.lib is None:
+        if not comfy_aimdo.control.init():
+            raise RuntimeError("comfy_aimdo.control.init() failed")
+        import importlib
+        model_mmap = importlib.reload(model_mmap)
+    size = os.path.getsize(path)
+    mapping = model_mmap.ModelMMAP(str(path))
+    mv = memoryview((ctypes.c_uint8 * size).from_address(mapping.get()))
+    (hn,) = struct.unpack("<Q", mv[:8])
+    header = json.loads(mv[8:8 + hn].tobytes())
+    data = mv[8 + hn:]
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = info["data_offsets"]
+        dtype = getattr(torch, _TORCH_DTYPES[info["dtype"]])
+        if start == end:
+            tensors[name] = torch.empty(info["shape"], dtype=dtype)
+            continue
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given buffer is not writable")
+            tensors[name] = torch.frombuffer(data[start:end], dtype=dtype).view(info["shape"])
+    order = [name for name, _, _ in gen.model_order(path)]
+    stage = torch.empty(max(t.nbytes for t in tensors.values()), dtype=torch.uint8)
+    n = 0
+    for name in order:
+        flat = tensors[name].reshape(-1).view(torch.uint8)
+        stage[: flat.numel()].copy_(flat)
+        n += flat.numel()
+    del tensors, data, mv, mapping
+    return n
+
+
+def _read_chunk(fd: int, dest: memoryview, off: int) -> int:
+    done = 0
+    while done < len(dest):
+        k = os.preadv(fd, [dest[done:]], off + done)
+        if k <= 0:
+            raise OSError(f"short read at {off + done}")
+        os.posix_fadvise(fd, off + done, k, os.POSIX_FADV_DONTNEED)
+        done += k
+    return done
+
+
+def load_reread(path: Path) -> int:
+    order = gen.model_order(path)
+    stage = memoryview(bytearray(max(e - s for _, s, e in order)))
+    fd = os.open(path, os.O_RDONLY)
+    n = 0
+    try:
+        with ThreadPoolExecutor(THREADS) as pool:
+            for _, start, end in order:
+                n += sum(pool.map(lambda o: _read_chunk(fd, stage[o:min(o + CHUNK, end - start)], start + o),
+                                  range(0, end - start, CHUNK)))
+    finally:
+        os.close(fd)
+    return n
+
+
+def load_runai(path: Path) -> int:
+    from runai_model_streamer import SafetensorsStreamer
+    n = 0
+    with SafetensorsStreamer() as streamer:
+        streamer.stream_file(str(path))
+        for _, t in streamer.get_tensors():
+            n += t.nbytes
+    return n
+
+
+LOADERS = {1: load_safe_open, 2: load_torch_file, 3: load_aimdo, 4: load_reread, 5: load_runai}
+IMPORTS = {1: ("safetensors",), 2: ("torch", "safetensors.torch"), 3: ("torch", "comfy_aimdo.model_mmap"),
+           4: (), 5: ("torch", "runai_model_streamer")}
+
+
+def one_pass(loader: int, path: Path) -> None:
+    """--pass: import what the loader needs, then time one load; prints {"s", "bytes"}."""
+    import importlib
+    for mod in IMPORTS[loader]:
+        importlib.import_module(mod)
+    gen.tensor_ranges(path)  # (the loaders' own model-order plans come from the header; cached)
+    r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    n = LOADERS[loader](path)
+    dt = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
+    json.dump({"s": dt, "cpu": cpu, "bytes": n}, sys.stdout)
+
+
+# ----------------------------------------------------------------------------- the run (parent)
+
+def run_pass(loader: int, path: Path) -> tuple[float, float]:
+    """One timed load in a child process: (wall seconds, CPU seconds of the loader process)."""
+    p = subprocess.run([sys.executable, __file__, "--pass", str(loader), str(path)],
+                       capture_output=True, text=True, timeout=900)
+    if p.returncode != 0:
+        raise RuntimeError(f"loader {loader} on {path} failed ({p.returncode}):\n{p.stderr[-3000:]}")
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    return r["s"], r["cpu"]
+
+
+class Run:
+    def __init__(self, args, root: Path):
+        import bench
+        self.b = bench
+        self.args, self.root = args, root
+        self.src = Path(args.data) / "loaders"
+        self.src.mkdir(parents=True, exist_ok=True)
+        self.ckpt = gen.make_big_dit(self.src / "dit_2gib_sorted.safetensors", 2 * GiB, seed=2026, sort_names=True)
+        self.size = self.ckpt.stat().st_size
+        self.passes: dict[str, list[float]] = {}
+        self.cpu: dict[str, list[float]] = {}
+        self.details: list[str] = []
+        self.hwms: list[int] = []
+
+    def rec(self, key: str, result: tuple[float, float]) -> None:
+        seconds, cpu = result
+        self.passes.setdefault(key, []).append(seconds)
+        self.cpu.setdefault(key, []).append(cpu)
+        print(f"  {key:<58} {seconds:7.2f} s  {self.size / seconds / 1e6:7.0f} MB/s  (cpu {cpu:.2f} s)", flush=True)
+
+    def med(self, key: str) -> float:
+        return statistics.median(self.passes[key])
+
+    def mount_pass(self, loader: int, budget: int, label: str, warm: bool) -> None:
+        """A fresh mount: cold pass (and a warm one from the tierfs cache when `warm`)."""
+        m = self.b.Mount(self.src, self.root, budget)
+        try:
+            path = m.mnt / self.ckpt.name
+            self.b.drop_caches()
+            self.rec(f"L{loader} {label} mount", run_pass(loader, path))
+            s1 = m.stats()
+            if warm:
+                self.b.drop_caches()
+                self.rec(f"L{loader} warm mount", run_pass(loader, path))
+            s2 = m.stats()
+            self.hwms.append(m.hwm())
+            self.details.append(
+                f"- L{loader} {label}: disk {s1['disk']['read_bytes'] / MiB:.0f} MiB in {s1['disk']['reads']} reads, "
+                f"hits {s1['cache']['hits']}, misses {s1['cache']['misses']}, prefetch issued "
+                f"{s1['prefetch']['issued_bytes'] / MiB:.0f} MiB, kernel page cache invalidated "
+                f"{s1['kernel_page_cache']['invalidated_bytes'] / MiB:.0f} MiB"
+                + (f"; warm pass: disk +{(s2['disk']['read_bytes'] - s1['disk']['read_bytes']) / MiB:.0f} MiB, "
+                   f"hits +{s2['cache']['hits'] - s1['cache']['hits']}" if warm else ""))
+        finally:
+            m.close()
+
+    def loader(self, loader: int) -> None:
+        print(f"loader {loader}: {NAMES[loader]}", flush=True)
+        a = self.args
+        for _ in range(a.reps):
+            self.b.drop_caches()
+            self.rec(f"L{loader} cold source", run_pass(loader, self.ckpt))
+            self.mount_pass(loader, a.budget, "cold", warm=True)
+            with self.b.Pinned(self.ckpt):
+                self.rec(f"L{loader} warm source", run_pass(loader, self.ckpt))
+            if a.small_budget:
+                self.mount_pass(loader, a.small_budget, "cold small-budget", warm=False)
+
+    def table(self) -> list[dict]:
+        rows = []
+        for loader in self.args.loaders:
+            if f"L{loader} cold mount" not in self.passes:
+                continue
+            cases = [("cold", "cold mount", "cold source", COLD_GOAL),
+                     ("warm", "warm mount", "warm source", None)]
+            if self.args.small_budget:
+                cases.append((f"cold, budget {self.args.small_budget / MiB:.0f} MiB < file",
+                              "cold small-budget mount", "cold source", None))
+            for label, mk, sk, goal in cases:
+                tm, ts = self.med(f"L{loader} {mk}"), self.med(f"L{loader} {sk}")
+                r = ts / tm
+                result = ("PASS" if r >= goal else "FAIL") if goal else ("—" if r >= WARM_FLOOR else "below 0.5")
+                rows.append({"name": f"{loader}. {NAMES[loader]}, {label} (s)", "mount": f"{tm:.2f}",
+                             "base": f"{ts:.2f}", "ratio": f"{r:.2f}", "goal": f"≥ {goal}" if goal else "report",
+                             "result": result})
+        return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pass", dest="one", nargs=2, metavar=("LOADER", "PATH"), help=argparse.SUPPRESS)
+    ap.add_argument("--loaders", default="1,2,3,4,5")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--budget", default="3GiB", help="--ram-cache of the cold/warm mounts (>= the file)")
+    ap.add_argument("--small-budget", default="512MiB", help="--ram-cache of the budget < file row (0: skip)")
+    ap.add_argument("--data", default=os.environ.get("TIERFS_BENCH_DATA", "/tmp/tierfs-bench-data"))
+    ap.add_argument("--out", help="results file (default: tests/bench/loader-results.md for a full run)")
+    args = ap.parse_args()
+    if args.one:
+        one_pass(int(args.one[0]), Path(args.one[1]))
+        return 0
+    import bench
+    args.budget, args.small_budget = bench.parse_size(args.budget), bench.parse_size(args.small_budget)
+    args.loaders = sorted({int(x) for x in args.loaders.split(",") if x.strip()})
+    if not set(args.loaders) <= set(LOADERS):
+        raise SystemExit(f"--loaders: unknown loader in {args.loaders}")
+    if os.geteuid() != 0:
+        raise SystemExit("loaders.py needs root (drop_caches, mount)")
+    full = args.loaders == [1, 2, 3, 4, 5] and args.reps >= 3
+    out = args.out or (str(HERE / "loader-results.md") if full else None)
+
+    def on_signal(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
+    root = Path(tempfile.mkdtemp(prefix="tierfs-loaders-bench.", dir="/tmp"))
+    bench.BIN = root / "tierfs"  # one binary for the whole run, whatever happens to target/release
+    shutil.copy2(bench.TIERFS, bench.BIN)
+    bin_mtime = datetime.datetime.fromtimestamp(bench.TIERFS.stat().st_mtime).isoformat(timespec="seconds")
+    load0 = os.getloadavg()
+    t0 = time.monotonic()
+    try:
+        run = Run(args, root)
+        if run.size <= args.small_budget or run.size > args.budget:
+            raise SystemExit("need --small-budget < file size <= --budget")
+        for loader in args.loaders:
+            try:
+                run.loader(loader)
+            except Exception as e:  # noqa: BLE001 - a broken loader is reported, the others still run
+                import traceback
+                traceback.print_exc()
+                run.details.append(f"- loader {loader} failed: {str(e)[:500]!r}")
+                for m in list(reversed(bench._MOUNTS)):
+                    m.close()
+        facts = bench.machine_facts(Path(args.data), load0, bin_mtime)
+    finally:
+        bench.cleanup(root)
+    elapsed = time.monotonic() - t0
+    table = run.table()
+    n_tensors = len(gen.tensor_ranges(run.ckpt))
+    cmd = "sudo .venv/bin/python tests/bench/loaders.py " + " ".join(shlex.quote(x) for x in sys.argv[1:])
+    lines = [
+        "# tierfs loader speed",
+        "",
+        f"- command: `{cmd.strip()}` (loaders {','.join(map(str, args.loaders))}; {elapsed:.0f} s)",
+        f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
+        *facts,
+        f"- file: {run.ckpt.name}, {run.size / GiB:.2f} GiB, {n_tensors} tensors (bf16/fp16/fp8 blocks, fp32 "
+        f"norms; name order); --ram-cache {args.budget / GiB:g} GiB (>= file) for cold and warm, "
+        f"{args.small_budget / MiB:.0f} MiB (< file) for the last row of each loader",
+        f"- median of {args.reps} passes, each in a fresh process; peak daemon RSS (VmHWM, max over mounts): "
+        f"{max(run.hwms, default=0) / MiB:.0f} MiB",
+        "",
+        "| loader, case | tierfs | source | ratio | goal | result |",
+        "|---|---:|---:|---:|---|---|",
+        *(f"| {r['name']} | {r['mount']} | {r['base']} | {r['ratio']} | {r['goal']} | {r['result']} |" for r in table),
+        "",
+        "Ratio = source seconds / tierfs seconds (above 1: faster through the mount). Cold: page cache",
+        "dropped, fresh mount. Warm: file in the tierfs cache, kernel caches dropped, vs the source",
+        "held in the page cache.",
+        "",
+        "Mount stats after each pass:",
+        "",
+        *run.details,
+        "",
+        "All passes, wall seconds (CPU seconds of the loader process):",
+        "",
+        *(f"- {k}: {', '.join(f'{x:.2f} ({c:.2f})' for x, c in zip(v, run.cpu[k]))}" for k, v in run.passes.items()),
+        "",
+    ]
+    text = "\n".join(lines)
+    print("\n" + text)
+    if out:
+        Path(out).write_text(text)
+        print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("\ninterrupted; mounts removed", file=sys.stderr)
+        sys.exit(130)
