@@ -23,7 +23,10 @@ Rows, per loader (each figure the median of --reps passes; ratio = source s / ti
           source file after the same drop.  Goal >= 0.9.
   warm  - the tierfs cache holds the file (the cold pass put it there), kernel caches dropped
           (so the mount's own page cache is empty too) vs the source held in the page cache
-          (MAP_LOCKED, so nobody's drop_caches can spoil it).  Report; below 0.5 is explained.
+          (MAP_LOCKED, so nobody's drop_caches can spoil it) after one unrecorded priming pass:
+          the first mmap pass over freshly pinned pages costs several CPU-seconds (measured:
+          3.3 s / 6.4 CPU-s, then 0.2 s), which is not what "in the page cache" means to a
+          loader.  Report; below 0.5 is explained.
   cold, budget < file - the cold pass again on a mount whose --small-budget is smaller than
           the file (streaming through evictions).  Report.
 Each pass runs in a process of its own (this script with --pass), so every loader starts fresh
@@ -258,6 +261,7 @@ class Run:
             self.rec(f"L{loader} cold source", run_pass(loader, self.ckpt))
             self.mount_pass(loader, a.budget, "cold", warm=True)
             with self.b.Pinned(self.ckpt):
+                run_pass(loader, self.ckpt)  # priming pass, not recorded (see the module docs)
                 self.rec(f"L{loader} warm source", run_pass(loader, self.ckpt))
             if a.small_budget:
                 self.mount_pass(loader, a.small_budget, "cold small-budget", warm=False)

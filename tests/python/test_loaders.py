@@ -487,10 +487,5 @@ def test_discovery_exact_header_reads(mount, models):
     check_discovery(mount, models, header_exact)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known: a read that starts in the header and ends a few KiB into the data (Python's buffered "
-    "reader) fetches the first data chunk through the cache and starts block prefetch, so each "
-    "header read evicts cached data; fix proposed for core/src/models (serve the bytes just past the "
-    "header from the header probe, without touching cache or prefetch)"))
 def test_discovery_comfyui_header_reads(mount, models):
     check_discovery(mount, models, header_comfyui)

@@ -3,7 +3,9 @@
 //!
 //! A file's bytes fall in three regions, each served its own way:
 //! - the header (`[0, header_bytes)`): parsed once at first open and kept in memory, so header
-//!   reads (ComfyUI's discovery, `safe_open`) never touch the disk again;
+//!   reads (ComfyUI's discovery, `safe_open`) never touch the disk again; the 64 KiB after it
+//!   are kept too, from the same probe read, because buffered header readers read a little past
+//!   the header, and that must not fetch a data chunk or start prefetch;
 //! - the data region (`[header_bytes, data_end)`): cut into tensor-aligned chunks
 //!   ([`crate::cache::plan`]) served through the mount-wide [`ChunkCache`];
 //! - anything after the last tensor: read from the source uncached (rare; some writers pad).
@@ -40,6 +42,11 @@ use crate::stats::{Counters, FileSnapshot, PrefetchSnapshot};
 /// Bytes read at first open in the hope that they hold the whole header. Most checkpoint headers
 /// are 10–200 KiB; when one is larger, exactly what it needs is read in a second request.
 const HEADER_PROBE_BYTES: u64 = 256 << 10;
+
+/// Bytes just past the header kept in memory with it (from the same probe read), so that a
+/// buffered header reader, which reads a little past the header, is served without a chunk
+/// fetch and without starting prefetch.
+const HEADER_TAIL_BYTES: usize = 64 << 10;
 
 /// Whether tierfs caches a file with this name: `.safetensors` and `.sft`, any letter case.
 pub fn is_model_path(path: &Path) -> bool {
@@ -276,7 +283,7 @@ fn read_header(source: &SourceFile) -> Result<(Vec<u8>, TensorIndex), HeaderErro
         buf.truncate(got);
         match TensorIndex::parse(&buf, size) {
             Ok(index) => {
-                buf.truncate(index.header_bytes as usize);
+                buf.truncate(index.header_bytes as usize + HEADER_TAIL_BYTES);
                 return Ok((buf, index));
             }
             Err(IndexError::NeedMore { header_bytes })
@@ -381,6 +388,12 @@ impl ModelStore {
         len: u32,
     ) -> Result<ReadBytes, ReadError> {
         let end = file.size().min(offset.saturating_add(u64::from(len)));
+        if file.header_end().is_some_and(|h| offset < h) && end <= file.header.len() as u64 {
+            // A header read, perhaps running a little into the data: all from memory.
+            return Ok(ReadBytes::Owned(
+                file.header[offset as usize..end as usize].to_vec(),
+            ));
+        }
         let in_data = file.header_end().is_some_and(|h| offset >= h);
         let chunk = file
             .plan()
