@@ -43,7 +43,6 @@ copied at the start, machine facts).  Needs root (drop_caches, mount).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import datetime
 import json
 import os
@@ -52,12 +51,10 @@ import shlex
 import shutil
 import signal
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -72,7 +69,6 @@ CHUNK, THREADS = 2 * MiB, 8
 COLD_GOAL, WARM_FLOOR = 0.9, 0.5
 NAMES = {1: "safe_open (numpy)", 2: "safetensors.torch.load_file", 3: "ComfyUI ModelMMAP + frombuffer",
          4: "ComfyUI re-read, 8 x 2 MiB pread", 5: "runai SafetensorsStreamer"}
-_TORCH_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F8_E4M3": "float8_e4m3fn"}
 
 
 # ----------------------------------------------------------------------------- the loaders (child)
@@ -104,31 +100,7 @@ def load_torch_file(path: Path) -> int:
 def load_aimdo(path: Path) -> int:
     """ComfyUI's comfy.utils.load_safetensors, then every tensor copied out in model order."""
     import torch
-    import comfy_aimdo.control
-    import comfy_aimdo.model_mmap as model_mmap
-    if model_mmap.lib is None:
-        if not comfy_aimdo.control.init():
-            raise RuntimeError("comfy_aimdo.control.init() failed")
-        import importlib
-        model_mmap = importlib.reload(model_mmap)
-    size = os.path.getsize(path)
-    mapping = model_mmap.ModelMMAP(str(path))
-    mv = memoryview((ctypes.c_uint8 * size).from_address(mapping.get()))
-    (hn,) = struct.unpack("<Q", mv[:8])
-    header = json.loads(mv[8:8 + hn].tobytes())
-    data = mv[8 + hn:]
-    tensors = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        start, end = info["data_offsets"]
-        dtype = getattr(torch, _TORCH_DTYPES[info["dtype"]])
-        if start == end:
-            tensors[name] = torch.empty(info["shape"], dtype=dtype)
-            continue
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="The given buffer is not writable")
-            tensors[name] = torch.frombuffer(data[start:end], dtype=dtype).view(info["shape"])
+    mapping, tensors = gen.aimdo_tensors(path)
     order = [name for name, _, _ in gen.model_order(path)]
     stage = torch.empty(max(t.nbytes for t in tensors.values()), dtype=torch.uint8)
     n = 0
@@ -136,7 +108,7 @@ def load_aimdo(path: Path) -> int:
         flat = tensors[name].reshape(-1).view(torch.uint8)
         stage[: flat.numel()].copy_(flat)
         n += flat.numel()
-    del tensors, data, mv, mapping
+    del tensors, mapping
     return n
 
 

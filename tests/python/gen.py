@@ -16,12 +16,14 @@ is fine: every test compares bytes, never values.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
 import re
 import shutil
 import struct
+import warnings
 from pathlib import Path
 
 import ml_dtypes
@@ -317,3 +319,39 @@ def model_order(path: Path) -> list[tuple[str, int, int]]:
     then block by block (numeric; UNet input -> middle -> output; Flux double -> single), each
     block's tensors in file order.  What a loader walking the model's modules touches."""
     return sorted(tensor_ranges(path), key=lambda t: (block_of(t[0])[0], t[1]))
+
+
+_TORCH_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F8_E4M3": "float8_e4m3fn"}
+
+
+def aimdo_tensors(path: Path):
+    """ComfyUI's `comfy.utils.load_safetensors`: the whole file mapped by comfy-aimdo's ModelMMAP,
+    a `torch.frombuffer` view per tensor.  Returns (mapping, {name: tensor}); keep the mapping
+    alive while the tensors are used."""
+    import torch
+    import comfy_aimdo.control
+    import comfy_aimdo.model_mmap as model_mmap
+    if model_mmap.lib is None:  # ComfyUI initialises aimdo at start-up; the CPU build loads too
+        if not comfy_aimdo.control.init():
+            raise RuntimeError("comfy_aimdo.control.init() failed")
+        import importlib
+        model_mmap = importlib.reload(model_mmap)
+    size = os.path.getsize(path)
+    mapping = model_mmap.ModelMMAP(str(path))
+    mv = memoryview((ctypes.c_uint8 * size).from_address(mapping.get()))
+    (n,) = struct.unpack("<Q", mv[:8])
+    header = json.loads(mv[8:8 + n].tobytes())
+    data = mv[8 + n:]
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = info["data_offsets"]
+        dtype = getattr(torch, _TORCH_DTYPES[info["dtype"]])
+        if start == end:
+            tensors[name] = torch.empty(info["shape"], dtype=dtype)
+            continue
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given buffer is not writable")
+            tensors[name] = torch.frombuffer(data[start:end], dtype=dtype).view(info["shape"])
+    return mapping, tensors

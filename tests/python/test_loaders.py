@@ -32,13 +32,10 @@ Loaders 2, 3 and 5 need ``torch``, ``comfy-aimdo`` and ``runai-model-streamer``,
 
 from __future__ import annotations
 
-import ctypes
-import json
 import os
 import shutil
 import struct
 import time
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -249,44 +246,9 @@ def torch_load_file(mnt_path: Path, src_path: Path) -> Loaded:
         yield name, _torch_dtype_name(t), tuple(t.shape), _torch_raw(t)
 
 
-_TORCH_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F8_E4M3": "float8_e4m3fn"}
-
-
-def aimdo_tensors(path: Path):
-    """ComfyUI's `comfy.utils.load_safetensors`: the whole file mapped by comfy-aimdo's ModelMMAP,
-    a `torch.frombuffer` view per tensor.  Returns (mapping, {name: tensor}); keep the mapping
-    alive while the tensors are used."""
-    import torch
-    import comfy_aimdo.control
-    import comfy_aimdo.model_mmap as model_mmap
-    if model_mmap.lib is None:  # ComfyUI initialises aimdo at start-up; the CPU build loads too
-        assert comfy_aimdo.control.init(), "comfy_aimdo.control.init() failed"
-        import importlib
-        model_mmap = importlib.reload(model_mmap)
-    size = os.path.getsize(path)
-    mapping = model_mmap.ModelMMAP(str(path))
-    mv = memoryview((ctypes.c_uint8 * size).from_address(mapping.get()))
-    (n,) = struct.unpack("<Q", mv[:8])
-    header = json.loads(mv[8:8 + n].tobytes())
-    data = mv[8 + n:]
-    tensors = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        start, end = info["data_offsets"]
-        dtype = getattr(torch, _TORCH_DTYPES[info["dtype"]])
-        if start == end:
-            tensors[name] = torch.empty(info["shape"], dtype=dtype)
-            continue
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="The given buffer is not writable")
-            tensors[name] = torch.frombuffer(data[start:end], dtype=dtype).view(info["shape"])
-    return mapping, tensors
-
-
 def aimdo_mmap(mnt_path: Path, src_path: Path) -> Loaded:
     """Loader 3: ModelMMAP + torch.frombuffer, each tensor's pages touched in model order."""
-    mapping, tensors = aimdo_tensors(mnt_path)
+    mapping, tensors = gen.aimdo_tensors(mnt_path)
     try:
         for name, _, _ in gen.model_order(src_path):
             t = tensors[name]
