@@ -107,7 +107,8 @@ pub struct ModelFile {
     path: PathBuf,
     generation: u64,
     source: SourceFile,
-    /// The first `header_bytes` of the file (empty when malformed).
+    /// The first `header_bytes` of the file and up to [`HEADER_TAIL_BYTES`] after them (empty
+    /// when malformed).
     header: Vec<u8>,
     layout: Layout,
     /// How readers walk the file's blocks (well-formed files only).
