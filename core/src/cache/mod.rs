@@ -45,7 +45,7 @@ use lru::LruCache;
 use thiserror::Error;
 
 use crate::prefetch::access::FileAccess;
-use crate::source::{AlignedBytes, SourceError};
+use crate::source::{self, AlignedBytes, SourceError};
 use crate::stats::{CacheSnapshot, Counters};
 
 /// How long after a reader got a chunk it is spared from eviction while other candidates exist
@@ -290,9 +290,14 @@ impl ChunkCache {
     /// Changes the budget; shrinking evicts at once.
     pub fn set_budget(&self, budget: u64) {
         let mut state = self.lock();
+        let shrinking = budget < state.budget;
         state.budget = budget;
         self.evict_until_fits(&mut state, 0, None);
         self.room.notify_all();
+        drop(state);
+        if shrinking {
+            source::release_spare_buffers();
+        }
     }
 
     /// Drops every resident chunk.
@@ -301,6 +306,8 @@ impl ChunkCache {
         while let Some((key, chunk)) = state.resident.pop_lru() {
             self.release(&mut state, key, &chunk);
         }
+        drop(state);
+        source::release_spare_buffers();
     }
 
     /// The current budget.
