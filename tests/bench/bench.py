@@ -16,7 +16,10 @@ is the median of --reps passes unless said otherwise.  Rows:
              mapping, so another process's drop_caches cannot spoil it).  Via read()
              (1 MiB calls; goal >= 0.6) and via mmap (whole file mapped, copied out in
              1 MiB pieces, so every page is faulted in order; reported).  warm-k: re-read through the mount
-             without dropping caches (kernel page cache window + tierfs cache).
+             without dropping caches (kernel page cache window + tierfs cache).  ceiling: the
+             same read() pass on tests/faultfs's fuse-ceiling, a FUSE file system that serves
+             a file from RAM with no work per read and tierfs's FUSE settings: the most any
+             FUSE file system can reach on this kernel and machine (reported).
 3. stream  - a ~4 GiB DiT (40 bf16 blocks, names sorted like real writers so blocks.10
              precedes blocks.2 in the file) read block by block in *model order* ((other)
              first, then blocks.0, 1, 2, ...) by tests/bench/reader.py: each tensor's range
@@ -90,6 +93,7 @@ import gen  # noqa: E402
 MiB, GiB = 1 << 20, 1 << 30
 TIERFS = Path(os.environ.get("TIERFS_BIN", REPO / "target" / "release" / "tierfs"))
 BIN = TIERFS  # what mounts run: a private copy of TIERFS taken at the start (see main)
+CEILING = REPO / "target" / "release" / "fuse-ceiling"  # row 2's yardstick (tests/faultfs)
 READER = HERE / "reader.py"
 CGROUP_MEM = Path("/sys/fs/cgroup/memory")
 CG_PREFIX = "tierfs-bench-"
@@ -362,6 +366,37 @@ class Mount:
                 _MOUNTS.remove(self)
 
 
+class CeilingMount:
+    """tests/faultfs's `fuse-ceiling`: one file, `data`, of `size` bytes served from RAM with no
+    work per read and tierfs's FUSE settings: the fastest any FUSE file system reads here."""
+
+    def __init__(self, root: Path, size: int):
+        self.mnt = Path(tempfile.mkdtemp(prefix="ceiling.", dir=root))
+        self.file = self.mnt / "data"
+        self.proc = subprocess.Popen([str(CEILING), str(self.mnt), str(size)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _MOUNTS.append(self)
+        deadline = time.monotonic() + 60  # it fills `size` bytes first
+        while not self.file.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(f"fuse-ceiling not ready (exit status {self.proc.poll()})")
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        try:
+            if mounted(self.mnt):
+                subprocess.run(["umount", "-l", str(self.mnt)], capture_output=True)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        finally:
+            if self in _MOUNTS:
+                _MOUNTS.remove(self)
+
+
 _EXTRA: list[str] | None = None
 
 
@@ -556,6 +591,18 @@ class Bench:
             self.hwms.append(m.hwm())
         finally:
             m.close()
+        if CEILING.exists():
+            c = CeilingMount(self.root, size)
+            try:
+                read_pass(c.file, MiB)
+                for _ in range(a.reps):
+                    t, n = read_pass(c.file, MiB)
+                    assert n == size
+                    self.rec("warm FUSE ceiling read 1MiB", size / t / 1e6)
+            finally:
+                c.close()
+        else:
+            self.details.append(f"- row 2: no FUSE ceiling row ({CEILING} not built)")
         disk = s1["disk"]["read_bytes"] - s0["disk"]["read_bytes"]
         self.details.append(
             f"- row 2: warm mount passes (read + mmap) read {disk / MiB:.1f} MiB from disk "
@@ -569,6 +616,15 @@ class Bench:
             v = self.med(key)
             self.row(label, v, base, v / base, f"≥ {goal}" if goal else "report",
                      None if goal is None else v / base >= goal)
+        if "warm FUSE ceiling read 1MiB" in self.passes:
+            ceiling, tierfs = self.med("warm FUSE ceiling read 1MiB"), self.med("warm mount (tierfs cache) read 1MiB")
+            self.row("2. … ceiling: FUSE serving RAM with no work per read, read() (MB/s)", ceiling, src,
+                     ceiling / src, "report", None)
+            self.details.append(
+                f"- row 2: tierfs's warm read() is {tierfs / ceiling:.2f} of the FUSE ceiling "
+                f"(tests/faultfs fuse-ceiling: one file served from an anonymous mapping with no work per "
+                f"read, FOPEN_DIRECT_IO, 8 threads, cloned fds); {ceiling / src:.2f} of the page cache is "
+                f"the most any FUSE file system gets here")
 
     # -- shared by rows 3 and 4
     def plan(self, ckpt: Path, name: str, compute_per_byte: float) -> tuple[Path, list]:

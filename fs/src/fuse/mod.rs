@@ -368,12 +368,15 @@ impl TierFs {
         flags
     }
 
+    /// Serves a read of a model file. `into_page_cache` says whether the kernel will keep the
+    /// bytes in the mounted file's page cache, which the window then has to account for (see
+    /// `read`).
     fn read_model(
         &self,
         ino: u64,
         model: &Arc<ModelFile>,
-        offset: u64,
-        size: u32,
+        (offset, size): (u64, u32),
+        into_page_cache: bool,
         reply: ReplyData,
     ) {
         let started = std::time::Instant::now();
@@ -385,6 +388,9 @@ impl TierFs {
         match result {
             Ok(bytes) => {
                 reply.data(&bytes);
+                if !into_page_cache {
+                    return;
+                }
                 for range in self.window.record(ino, offset, bytes.len() as u64) {
                     // The notifier thread only stops when the mount does.
                     let _ = self.invalidations.send(range);
@@ -508,15 +514,24 @@ impl Filesystem for TierFs {
         offset: u64,
         size: u32,
         _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
+        lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
         let handle = match self.handle(fh) {
             Ok(handle) => handle,
             Err(e) => return reply.error(e),
         };
+        // Which reads fill the mounted file's page cache: with `FOPEN_DIRECT_IO`, a `read()`
+        // goes straight into the reader's buffer, and only `mmap` faults (kernel readahead)
+        // land in the page cache. The kernel tells them apart for us: direct reads carry the
+        // reader's lock owner (`fuse_direct_io` passes `current->files`), readahead requests
+        // never do. Recording direct reads in the window would only cost a needless page-cache
+        // invalidation per range: 15 % of warm `read()` throughput when measured.
+        let into_page_cache = !(self.direct_io_mmap && lock_owner.is_some());
         match handle.as_ref() {
-            Handle::Model(model) => self.read_model(ino.0, model, offset, size, reply),
+            Handle::Model(model) => {
+                self.read_model(ino.0, model, (offset, size), into_page_cache, reply)
+            }
             Handle::Plain(file) => match pread_full(file, offset, size) {
                 Ok(bytes) => reply.data(&bytes),
                 Err(e) => reply.error(errno(e)),
