@@ -33,8 +33,10 @@ is the median of --reps passes unless said otherwise.  Rows:
              tierfs's own prefetch/stall counters after the pass are reported.  The goal
              also counts the cost of getting bytes from RAM at all, so the row adds a floor:
              the same pass served wholly from RAM (tierfs cache larger than the file, after
-             a priming read and drop_caches / the source pinned in the page cache), and the
-             stall above that floor ("derived"), which is what prefetch can hide.
+             a priming read and drop_caches / the source pinned in the page cache), the same
+             pass on fuse-ceiling (see row 2: what the pass costs on a FUSE file system that
+             does no work at all), and the stall above the tierfs floor ("derived"), which
+             is what prefetch can hide.
 4. repeat  - the same reader, no compute (pure I/O: the row isolates what eviction keeps),
              --passes passes over the 4 GiB model with a 2 GiB budget, caches dropped
              before pass 1 only.  Baseline: the source file read directly by a reader in a
@@ -699,6 +701,13 @@ class Bench:
                 record("mount warm", r, {"disk": s1["disk"]["read_bytes"] - s0["disk"]["read_bytes"]})
             finally:
                 m.close()
+            if CEILING.exists():  # the same pass from a FUSE file system that does no work at all
+                c = CeilingMount(self.root, size)
+                try:
+                    res.setdefault("FUSE ceiling", [])
+                    record("FUSE ceiling", run_reader(plan, c.file))
+                finally:
+                    c.close()
         medpct = {k: statistics.median(x["pct"] for x in v) for k, v in res.items()}
         mi = sorted(range(a.reps), key=lambda i: res["mount"][i]["pct"])[a.reps // 2]  # the median rep
         ms = res["mount"][mi]
@@ -709,6 +718,10 @@ class Bench:
                  medpct["mount warm"], medpct["source warm"],
                  medpct["mount warm"] / medpct["source warm"] if medpct["source warm"] else float("nan"),
                  "report", None, fmt="{:.1f} %")
+        if "FUSE ceiling" in medpct:
+            self.row("3. … FUSE ceiling: same pass from a FUSE file system with no work per read",
+                     medpct["FUSE ceiling"], medpct["source warm"], medpct["FUSE ceiling"] / medpct["source warm"],
+                     "report", None, fmt="{:.1f} %")
         above = ms["pct"] - medpct["mount warm"]
         self.row("3. … stall above the RAM floor (cold − floor, percentage points)", above,
                  medpct["source"] - medpct["source warm"],
