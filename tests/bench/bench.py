@@ -297,6 +297,15 @@ class Cgroup:
             _CGROUPS.remove(self)
 
 
+def wait_or_kill(proc: subprocess.Popen, timeout: float = 20) -> None:
+    """Waits for a daemon told to stop; kills it if it does not within `timeout` seconds."""
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 class Mount:
     """A running `tierfs mount` of `source` (foreground daemon), optionally inside a memory cgroup."""
 
@@ -354,11 +363,7 @@ class Mount:
         try:
             if self.proc.poll() is None:
                 self.proc.send_signal(signal.SIGTERM)
-                try:
-                    self.proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait()
+                wait_or_kill(self.proc)
         finally:
             if mounted(self.mnt):
                 subprocess.run(["umount", "-l", str(self.mnt)], capture_output=True)
@@ -389,11 +394,7 @@ class CeilingMount:
         try:
             if mounted(self.mnt):
                 subprocess.run(["umount", "-l", str(self.mnt)], capture_output=True)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            wait_or_kill(self.proc)
         finally:
             if self in _MOUNTS:
                 _MOUNTS.remove(self)
