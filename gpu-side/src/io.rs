@@ -24,12 +24,10 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-
-use crate::plan::IO_ALIGN;
 
 /// Page-cache residency from which a load reads buffered instead of `O_DIRECT`: above half, most
 /// of the bytes come from RAM at memory speed, and the rest costs what it would cost anyway.
@@ -110,7 +108,7 @@ impl SourceReader {
 
     /// Reads into `buf` from `offset` until it is full or the file ends; returns the bytes read.
     /// With [`ReadMode::Direct`], `offset`, `buf.len()` and `buf`'s address must be multiples of
-    /// [`IO_ALIGN`] (staging buffers and chunks are).
+    /// [`IO_ALIGN`](crate::plan::IO_ALIGN) (staging buffers and chunks are).
     pub fn read_into(
         &self,
         buf: &mut [u8],
@@ -146,30 +144,15 @@ impl SourceReader {
         Ok(got)
     }
 
-    /// `O_DIRECT` reads until `buf` is full, the file ends (a short read), or the kernel refuses
-    /// (`EINVAL`: direct I/O is then switched off and the caller completes the read buffered).
+    /// `O_DIRECT` reads until `buf` is full, the file ends, or the kernel refuses (direct I/O is
+    /// then switched off and the caller completes the read buffered); see
+    /// [`tierfs_core::source::read_direct`].
     fn fill_direct(&self, buf: &mut [u8], offset: u64) -> Result<usize, ReadError> {
         let Some(direct) = &self.direct else {
             return Ok(0);
         };
-        let mut filled = 0;
-        while filled < buf.len() {
-            match direct.read_at(&mut buf[filled..], offset + filled as u64) {
-                Ok(0) => break,
-                Ok(n) => filled += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                    tracing::info!(path = %self.path.display(), "O_DIRECT refused; reading through the page cache");
-                    self.direct_works.store(false, Ordering::Relaxed);
-                    return Ok(filled - filled % IO_ALIGN as usize);
-                }
-                Err(source) => return Err(self.read_error(offset + filled as u64, source)),
-            }
-            if filled % IO_ALIGN as usize != 0 {
-                break; // end of file
-            }
-        }
-        Ok(filled)
+        tierfs_core::source::read_direct(direct, &self.direct_works, &self.path, buf, offset)
+            .map_err(|(filled, source)| self.read_error(offset + filled as u64, source))
     }
 
     fn fill_buffered(&self, buf: &mut [u8], offset: u64) -> Result<usize, ReadError> {
@@ -276,6 +259,7 @@ mod tests {
     use super::*;
     use crate::testutil::{pseudo_random, temp_file};
     use memmap2::MmapMut;
+    use std::os::unix::fs::FileExt;
 
     fn aligned(len: usize) -> MmapMut {
         MmapMut::map_anon(len).unwrap()

@@ -301,31 +301,13 @@ impl SourceFile {
         self.fill_buffered(buf, offset)
     }
 
-    /// `O_DIRECT` reads into `buf` (aligned, starting at aligned `offset`) until it is full, the
-    /// file ends, or the kernel refuses, in which case direct I/O is switched off for this file
-    /// and the caller completes the read buffered. Returns the bytes filled.
+    /// [`read_direct`] on this file's `O_DIRECT` descriptor (nothing when it has none).
     fn fill_direct(&self, buf: &mut [u8], offset: u64) -> Result<usize, SourceError> {
         let Some(direct) = &self.direct else {
             return Ok(0);
         };
-        let mut filled = 0;
-        while filled < buf.len() {
-            match direct.read_at(&mut buf[filled..], offset + filled as u64) {
-                Ok(0) => break,
-                Ok(n) => filled += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                    tracing::info!(path = %self.path.display(), "O_DIRECT refused, using buffered reads with fadvise");
-                    self.direct_works.store(false, Ordering::Relaxed);
-                    return Ok(filled - filled % DIRECT_IO_ALIGN as usize);
-                }
-                Err(source) => return Err(self.read_error(offset + filled as u64, source)),
-            }
-            if filled % DIRECT_IO_ALIGN as usize != 0 {
-                break; // a short read: end of file, or the buffered path finishes it.
-            }
-        }
-        Ok(filled)
+        read_direct(direct.as_ref(), &self.direct_works, &self.path, buf, offset)
+            .map_err(|(filled, source)| self.read_error(offset + filled as u64, source))
     }
 
     fn fill_buffered(&self, buf: &mut [u8], offset: u64) -> Result<usize, SourceError> {
@@ -347,6 +329,39 @@ impl SourceFile {
             source,
         }
     }
+}
+
+/// `O_DIRECT` reads from `direct` into `buf` (aligned, starting at aligned `offset`) until it is
+/// full, the file ends (a short read), or the kernel refuses with `EINVAL` (tmpfs, some network
+/// and FUSE filesystems): `direct_works` is then switched off for the file and the caller
+/// completes the read buffered from the aligned point returned. Interrupted calls are retried.
+/// Returns the bytes filled, or the bytes filled before an error and the error. Shared with the
+/// GPU helper, which reads into its own staging buffers.
+pub fn read_direct(
+    direct: &dyn ReadAt,
+    direct_works: &AtomicBool,
+    path: &Path,
+    buf: &mut [u8],
+    offset: u64,
+) -> Result<usize, (usize, io::Error)> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match direct.read_at(&mut buf[filled..], offset + filled as u64) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                tracing::info!(path = %path.display(), "O_DIRECT refused; reading through the page cache");
+                direct_works.store(false, Ordering::Relaxed);
+                return Ok(filled - filled % DIRECT_IO_ALIGN as usize);
+            }
+            Err(e) => return Err((filled, e)),
+        }
+        if filled % DIRECT_IO_ALIGN as usize != 0 {
+            break; // a short read: end of file, or the buffered path finishes it.
+        }
+    }
+    Ok(filled)
 }
 
 /// `pread` into `buf` until it is full or the file ends, retrying interrupted calls. Returns the
