@@ -12,8 +12,8 @@
 //! The window is [`window_for_budget`]: a tenth of the budget, at least 8 MiB (a few readahead
 //! windows) and at most 64 MiB.
 //!
-//! **Fresh ranges are spared.** A range served in the last [`FRESH`] is not invalidated while
-//! the recorded total stays under the window plus [`FRESH_HEADROOM`]. Pages the kernel has just
+//! **Fresh ranges are spared.** A range served in the last `FRESH` is not invalidated while
+//! the recorded total stays under the window plus `FRESH_HEADROOM`. Pages the kernel has just
 //! read for an `mmap` fault may not be mapped yet; dropping them makes the reader fault again,
 //! and with many readers each faulting in a readahead window larger than the window's share,
 //! that turns into a livelock: the stress test's 16 `mmap` readers with a 64 MiB budget saw no

@@ -18,7 +18,7 @@
 //!   waits for that one read instead of issuing its own, so a chunk is read from disk once no
 //!   matter how many readers (or the prefetcher) want it.
 //! - **Reads in flight are bounded by the budget**: they may reserve at most half of it
-//!   ([`READ_IN_FLIGHT_SHARE`]), prefetches at most a quarter ([`PREFETCH_IN_FLIGHT_SHARE`]).
+//!   (`READ_IN_FLIGHT_SHARE`), prefetches at most a quarter (`PREFETCH_IN_FLIGHT_SHARE`).
 //!   Past that, a reader's miss waits for a read in flight to finish, and a prefetch is skipped.
 //!   Without the bound, many readers missing at once on a small budget (the stress test: 32
 //!   readers, 8 request threads and 4 prefetch workers on 64 MiB, resized down to 32 MiB)

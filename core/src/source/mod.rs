@@ -18,7 +18,7 @@
 //! zeroes every page first (a profile of a cold streaming pass showed the prefetch workers
 //! spending a fifth of the machine's CPU in `do_anonymous_page`, taken from the reader), and
 //! dropping it unmaps them again. The cache evicts a chunk just before it loads the next one, so
-//! the mappings of the last few dropped buffers are kept ([`SPARE_BUFFERS`]) and a read of the
+//! the mappings of the last few dropped buffers are kept (`SPARE_BUFFERS`) and a read of the
 //! same size reuses one, already faulted in. Every byte a reused buffer exposes is overwritten by
 //! the read first (a short read is an error, not a partly stale buffer).
 

@@ -1,7 +1,7 @@
 //! The FUSE adapter: kernel requests in, `tierfs_core` calls out.
 //!
 //! This layer only translates. Paths come from [`inodes`], what a source entry looks like from
-//! [`present`], and bytes of model files from [`ModelStore`]; everything else here is glue:
+//! [`present()`], and bytes of model files from [`ModelStore`]; everything else here is glue:
 //! - **Model files** (`.safetensors`, `.sft`, well-formed) are opened in page-cache mode and
 //!   served from the chunk cache. Every served range is recorded in a [`KernelCacheWindow`]; the
 //!   ranges that fall out of it are invalidated by a notifier thread (never from a request
