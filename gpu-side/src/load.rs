@@ -288,23 +288,8 @@ pub fn load_host(
             have: dst.len() as u64,
         });
     }
-    let reporter = reporter(source, plan, options, "cpu".into());
-    let mode = read_mode(options.read_mode, reporter.resident);
-    let mut pool = host_pool(options, plan)?;
-    let stats = pipeline::run(
-        plan,
-        &source.reader,
-        &mut pool,
-        &mut HostSink::new(dst),
-        config(options, mode),
-    )?;
-    Ok(reporter.finish(
-        Route::Bounce,
-        stats.seconds,
-        Some(mode),
-        stats.direct_io,
-        None,
-    ))
+    let sink = &mut HostSink::new(dst);
+    run_on_host(source, plan, options, "cpu", sink, Route::Bounce)
 }
 
 /// Reads the plan and throws the bytes away: how fast the file can be read.
@@ -313,23 +298,24 @@ pub fn measure_disk(
     plan: &LoadPlan,
     options: LoadOptions,
 ) -> Result<LoadReport, LoadError> {
-    let reporter = reporter(source, plan, options, "none".into());
+    let sink = &mut NullSink::default();
+    run_on_host(source, plan, options, "none", sink, Route::Disk)
+}
+
+/// One pipeline run through host staging buffers into `sink`, reported as `route`.
+fn run_on_host(
+    source: &Source,
+    plan: &LoadPlan,
+    options: LoadOptions,
+    destination: &str,
+    sink: &mut dyn Sink,
+    route: Route,
+) -> Result<LoadReport, LoadError> {
+    let reporter = reporter(source, plan, options, destination.into());
     let mode = read_mode(options.read_mode, reporter.resident);
     let mut pool = host_pool(options, plan)?;
-    let stats = pipeline::run(
-        plan,
-        &source.reader,
-        &mut pool,
-        &mut NullSink::default(),
-        config(options, mode),
-    )?;
-    Ok(reporter.finish(
-        Route::Disk,
-        stats.seconds,
-        Some(mode),
-        stats.direct_io,
-        None,
-    ))
+    let stats = pipeline::run(plan, &source.reader, &mut pool, sink, config(options, mode))?;
+    Ok(reporter.finish(route, stats.seconds, Some(mode), stats.direct_io, None))
 }
 
 fn reporter<'a>(
