@@ -112,17 +112,6 @@ def load_aimdo(path: Path) -> int:
     return n
 
 
-def _read_chunk(fd: int, dest: memoryview, off: int) -> int:
-    done = 0
-    while done < len(dest):
-        k = os.preadv(fd, [dest[done:]], off + done)
-        if k <= 0:
-            raise OSError(f"short read at {off + done}")
-        os.posix_fadvise(fd, off + done, k, os.POSIX_FADV_DONTNEED)
-        done += k
-    return done
-
-
 def load_reread(path: Path) -> int:
     order = gen.model_order(path)
     stage = memoryview(bytearray(max(e - s for _, s, e in order)))
@@ -131,7 +120,7 @@ def load_reread(path: Path) -> int:
     try:
         with ThreadPoolExecutor(THREADS) as pool:
             for _, start, end in order:
-                n += sum(pool.map(lambda o: _read_chunk(fd, stage[o:min(o + CHUNK, end - start)], start + o),
+                n += sum(pool.map(lambda o: gen.aimdo_read_chunk(fd, stage[o:min(o + CHUNK, end - start)], start + o),
                                   range(0, end - start, CHUNK)))
     finally:
         os.close(fd)

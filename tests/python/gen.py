@@ -355,3 +355,17 @@ def aimdo_tensors(path: Path):
             warnings.filterwarnings("ignore", message="The given buffer is not writable")
             tensors[name] = torch.frombuffer(data[start:end], dtype=dtype).view(info["shape"])
     return mapping, tensors
+
+
+def aimdo_read_chunk(fd: int, dest: memoryview, off: int) -> int:
+    """One chunk of comfy-aimdo's xfer-file reader (ComfyUI's dynamic-VRAM re-read): pread until
+    `dest` is full, then drop the range from the page cache (`mark_cold`: POSIX_FADV_DONTNEED).
+    Returns the bytes read."""
+    done = 0
+    while done < len(dest):
+        n = os.preadv(fd, [dest[done:]], off + done)
+        if n <= 0:
+            raise OSError(f"short read at {off + done}")
+        os.posix_fadvise(fd, off + done, n, os.POSIX_FADV_DONTNEED)
+        done += n
+    return done

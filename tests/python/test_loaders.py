@@ -258,18 +258,6 @@ def aimdo_mmap(mnt_path: Path, src_path: Path) -> Loaded:
         del mapping
 
 
-def _read_chunk(fd: int, dest: memoryview, off: int) -> None:
-    """One chunk of comfy-aimdo's xfer-file reader: pread until full, then drop it from the page
-    cache (`mark_cold`: POSIX_FADV_DONTNEED on the range just read)."""
-    done = 0
-    while done < len(dest):
-        n = os.preadv(fd, [dest[done:]], off + done)
-        if n <= 0:
-            raise OSError(f"short read at {off + done}")
-        os.posix_fadvise(fd, off + done, n, os.POSIX_FADV_DONTNEED)
-        done += n
-
-
 def dynamic_vram_reread(passes: int) -> Callable[[Path, Path], Loaded]:
     """Loader 4: per tensor, in model order, 2 MiB chunks read by 8 threads (all chunks of a
     tensor before the next tensor), `passes` times over the file."""
@@ -282,7 +270,7 @@ def dynamic_vram_reread(passes: int) -> Callable[[Path, Path], Loaded]:
                     for name, start, end in order:
                         buf = bytearray(end - start)
                         mv = memoryview(buf)
-                        list(pool.map(lambda o: _read_chunk(fd, mv[o:o + CHUNK], start + o),
+                        list(pool.map(lambda o: gen.aimdo_read_chunk(fd, mv[o:o + CHUNK], start + o),
                                       range(0, end - start, CHUNK)))
                         dtype, shape = SOURCE_META[src_path][name]
                         yield name, dtype, shape, np.frombuffer(buf, dtype=np.uint8)
