@@ -494,7 +494,7 @@ unsafe impl Sync for CufileHandle {}
 impl CufileHandle {
     /// Opens `path` with `O_DIRECT` and registers it (the driver must be open).
     pub fn register(lib: &'static CufileLib, path: &Path) -> Result<CufileHandle, GdsError> {
-        let file = crate::io::open_direct(path).map_err(|source| GdsError::Open {
+        let file = tierfs_core::source::open_direct(path).map_err(|source| GdsError::Open {
             path: path.to_owned(),
             source,
         })?;

@@ -22,12 +22,13 @@
 //! kernels fall back to `mincore(2)` on a read-only mapping of the range, which does not fault
 //! pages in either.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+
+use tierfs_core::source::{self, SourceIdentity};
 
 /// Page-cache residency from which a load reads buffered instead of `O_DIRECT`: above half, most
 /// of the bytes come from RAM at memory speed, and the rest costs what it would cost anyway.
@@ -80,10 +81,7 @@ impl SourceReader {
         };
         let buffered = File::open(path).map_err(open_err)?;
         let meta = buffered.metadata().map_err(open_err)?;
-        let direct = open_direct(path).ok().filter(|d| {
-            d.metadata()
-                .is_ok_and(|m| m.dev() == meta.dev() && m.ino() == meta.ino())
-        });
+        let direct = source::open_direct_twin(path, &SourceIdentity::of(&meta));
         Ok(SourceReader {
             path: path.to_owned(),
             direct_works: AtomicBool::new(direct.is_some()),
@@ -151,12 +149,12 @@ impl SourceReader {
         let Some(direct) = &self.direct else {
             return Ok(0);
         };
-        tierfs_core::source::read_direct(direct, &self.direct_works, &self.path, buf, offset)
+        source::read_direct(direct, &self.direct_works, &self.path, buf, offset)
             .map_err(|(filled, source)| self.read_error(offset + filled as u64, source))
     }
 
     fn fill_buffered(&self, buf: &mut [u8], offset: u64) -> Result<usize, ReadError> {
-        tierfs_core::source::read_full_at(&self.buffered, buf, offset)
+        source::read_full_at(&self.buffered, buf, offset)
             .map_err(|(filled, source)| self.read_error(offset + filled as u64, source))
     }
 
@@ -167,14 +165,6 @@ impl SourceReader {
             source,
         }
     }
-}
-
-/// Opens `path` with `O_DIRECT` (what cuFile requires of the descriptors it registers).
-pub fn open_direct(path: &Path) -> io::Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(path)
 }
 
 /// Fraction of `[start, end)` of `file` in the page cache, or `None` if the kernel cannot say.

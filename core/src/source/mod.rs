@@ -229,12 +229,7 @@ impl SourceFile {
         // Random access advice: the cache reads whole chunks itself, kernel readahead on top of
         // that would only put more pages in the page cache. Advice failing is harmless.
         fadvise(&buffered, 0, 0, libc::POSIX_FADV_RANDOM);
-        let direct = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(path)
-            .ok()
-            .filter(|direct| same_inode(direct, &identity));
+        let direct = open_direct_twin(path, &identity);
         let reader = |file: File| -> Arc<dyn ReadAt> {
             match wrap {
                 Some(wrap) => wrap(file),
@@ -383,10 +378,22 @@ pub fn read_full_at(
     Ok(filled)
 }
 
-fn same_inode(file: &File, identity: &SourceIdentity) -> bool {
-    file.metadata()
-        .map(|m| m.dev() == identity.dev && m.ino() == identity.ino)
-        .unwrap_or(false)
+/// Opens `path` with `O_DIRECT` (also what cuFile requires of the descriptors it registers).
+pub fn open_direct(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+}
+
+/// The `O_DIRECT` twin of the file `identity` was taken from: `None` where the filesystem
+/// refuses `O_DIRECT`, or where `path` now names another file (replaced between the two opens).
+pub fn open_direct_twin(path: &Path, identity: &SourceIdentity) -> Option<File> {
+    open_direct(path).ok().filter(|direct| {
+        direct
+            .metadata()
+            .is_ok_and(|m| m.dev() == identity.dev && m.ino() == identity.ino)
+    })
 }
 
 fn fadvise(file: &File, offset: u64, len: u64, advice: libc::c_int) {
