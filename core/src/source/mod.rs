@@ -15,8 +15,8 @@
 //! (give or take the few spare mappings below, which `drop` and budget shrinks release).
 //!
 //! A fresh mapping costs more than the read into it, though: the `O_DIRECT` read faults in and
-//! zeroes every page first (a profile of a cold streaming pass showed the prefetch workers
-//! spending a fifth of the machine's CPU in `do_anonymous_page`, taken from the reader), and
+//! zeroes every page first (a profile of a cold streaming pass showed the prefetch workers'
+//! reads taking 22 % of the machine's CPU, 16 % in `do_anonymous_page`, taken from the reader), and
 //! dropping it unmaps them again. The cache evicts a chunk just before it loads the next one, so
 //! the mappings of the last few dropped buffers are kept (`SPARE_BUFFERS`) and a read of the
 //! same size reuses one, already faulted in. Every byte a reused buffer exposes is overwritten by
@@ -83,8 +83,9 @@ impl SourceIdentity {
 }
 
 /// Mappings of dropped buffers kept for reuse: four is one per prefetch worker, and the cache
-/// frees a chunk right before each load, so a streaming reader finds one almost every time.
-/// They are at most 16 MiB of 4 MiB chunks outside the cache budget.
+/// frees a chunk right before each load (in a cold streaming pass, once the budget was full,
+/// about 6 in 10 chunk reads reused one). They are at most 16 MiB of 4 MiB chunks outside the
+/// cache budget.
 const SPARE_BUFFERS: usize = 4;
 
 /// Buffers smaller than this are not kept: cheap to map, and they would crowd out chunk-sized

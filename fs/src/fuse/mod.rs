@@ -526,7 +526,7 @@ impl Filesystem for TierFs {
         // land in the page cache. The kernel tells them apart for us: direct reads carry the
         // reader's lock owner (`fuse_direct_io` passes `current->files`), readahead requests
         // never do. Recording direct reads in the window would only cost a needless page-cache
-        // invalidation per range: 15 % of warm `read()` throughput when measured.
+        // invalidation per range: about 15 % of warm `read()` throughput when measured.
         let into_page_cache = !(self.direct_io_mmap && lock_owner.is_some());
         match handle.as_ref() {
             Handle::Model(model) => {
