@@ -25,14 +25,7 @@ export TIERFS_TEST_ROOT
 export TIERFS_BIN="${TIERFS_BIN:-$REPO/target/release/tierfs}"
 export FAULTFS_BIN="${FAULTFS_BIN:-$REPO/target/release/faultfs}"
 
-cleanup() {
-    # Kill processes started for the tests (those whose command line names the
-    # test root), then lazily unmount anything still mounted under it.
-    local pid
-    for pid in $(grep -lsa -- "$TIERFS_TEST_ROOT" /proc/[0-9]*/cmdline 2>/dev/null | cut -d/ -f3); do
-        [ "$pid" != "$$" ] && kill -TERM "$pid" 2>/dev/null || true
-    done
-    sleep 1
+abort_test_mounts() {
     # A wedged FUSE connection (requests nobody will answer) keeps its readers in
     # uninterruptible sleep forever: abort the connections of the test mounts first
     # (their fusectl entry is named after the mount's minor device number).
@@ -44,6 +37,19 @@ cleanup() {
         while read -r dev; do
             echo 1 > "/sys/fs/fuse/connections/${dev#*:}/abort" 2>/dev/null || true
         done
+}
+
+cleanup() {
+    # Kill processes started for the tests (those whose command line names the
+    # test root), then lazily unmount anything still mounted under it.
+    local pid
+    # The watchdog and its sleep must not outlive the run (they hold the output pipe open).
+    if [ -n "${WATCHDOG_PID:-}" ]; then pkill -P "$WATCHDOG_PID" 2>/dev/null; kill "$WATCHDOG_PID" 2>/dev/null; fi || true
+    for pid in $(grep -lsa -- "$TIERFS_TEST_ROOT" /proc/[0-9]*/cmdline 2>/dev/null | cut -d/ -f3); do
+        [ "$pid" != "$$" ] && kill -TERM "$pid" 2>/dev/null || true
+    done
+    sleep 1
+    abort_test_mounts
     awk -v r="$TIERFS_TEST_ROOT" 'index($2, r) == 1 {print $2}' /proc/mounts | sort -r |
         while read -r mp; do umount -l "$(printf '%b' "$mp")" 2>/dev/null || true; done
     for pid in $(grep -lsa -- "$TIERFS_TEST_ROOT" /proc/[0-9]*/cmdline 2>/dev/null | cut -d/ -f3); do
@@ -55,5 +61,13 @@ trap cleanup EXIT
 
 echo "== pytest tests/python (root: $TIERFS_TEST_ROOT)"
 # Hard cap so a hung FUSE request cannot eat the whole CI budget.
-timeout --kill-after=30 "${TIERFS_PYTEST_TIMEOUT:-3000}" \
-    "$PY" -m pytest tests/python -v -rfEs -p no:cacheprovider "$@"
+# `timeout` cannot reap a pytest stuck in uninterruptible sleep on a FUSE request whose
+# daemon is wedged; this watchdog aborts the test mounts' FUSE connections shortly after
+# the cap, which fails those requests (ENOTCONN) so everything can exit.
+PYTEST_CAP=${TIERFS_PYTEST_TIMEOUT:-3000}
+( sleep $((PYTEST_CAP + 60)); echo "== watchdog: aborting test mounts" >&2; abort_test_mounts ) &
+WATCHDOG_PID=$!
+# --timeout: no single test may run longer than this (pytest-timeout), whatever it waits on.
+timeout --kill-after=30 "$PYTEST_CAP" \
+    "$PY" -m pytest tests/python -v -rfEs -p no:cacheprovider --durations=25 \
+    --timeout="${TIERFS_TEST_TIMEOUT:-900}" "$@"
