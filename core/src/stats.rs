@@ -94,6 +94,9 @@ pub struct KernelCacheSnapshot {
 #[derive(Debug, Clone, Serialize)]
 pub struct FileSnapshot {
     pub path: String,
+    /// How the file is served: `passthrough` (the kernel reads the source directly, see
+    /// `passthrough` section), `cache` (the chunk cache) or `uncached` (malformed).
+    pub mode: &'static str,
     pub size: u64,
     pub tensors: usize,
     pub blocks: usize,

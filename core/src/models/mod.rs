@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
@@ -32,6 +32,7 @@ use thiserror::Error;
 use crate::cache::plan::ChunkPlan;
 use crate::cache::{CacheError, Chunk, ChunkCache, ChunkKey, ChunkOwner, Outcome, Want};
 use crate::index::{IndexError, TensorIndex};
+use crate::passthrough::{PassthroughSnapshot, PassthroughTier};
 use crate::prefetch::access::FileCounters;
 use crate::prefetch::access::{FileAccess, Step};
 use crate::prefetch::saved::SavedOrders;
@@ -115,6 +116,26 @@ pub struct ModelFile {
     access: Option<Arc<FileAccess>>,
     /// Key of the file's learned order in [`SavedOrders`].
     order_key: String,
+    /// How the last open of this version is served ([`ServeMode`]).
+    mode: AtomicU8,
+}
+
+/// How an open model file is served, as the stats show it (`files[].mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServeMode {
+    /// Through the chunk cache (reads reach the daemon).
+    Cache = 0,
+    /// Handed to the kernel with FUSE passthrough ([`crate::passthrough`]).
+    Passthrough = 1,
+}
+
+impl ServeMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            ServeMode::Cache => "cache",
+            ServeMode::Passthrough => "passthrough",
+        }
+    }
 }
 
 impl ModelFile {
@@ -157,7 +178,16 @@ impl ModelFile {
             layout,
             access,
             order_key,
+            mode: AtomicU8::new(ServeMode::Cache as u8),
         })
+    }
+
+    /// How the last open of this version was served.
+    pub fn mode(&self) -> ServeMode {
+        match self.mode.load(Ordering::Relaxed) {
+            1 => ServeMode::Passthrough,
+            _ => ServeMode::Cache,
+        }
     }
 
     /// The file's access state (learned order, reader position), for a well-formed file.
@@ -248,8 +278,13 @@ impl ModelFile {
             Layout::Indexed { index, .. } => (index.tensors.len(), index.blocks.len(), None),
             Layout::Malformed { reason } => (0, 0, Some(reason.clone())),
         };
+        let mode = match &self.layout {
+            Layout::Malformed { .. } => "uncached",
+            Layout::Indexed { .. } => self.mode().name(),
+        };
         FileSnapshot {
             path: self.path.to_string_lossy().into_owned(),
+            mode,
             size: self.size(),
             tensors,
             blocks,
@@ -300,6 +335,10 @@ fn read_header(source: &SourceFile) -> Result<(Vec<u8>, TensorIndex), HeaderErro
 /// Every model file version of a mount, with the cache and prefetcher that serve them.
 pub struct ModelStore {
     cache: Arc<ChunkCache>,
+    /// The mount's budget, shared by the chunk cache and the passthrough tier: the cache gets
+    /// what the tier does not hold ([`Self::rebalance`]).
+    budget: AtomicU64,
+    passthrough: PassthroughTier,
     prefetcher: Prefetcher,
     files: Mutex<HashMap<PathBuf, Arc<ModelFile>>>,
     next_generation: AtomicU64,
@@ -315,6 +354,8 @@ impl ModelStore {
         ModelStore {
             prefetcher: Prefetcher::new(Arc::clone(&cache)),
             cache,
+            budget: AtomicU64::new(budget),
+            passthrough: PassthroughTier::default(),
             files: Mutex::new(HashMap::new()),
             next_generation: AtomicU64::new(1),
             saved,
@@ -337,6 +378,64 @@ impl ModelStore {
 
     pub fn cache(&self) -> &ChunkCache {
         &self.cache
+    }
+
+    /// The mount's budget (chunk cache and passthrough tier together).
+    pub fn budget(&self) -> u64 {
+        self.budget.load(Ordering::Relaxed)
+    }
+
+    /// Changes the mount's budget; the chunk cache shrinks at once if it must.
+    pub fn set_budget(&self, bytes: u64) {
+        self.budget.store(bytes, Ordering::Relaxed);
+        self.passthrough.make_room(bytes, 0);
+        self.rebalance();
+    }
+
+    /// Gives the chunk cache whatever part of the budget the passthrough tier does not hold.
+    fn rebalance(&self) {
+        let budget = self.budget();
+        self.cache
+            .set_budget(budget.saturating_sub(self.passthrough.held_bytes()));
+    }
+
+    /// Decides how a new open of `file` is served: passthrough if the caller can offer it and
+    /// the whole file fits in the budget next to the other passthrough files, else the chunk
+    /// cache. A passthrough open must be closed with [`Self::close_passthrough`].
+    pub fn choose_mode(&self, file: &ModelFile, passthrough_possible: bool) -> ServeMode {
+        let mode = if passthrough_possible
+            && !file.is_malformed()
+            && self.passthrough.admit(&file.source.path(), &file.source.identity(), self.budget())
+        {
+            ServeMode::Passthrough
+        } else {
+            // The chunk cache gets its room back from parked passthrough files.
+            self.passthrough.make_room(self.budget(), file.size());
+            ServeMode::Cache
+        };
+        file.mode.store(mode as u8, Ordering::Relaxed);
+        self.rebalance();
+        mode
+    }
+
+    /// Admits one more passthrough open of `file` whatever its size: for an inode the kernel
+    /// already serves by passthrough, which cannot take a cached open next to it.
+    pub fn force_passthrough(&self, file: &ModelFile) {
+        self.passthrough
+            .admit(&file.source.path(), &file.source.identity(), u64::MAX);
+        file.mode
+            .store(ServeMode::Passthrough as u8, Ordering::Relaxed);
+        self.rebalance();
+    }
+
+    /// A passthrough handle of `file` closed.
+    pub fn close_passthrough(&self, file: &ModelFile) {
+        self.passthrough.release(&file.source.identity());
+        self.rebalance();
+    }
+
+    pub fn passthrough_snapshot(&self) -> PassthroughSnapshot {
+        self.passthrough.snapshot()
     }
 
     pub fn counters(&self) -> &Counters {
