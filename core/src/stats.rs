@@ -26,6 +26,9 @@ pub struct Counters {
     pub uncached_bytes: AtomicU64,
     /// Bytes read from source files.
     pub disk_read_bytes: AtomicU64,
+    /// Bytes of probe reads: requests that did not continue a run, served uncached (see
+    /// `models::runs`).
+    pub probe_bytes: AtomicU64,
     /// Read requests issued to source files.
     pub disk_reads: AtomicU64,
     /// Source reads that failed (each one surfaced to a reader as EIO, or dropped if a prefetch).
@@ -73,6 +76,8 @@ pub struct DiskSnapshot {
     pub read_bytes: u64,
     pub reads: u64,
     pub errors: u64,
+    /// Part of `read_bytes` read for probes (uncached, no prefetch).
+    pub probe_bytes: u64,
 }
 
 /// `prefetch` section.

@@ -74,6 +74,7 @@ impl StatsDocument {
                 read_bytes: Counters::get(&c.disk_read_bytes),
                 reads: Counters::get(&c.disk_reads),
                 errors: Counters::get(&c.disk_errors),
+                probe_bytes: Counters::get(&c.probe_bytes),
             },
             prefetch: PrefetchSnapshot {
                 issued_bytes: Counters::get(&c.prefetch_issued_bytes),

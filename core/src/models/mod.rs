@@ -19,6 +19,8 @@
 //! before the change keep reading the version (and the descriptor) they opened, so a reader
 //! that opens a file after it changed can never be served cached bytes of the old one.
 
+mod runs;
+
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::ops::Range;
@@ -118,6 +120,8 @@ pub struct ModelFile {
     order_key: String,
     /// How the last open of this version is served ([`ServeMode`]).
     mode: AtomicU8,
+    /// Recent request runs, telling probes from streams ([`runs`]).
+    runs: runs::Runs,
 }
 
 /// How an open model file is served, as the stats show it (`files[].mode`).
@@ -179,6 +183,7 @@ impl ModelFile {
             access,
             order_key,
             mode: AtomicU8::new(ServeMode::Cache as u8),
+            runs: runs::Runs::default(),
         })
     }
 
@@ -262,6 +267,22 @@ impl ModelFile {
                 self.source.read_aligned(span.start, span.end)
             })
             .map(Some)
+    }
+
+    /// Whether the request `[offset, end)` in chunk `chunk` is a probe ([`runs`]): it does
+    /// not continue a run of [`runs::STREAM_AFTER`] bytes, and its block is neither the one
+    /// the reader is in nor the one the order says comes next (other threads of a reader
+    /// already streaming that block, or a reader following a learned order, are no probes).
+    fn is_probe(&self, chunk: usize, offset: u64, end: u64) -> bool {
+        let run_before = self.runs.record(offset, end);
+        if run_before >= runs::STREAM_AFTER {
+            return false;
+        }
+        let (Some(access), Some(span)) = (self.access(), self.plan().and_then(|p| p.get(chunk)))
+        else {
+            return false;
+        };
+        !access.is_expected(span.block)
     }
 
     /// Whether chunk `chunk` is already cached or being read.
@@ -405,7 +426,9 @@ impl ModelStore {
     pub fn choose_mode(&self, file: &ModelFile, passthrough_possible: bool) -> ServeMode {
         let mode = if passthrough_possible
             && !file.is_malformed()
-            && self.passthrough.admit(&file.source.path(), &file.source.identity(), self.budget())
+            && self
+                .passthrough
+                .admit(&file.source.path(), &file.source.identity(), self.budget())
         {
             ServeMode::Passthrough
         } else {
@@ -500,6 +523,9 @@ impl ModelStore {
             .filter(|_| in_data)
             .and_then(|plan| plan.chunk_at(offset));
         if let Some(chunk) = chunk {
+            if file.is_probe(chunk, offset, end) && !file.chunk_present(&self.cache, chunk) {
+                return self.read_probe(file, offset, end).map(ReadBytes::Owned);
+            }
             // The common case, a kernel request inside one chunk: no copy here at all.
             let (bytes, range, stop) = self.chunk_slice(file, chunk, offset, end)?;
             if stop == end {
@@ -576,6 +602,18 @@ impl ModelStore {
             (pos - span.start) as usize..(stop - span.start) as usize,
             stop,
         ))
+    }
+
+    /// Serves a probe ([`runs`]): exactly `[offset, end)`, read from the source bypassing the
+    /// page cache, with no chunk cached, no prefetch and no visit of the block recorded.
+    fn read_probe(&self, file: &ModelFile, offset: u64, end: u64) -> Result<Vec<u8>, ReadError> {
+        let bytes = file.source.read_aligned(offset, end)?;
+        let counters = self.counters();
+        Counters::add(&counters.disk_reads, 1);
+        Counters::add(&counters.disk_read_bytes, end - offset);
+        Counters::add(&counters.uncached_bytes, end - offset);
+        Counters::add(&counters.probe_bytes, end - offset);
+        Ok(bytes.as_slice().to_vec())
     }
 
     /// Serves `[pos, stop)` straight from the source, where `stop` is `end` or the start of the

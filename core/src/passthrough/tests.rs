@@ -41,7 +41,10 @@ fn admits_what_fits_and_counts_each_file_once() {
     let (a, id_a) = temp_file("a", 4 * MIB);
     let (b, id_b) = temp_file("b", 4 * MIB);
     assert!(tier.admit(&a.path, &id_a, 6 * MIB));
-    assert!(tier.admit(&a.path, &id_a, 6 * MIB), "second handle of an open file");
+    assert!(
+        tier.admit(&a.path, &id_a, 6 * MIB),
+        "second handle of an open file"
+    );
     assert_eq!(tier.held_bytes(), 4 * MIB);
     assert!(!tier.admit(&b.path, &id_b, 6 * MIB), "4 + 4 MiB > 6 MiB");
     let snap = tier.snapshot();
@@ -58,7 +61,10 @@ fn last_release_parks_the_measured_page_cache() {
     let snap = tier.snapshot();
     assert_eq!(snap.open_files, 0);
     assert_eq!(snap.parked_files, 1);
-    assert!(snap.parked_bytes > 0 && snap.parked_bytes <= 8 * MIB, "{snap:?}");
+    assert!(
+        snap.parked_bytes > 0 && snap.parked_bytes <= 8 * MIB,
+        "{snap:?}"
+    );
     assert_eq!(tier.held_bytes(), snap.parked_bytes);
 }
 
@@ -85,7 +91,10 @@ fn admission_drops_parked_files_it_needs_room_from() {
     read_all(&a.path);
     assert!(tier.admit(&a.path, &id_a, 8 * MIB));
     tier.release(&id_a);
-    assert!(tier.admit(&b.path, &id_b, 8 * MIB), "parked bytes do not block admission");
+    assert!(
+        tier.admit(&b.path, &id_b, 8 * MIB),
+        "parked bytes do not block admission"
+    );
     let snap = tier.snapshot();
     assert_eq!((snap.open_files, snap.parked_files), (1, 0));
     assert_eq!(tier.held_bytes(), 6 * MIB);
@@ -100,7 +109,10 @@ fn reopening_a_parked_file_moves_it_back() {
     tier.release(&id_a);
     assert!(tier.admit(&a.path, &id_a, 8 * MIB));
     let snap = tier.snapshot();
-    assert_eq!((snap.open_files, snap.parked_files, snap.open_bytes), (1, 0, 4 * MIB));
+    assert_eq!(
+        (snap.open_files, snap.parked_files, snap.open_bytes),
+        (1, 0, 4 * MIB)
+    );
     assert_eq!(snap.dropped_bytes, 0, "its own page cache is not dropped");
 }
 
