@@ -58,7 +58,10 @@ impl Counters {
 /// `cache` section of the stats document.
 #[derive(Debug, Clone, Serialize)]
 pub struct CacheSnapshot {
+    /// The mount's budget (`--ram-cache`), chunk cache and passthrough files together.
     pub budget_bytes: u64,
+    /// The part of it the chunk cache may use now: what passthrough files do not hold.
+    pub chunk_budget_bytes: u64,
     pub used_bytes: u64,
     pub chunks: u64,
     pub hits: u64,

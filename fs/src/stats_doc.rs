@@ -69,7 +69,7 @@ impl StatsDocument {
                 passthrough,
                 budget_bytes: store.budget(),
             },
-            cache: store.cache().snapshot(),
+            cache: store.cache_snapshot(),
             disk: DiskSnapshot {
                 read_bytes: Counters::get(&c.disk_read_bytes),
                 reads: Counters::get(&c.disk_reads),

@@ -349,6 +349,7 @@ impl ChunkCache {
         let c = &self.counters;
         CacheSnapshot {
             budget_bytes,
+            chunk_budget_bytes: budget_bytes,
             used_bytes,
             chunks,
             hits: Counters::get(&c.hits),

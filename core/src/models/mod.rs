@@ -413,6 +413,14 @@ impl ModelStore {
         self.rebalance();
     }
 
+    /// Drops every cached chunk and the page cache of every parked passthrough file (files
+    /// still open keep theirs: their readers are using it).
+    pub fn drop_cached(&self) {
+        self.cache.clear();
+        self.passthrough.make_room(self.budget(), self.budget());
+        self.rebalance();
+    }
+
     /// Gives the chunk cache whatever part of the budget the passthrough tier does not hold.
     fn rebalance(&self) {
         let budget = self.budget();
@@ -423,12 +431,21 @@ impl ModelStore {
     /// Decides how a new open of `file` is served: passthrough if the caller can offer it and
     /// the whole file fits in the budget next to the other passthrough files, else the chunk
     /// cache. A passthrough open must be closed with [`Self::close_passthrough`].
+    ///
+    /// Admission never evicts the chunk cache: the file must fit in what the cache does not use
+    /// (`room`). A scan that opens every model file to read its header (ComfyUI's discovery)
+    /// must not push out the model being served from the cache, and a file that already has
+    /// bytes in the cache (warmed by `prefetch`, or read before) keeps being served from there.
     pub fn choose_mode(&self, file: &ModelFile, passthrough_possible: bool) -> ServeMode {
+        let room = self
+            .budget()
+            .saturating_sub(self.cache.snapshot().used_bytes);
         let mode = if passthrough_possible
             && !file.is_malformed()
+            && self.cache.cached_bytes(file.generation) == 0
             && self
                 .passthrough
-                .admit(&file.source.path(), &file.source.identity(), self.budget())
+                .admit(file.source.path(), &file.source.identity(), room)
         {
             ServeMode::Passthrough
         } else {
@@ -445,7 +462,7 @@ impl ModelStore {
     /// already serves by passthrough, which cannot take a cached open next to it.
     pub fn force_passthrough(&self, file: &ModelFile) {
         self.passthrough
-            .admit(&file.source.path(), &file.source.identity(), u64::MAX);
+            .admit(file.source.path(), &file.source.identity(), u64::MAX);
         file.mode
             .store(ServeMode::Passthrough as u8, Ordering::Relaxed);
         self.rebalance();
@@ -455,6 +472,14 @@ impl ModelStore {
     pub fn close_passthrough(&self, file: &ModelFile) {
         self.passthrough.release(&file.source.identity());
         self.rebalance();
+    }
+
+    /// The cache's figures, with `budget_bytes` the mount's budget and `chunk_budget_bytes`
+    /// the chunk cache's share of it.
+    pub fn cache_snapshot(&self) -> crate::stats::CacheSnapshot {
+        let mut snapshot = self.cache.snapshot();
+        snapshot.budget_bytes = self.budget();
+        snapshot
     }
 
     pub fn passthrough_snapshot(&self) -> PassthroughSnapshot {

@@ -398,7 +398,7 @@ impl TierFs {
                 tracing::info!(budget = bytes, "cache budget changed");
             }
             Command::Drop => {
-                self.store.cache().clear();
+                self.store.drop_cached();
                 tracing::info!("cache dropped");
             }
             Command::Prefetch(rel) => {
