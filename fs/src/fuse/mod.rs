@@ -286,7 +286,7 @@ impl TierFs {
             Err(e) => return reply.error(errno(e)),
         };
         if self.settings.passthrough {
-            match self.backing(ino, &reply, || Ok(file.try_clone()?)) {
+            match self.backing(ino, &reply, || file.try_clone()) {
                 Ok(backing) => {
                     let fh = self.add_handle(Handle::Passthrough(Arc::clone(&backing)));
                     return reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &backing);
