@@ -217,8 +217,6 @@ impl Policy {
 pub struct BudgetSnapshot {
     /// `--ram-cache` (or the last `ram-cache` command), after the mount-time clamp.
     pub configured_bytes: u64,
-    /// What `--ram-cache` asked for when the mount clamped it; `null` if it was not clamped.
-    pub requested_bytes: Option<u64>,
     /// The budget in force.
     pub effective_bytes: u64,
     pub floor_bytes: u64,
@@ -240,7 +238,6 @@ pub struct BudgetSnapshot {
 
 struct State {
     configured: u64,
-    requested: Option<u64>,
     floor: u64,
     other_tiers: u64,
     policy: Policy,
@@ -258,20 +255,13 @@ pub struct Governor {
 }
 
 impl Governor {
-    /// A governor for `target` with `configured` bytes (the clamp already applied; `requested`
-    /// is the value before it, if it differed) and `floor` (at most `configured`). Sets the
-    /// target's budget.
-    pub fn new(
-        target: Arc<dyn BudgetTarget>,
-        configured: u64,
-        requested: Option<u64>,
-        floor: u64,
-    ) -> Governor {
+    /// A governor for `target` with `configured` bytes (the mount-time clamp already applied)
+    /// and `floor` (at most `configured`). Sets the target's budget.
+    pub fn new(target: Arc<dyn BudgetTarget>, configured: u64, floor: u64) -> Governor {
         let governor = Governor {
             target,
             state: Mutex::new(State {
                 configured,
-                requested,
                 floor: floor.min(configured),
                 other_tiers: 0,
                 policy: Policy::default(),
@@ -291,7 +281,6 @@ impl Governor {
     pub fn set_configured(&self, bytes: u64) {
         let mut state = self.lock();
         state.configured = bytes;
-        state.requested = None;
         state.floor = state.floor.min(bytes);
         self.apply(state);
     }
@@ -348,7 +337,6 @@ impl Governor {
         let state = self.lock();
         BudgetSnapshot {
             configured_bytes: state.configured,
-            requested_bytes: state.requested,
             effective_bytes: state.applied,
             floor_bytes: state.floor,
             other_tiers_bytes: state.other_tiers,

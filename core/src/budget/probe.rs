@@ -12,7 +12,6 @@ use std::time::Instant;
 use thiserror::Error;
 
 const MIB: u64 = 1 << 20;
-const GIB: u64 = 1 << 30;
 
 /// Limits at or above this are "no limit" (v1 writes 2^63 rounded down to a page).
 const UNLIMITED: u64 = 1 << 62;
@@ -399,6 +398,8 @@ pub fn largest_budget(ceiling: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const GIB: u64 = 1 << 30;
 
     #[test]
     fn meminfo_values_are_bytes() {

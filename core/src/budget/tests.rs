@@ -36,7 +36,7 @@ fn governor(configured: u64) -> (Arc<FullCache>, Governor) {
     let cache = Arc::new(FullCache::default());
     let target: Arc<dyn BudgetTarget> = cache.clone();
     let floor = default_floor(configured);
-    (cache, Governor::new(target, configured, None, floor))
+    (cache, Governor::new(target, configured, floor))
 }
 
 #[test]
@@ -198,7 +198,7 @@ fn the_real_cache_shrinks_through_the_governor() {
         Arc::new(StatsCounters::default()),
     ));
     let target: Arc<dyn BudgetTarget> = cache.clone();
-    let governor = Governor::new(target, 64 * MIB, None, 16 * MIB);
+    let governor = Governor::new(target, 64 * MIB, 16 * MIB);
     governor.observe(&reading(-(32 * MIB as i64)), Instant::now());
     // 64 − 32 deficit − 8 step (nothing is resident, so "held" is 0 and the floor wins).
     assert_eq!(cache.budget(), 16 * MIB);

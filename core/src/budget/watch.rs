@@ -33,20 +33,19 @@ use super::{Governor, POLL};
 /// unprivileged daemon keeps the score it inherited.
 pub const DAEMON_OOM_SCORE_ADJ: i32 = -500;
 
-/// Sets [`DAEMON_OOM_SCORE_ADJ`] when running as root. Errors are logged: a daemon without
-/// the adjustment still works.
+/// Sets [`DAEMON_OOM_SCORE_ADJ`] if the daemon may (root with `CAP_SYS_RESOURCE`). Errors
+/// are logged: a daemon without the adjustment still works.
 pub fn protect_daemon() {
-    // SAFETY: geteuid cannot fail and touches no memory.
-    if unsafe { libc::geteuid() } != 0 {
-        tracing::debug!("not root: keeping the inherited oom_score_adj");
-        return;
-    }
     let write = OpenOptions::new()
         .write(true)
         .open("/proc/self/oom_score_adj")
         .and_then(|mut f| f.write_all(DAEMON_OOM_SCORE_ADJ.to_string().as_bytes()));
     match write {
         Ok(()) => tracing::debug!(adj = DAEMON_OOM_SCORE_ADJ, "oom_score_adj set"),
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => tracing::info!(
+            adj = oom_score_adj(),
+            "lowering oom_score_adj needs CAP_SYS_RESOURCE: keeping the inherited one"
+        ),
         Err(e) => tracing::warn!(error = %e, "cannot set the daemon's oom_score_adj"),
     }
 }
