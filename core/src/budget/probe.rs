@@ -135,10 +135,6 @@ impl Level {
     fn working_set(&self) -> u64 {
         self.usage.saturating_sub(self.inactive_file)
     }
-
-    fn headroom(&self) -> i64 {
-        self.limit as i64 - self.working_set() as i64 - reserve_for(self.limit) as i64
-    }
 }
 
 impl Cgroup {
@@ -207,12 +203,35 @@ impl Cgroup {
     }
 
     /// The tightest limit over the levels, and the headroom and reserve under it.
+    ///
+    /// A cgroup holding the daemon alone (a service unit with `MemoryMax`, the benchmark's
+    /// cgroup of budget + 64 MiB) keeps no reserve: nobody else can allocate there, and the
+    /// limit is the user's way of bounding the daemon itself, so reaching it with a full cache
+    /// is not pressure.
     fn tightest(&self) -> Option<(u64, i64, u64)> {
         self.levels
             .iter()
-            .filter_map(|dir| self.level(dir))
-            .map(|level| (level.limit, level.headroom(), reserve_for(level.limit)))
+            .enumerate()
+            .filter_map(|(at, dir)| Some((at, self.level(dir)?)))
+            .map(|(at, level)| {
+                let reserve = if at == 0 && self.alone() {
+                    0
+                } else {
+                    reserve_for(level.limit)
+                };
+                let headroom = level.limit as i64 - level.working_set() as i64 - reserve as i64;
+                (level.limit, headroom, reserve)
+            })
             .min_by_key(|&(_, headroom, _)| headroom)
+    }
+
+    /// Whether the daemon is the only process of its cgroup.
+    fn alone(&self) -> bool {
+        let Ok(procs) = fs::read_to_string(self.dir().join("cgroup.procs")) else {
+            return false;
+        };
+        let me = std::process::id().to_string();
+        procs.split_whitespace().all(|pid| pid == me)
     }
 
     /// v2: whether `memory.events` counted new `high`, `max` or `oom` events since last time.
@@ -454,14 +473,13 @@ mod tests {
     }
 
     #[test]
-    fn headroom_counts_inactive_file_pages_as_free() {
+    fn working_set_leaves_out_inactive_file_pages() {
         let level = Level {
             limit: 1536 * MIB,
             usage: 1400 * MIB,
             inactive_file: 100 * MIB,
         };
-        // 1536 − (1400 − 100) − 96 (a sixteenth of 1536 MiB)
-        assert_eq!(level.headroom(), (140 * MIB) as i64);
+        assert_eq!(level.working_set(), 1300 * MIB);
     }
 
     #[test]
