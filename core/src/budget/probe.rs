@@ -226,7 +226,7 @@ impl Cgroup {
     }
 
     /// Whether the daemon is the only process of its cgroup.
-    fn alone(&self) -> bool {
+    pub fn alone(&self) -> bool {
         let Ok(procs) = fs::read_to_string(self.dir().join("cgroup.procs")) else {
             return false;
         };
@@ -317,7 +317,8 @@ impl Probe {
                 }
             }
             reading.stalled |= cgroup.psi.as_mut().is_some_and(Psi::stalled);
-            reading.kernel_event = cgroup.new_events();
+            // Reclaim in a cgroup the daemon has to itself is the daemon meeting its own bound.
+            reading.kernel_event = cgroup.new_events() && !cgroup.alone();
         }
         Ok(reading)
     }

@@ -156,7 +156,8 @@ fn run(governor: &Weak<Governor>, mut probe: Probe, registrations: &[Registratio
         };
         match probe.read() {
             Ok(mut reading) => {
-                reading.kernel_event |= kernel_event;
+                let alone = probe.cgroup.as_ref().is_some_and(|c| c.alone());
+                reading.kernel_event |= kernel_event && !alone;
                 governor.observe(&reading, Instant::now());
             }
             Err(e) if !warned => {
