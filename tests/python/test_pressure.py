@@ -84,6 +84,11 @@ class MemCgroup:
     def procs(self) -> list[int]:
         return [int(p) for p in (self.dir / "cgroup.procs").read_text().split()]
 
+    def facts(self) -> str:
+        peak = int((self.dir / "memory.max_usage_in_bytes").read_text())
+        failcnt = int((self.dir / "memory.failcnt").read_text())
+        return f"cgroup peak usage {peak / MiB:.0f} MiB of {S / MiB:.0f}, failcnt {failcnt}"
+
     def oom_kills(self) -> int:
         for line in (self.dir / "memory.oom_control").read_text().splitlines():
             if line.startswith("oom_kill "):
@@ -163,9 +168,9 @@ def has_sys_resource() -> bool:
     return False
 
 
-def report(name: str, st: dict, t0: float) -> None:
+def report(name: str, st: dict, t0: float, extra: str = "") -> None:
     b = st["budget"]
-    print(f"\n[pressure] {name}: effective {b['effective_bytes'] / MiB:.0f} MiB of "
+    print(f"\n[pressure] {name}: {extra + ', ' if extra else ''}effective {b['effective_bytes'] / MiB:.0f} MiB of "
           f"{b['configured_bytes'] / MiB:.0f}, events {b['pressure_events']}, given back "
           f"{b['given_back_bytes'] / MiB:.0f} MiB, regrow steps {b['regrow_steps']}, "
           f"{time.monotonic() - t0:.1f} s")
@@ -195,13 +200,16 @@ def test_cgroup_allocation_takes_memory_from_the_cache(mount, tree):
         st = fill_cache(m)
         assert st["budget"]["effective_bytes"] == BUDGET
         assert any(w.startswith("cgroup v1 ") for w in st["budget"]["watching"]), st["budget"]
+        t_hog = time.monotonic()
         hog = start_hog(S // 2, hold=1.0, cgroup=cg)
         try:
             out, err = hog.communicate(timeout=60)
         finally:
             hog.kill()
+        hog_s = time.monotonic() - t_hog
         assert hog.returncode == 0 and "touched" in out, f"allocation failed: rc {hog.returncode} {err}"
         assert cg.oom_kills() == 0
+        facts = f"hog {S // 2 / MiB:.0f} MiB touched and held in {hog_s:.1f} s, {cg.facts()}"
         assert m.alive(), m.log_tail()
         st = m.stats()
         shrunk = st["budget"]["effective_bytes"]
@@ -209,10 +217,12 @@ def test_cgroup_allocation_takes_memory_from_the_cache(mount, tree):
         assert FLOOR <= shrunk < BUDGET, st["budget"]
         bit_exact(m, root / REL)
         # The hog is gone: after the calm period the budget grows back to the configured one.
+        t_calm = time.monotonic()
         st = wait_for(lambda s: s["budget"]["effective_bytes"] == BUDGET, 40, "no regrowth", m)
+        facts += f", shrunk to {shrunk / MiB:.0f} MiB, regrown in {time.monotonic() - t_calm:.1f} s"
         assert st["budget"]["regrow_steps"] >= 1 and st["budget"]["pressure_limit_bytes"] is None
         st = fill_cache(m)
-        report("cgroup", st, t0)
+        report("cgroup", st, t0, facts)
 
 
 @pytest.mark.timeout(180)
@@ -235,7 +245,7 @@ def test_a_hog_growing_past_the_floor_is_the_oom_victim(mount, tree):
         assert adj == (-500 if has_sys_resource() else 0), adj
         assert st["budget"]["oom_score_adj"] == adj
         bit_exact(m, root / REL)
-        report("hog past the floor", st, t0)
+        report("hog past the floor", st, t0, f"oom_score_adj {adj}, {cg.facts()}")
 
 
 def mem_available() -> int:
@@ -266,3 +276,29 @@ def test_system_wide_allocation_takes_memory_from_the_cache(mount, tree):
     bit_exact(m, root / REL)
     st = wait_for(lambda s: s["budget"]["effective_bytes"] == BUDGET, 40, "no regrowth", m)
     report(f"system-wide, hog {size / GiB:.1f} GiB", st, t0)
+
+
+def mem_total() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no MemTotal")
+
+
+@pytest.mark.timeout(60)
+def test_a_budget_the_machine_cannot_hold_is_clamped(mount, tree, tierfs_bin):
+    root, _ = tree
+    m = mount(root, "100TiB")
+    st = m.stats()
+    total = mem_total()
+    b = st["budget"]
+    # RAM minus the reserve (a sixteenth, 64–512 MiB), or less under a memory cgroup's limit.
+    assert b["configured_bytes"] <= total - min(max(total // 16, 64 * MiB), 512 * MiB), b
+    assert st["cache"]["budget_bytes"] == b["effective_bytes"] == b["configured_bytes"]
+    sentence = [line for line in m.log_tail(20000).splitlines() if "--ram-cache 100.00 TiB" in line]
+    assert len(sentence) == 1 and "more than this machine can hold" in sentence[0], m.log_tail()
+    shown = subprocess.run([str(tierfs_bin), "stats", str(m.mnt)], capture_output=True, text=True, timeout=30)
+    assert shown.returncode == 0, shown.stderr
+    budget_line = next(line for line in shown.stdout.splitlines() if line.startswith("budget "))
+    assert "configured" in budget_line and "floor" in budget_line, shown.stdout
+    assert any(line.startswith("pressure ") for line in shown.stdout.splitlines()), shown.stdout
