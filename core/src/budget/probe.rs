@@ -53,13 +53,14 @@ pub struct Reading {
 /// a sixteenth, between 64 MiB and 512 MiB.
 ///
 /// The reserve must cover what other programs allocate between the moment the usage crosses
-/// it and the moment the evicted chunks are unmapped. The cgroup watcher wakes on the
-/// kernel's threshold event (no polling delay), so that is the eviction time: on this machine
-/// (2 cores, loaded), shrinking a 1 GiB cache by 512 MiB took under 20 ms, while a program
-/// touching fresh pages allocated at 0.2–0.4 GiB/s; a fast machine faults pages in at about
-/// 4 GiB/s, 80 MiB in 20 ms, which the 64 MiB minimum plus the eighth the governor gives back
-/// beyond the deficit covers. Without an event (system-wide, or usage already above the
-/// threshold), the 50 ms poll adds 200 MiB at that rate: a sixteenth of 4 GiB and more.
+/// into it and the moment the evicted chunks are unmapped. The cgroup watcher wakes on the
+/// kernel's threshold event, not at the next poll: in `test_pressure.py` (a process touching
+/// pages at about 800 MiB/s) it found deficits of 0.1–2.4 MiB, and giving back 100 MiB took
+/// 3–4 ms (55 ms at worst on this loaded 2-core VM). At the 4 GiB/s a fast machine faults pages
+/// in, 55 ms is 220 MiB: the 64 MiB minimum plus the step the governor gives back beyond the
+/// deficit covers typical cases, a sixteenth of a large limit the rest. Without an event
+/// (system-wide, v2) the 50 ms poll adds 200 MiB at that rate, which the system reserve (a
+/// sixteenth of RAM, so 512 MiB from 8 GiB up) absorbs.
 pub fn reserve_for(limit: u64) -> u64 {
     (limit / 16).clamp(64 * MIB, 512 * MIB)
 }
