@@ -4,6 +4,7 @@ use std::path::Path;
 use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
+use tierfs_core::budget::BudgetSnapshot;
 use tierfs_core::kernel_cache::KernelCacheWindow;
 use tierfs_core::models::ModelStore;
 use tierfs_core::passthrough::PassthroughSnapshot;
@@ -23,6 +24,9 @@ pub struct StatsDocument {
     pub prefetch: PrefetchSnapshot,
     pub kernel_page_cache: KernelCacheSnapshot,
     pub passthrough: PassthroughSection,
+    /// The budget governor's figures (`None` only where no governor runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetSnapshot>,
     pub files: Vec<FileSnapshot>,
 }
 
@@ -89,7 +93,14 @@ impl StatsDocument {
                 available: passthrough,
                 tier: store.passthrough_snapshot(),
             },
+            budget: None,
             files: store.files_snapshot(),
         }
+    }
+
+    /// Adds the `budget` section.
+    pub fn with_budget(mut self, budget: BudgetSnapshot) -> StatsDocument {
+        self.budget = Some(budget);
+        self
     }
 }
