@@ -98,6 +98,7 @@ fn render(doc: &Value, previous: Option<&(Instant, Value)>) -> String {
             rate(&["cache", "hit_bytes"])
         );
     }
+    out += &render_ops(doc);
     out += &format!(
         "\n  {:<50} {:>12} {:>8} {:>7} {:>12}  note\n",
         "file", "size", "tensors", "blocks", "cached"
@@ -115,6 +116,26 @@ fn render(doc: &Value, previous: Option<&(Instant, Value)>) -> String {
             file["blocks"].as_u64().unwrap_or(0),
             format_size(file["cached_bytes"].as_u64().unwrap_or(0)),
             note
+        );
+    }
+    out
+}
+
+/// The per-operation table (`ops` in the document): count, errors and latency.
+fn render_ops(doc: &Value) -> String {
+    let mut out = format!(
+        "\n  {:<10} {:>12} {:>8} {:>10} {:>10} {:>10}\n",
+        "operation", "count", "errors", "mean µs", "p50 µs", "p99 µs"
+    );
+    for op in ["lookup", "getattr", "open", "read", "readdir"] {
+        let figure = |key: &str| doc["ops"][op][key].as_f64().unwrap_or(0.0);
+        out += &format!(
+            "  {op:<10} {:>12} {:>8} {:>10.1} {:>10.1} {:>10.1}\n",
+            num(doc, &["ops", op, "count"]),
+            num(doc, &["ops", op, "errors"]),
+            figure("mean_us"),
+            figure("p50_us"),
+            figure("p99_us"),
         );
     }
     out

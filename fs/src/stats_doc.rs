@@ -6,6 +6,7 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 use tierfs_core::kernel_cache::KernelCacheWindow;
 use tierfs_core::models::ModelStore;
+use tierfs_core::stats::ops::OpsSnapshot;
 use tierfs_core::stats::{
     CacheSnapshot, Counters, DiskSnapshot, FileSnapshot, KernelCacheSnapshot, PrefetchSnapshot,
 };
@@ -21,6 +22,8 @@ pub struct StatsDocument {
     pub disk: DiskSnapshot,
     pub prefetch: PrefetchSnapshot,
     pub kernel_page_cache: KernelCacheSnapshot,
+    /// Per-operation counts, errors and latency of the kernel's requests.
+    pub ops: OpsSnapshot,
     pub files: Vec<FileSnapshot>,
 }
 
@@ -67,6 +70,7 @@ impl StatsDocument {
                 window_bytes: window.limit(),
                 invalidated_bytes: Counters::get(&c.kernel_cache_invalidated_bytes),
             },
+            ops: c.ops.snapshot(),
             files: store.files_snapshot(),
         }
     }
