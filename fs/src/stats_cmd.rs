@@ -67,7 +67,8 @@ fn render(doc: &Value, previous: Option<&(Instant, Value)>) -> String {
          served    {} from cache, {} waited on disk, {} uncached; evicted {}\n\
          disk      {} read in {} requests, {} errors, readers stalled {:.2} s\n\
          prefetch  {} issued, {} used, {} wasted\n\
-         page cache of mounted files: window {}, {} invalidated\n",
+         page cache of mounted files: window {}, {} invalidated\n\
+         modes     passthrough {}; readahead {} ({}){}\n",
         doc["mount"]["source"].as_str().unwrap_or("?"),
         doc["mount"]["mountpoint"].as_str().unwrap_or("?"),
         size(&["cache", "used_bytes"]),
@@ -86,6 +87,14 @@ fn render(doc: &Value, previous: Option<&(Instant, Value)>) -> String {
         size(&["prefetch", "wasted_bytes"]),
         size(&["kernel_page_cache", "window_bytes"]),
         size(&["kernel_page_cache", "invalidated_bytes"]),
+        doc["modes"]["passthrough_note"].as_str().unwrap_or("?"),
+        size(&["modes", "readahead_bytes"]),
+        doc["modes"]["readahead_note"].as_str().unwrap_or("?"),
+        if doc["modes"]["root"].as_bool() == Some(false) {
+            "; not root (see README, \"Without root\")"
+        } else {
+            ""
+        },
     );
     if let Some((then, before)) = previous {
         let secs = then.elapsed().as_secs_f64().max(1e-3);

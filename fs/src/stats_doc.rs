@@ -7,6 +7,8 @@ use serde::{Deserialize, Serialize};
 use tierfs_core::kernel_cache::KernelCacheWindow;
 use tierfs_core::models::ModelStore;
 use tierfs_core::stats::ops::OpsSnapshot;
+
+use crate::privilege::ModesSnapshot;
 use tierfs_core::stats::{
     CacheSnapshot, Counters, DiskSnapshot, FileSnapshot, KernelCacheSnapshot, PrefetchSnapshot,
 };
@@ -24,6 +26,8 @@ pub struct StatsDocument {
     pub kernel_page_cache: KernelCacheSnapshot,
     /// Per-operation counts, errors and latency of the kernel's requests.
     pub ops: OpsSnapshot,
+    /// Modes that need root, and whether they are in force (see `privilege`).
+    pub modes: ModesSnapshot,
     pub files: Vec<FileSnapshot>,
 }
 
@@ -71,6 +75,7 @@ impl StatsDocument {
                 invalidated_bytes: Counters::get(&c.kernel_cache_invalidated_bytes),
             },
             ops: c.ops.snapshot(),
+            modes: crate::privilege::snapshot(passthrough),
             files: store.files_snapshot(),
         }
     }
