@@ -194,6 +194,11 @@ def test_user_mounts_reads_and_unmounts(world):
 
     human = world.tierfs("stats", world.mnt, timeout=20)
     assert human.returncode == 0 and "not root" in human.stdout, human.stdout + human.stderr
+    ctl = world.tierfs("ctl", world.mnt, "drop", timeout=20)
+    assert ctl.returncode == 0, ctl.stderr
+    bad = world.tierfs("ctl", world.mnt, "ram-cache", "lots", timeout=20)
+    assert bad.returncode != 0 and "refused" in bad.stderr, bad.stderr  # reached the daemon
+    world.check_bytes()  # served again after the drop
 
     r = world.tierfs("unmount", world.mnt, timeout=30)
     assert r.returncode == 0, f"user unmount: {r.stderr}"
