@@ -149,3 +149,37 @@ fn render_ops(doc: &Value) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shows_every_operation_and_the_modes() {
+        let doc = serde_json::json!({
+            "ops": {
+                "lookup": {"count": 12, "errors": 3, "mean_us": 4.5, "p50_us": 2.0, "p99_us": 40.0},
+                "read": {"count": 7, "errors": 0, "mean_us": 300.0, "p50_us": 250.0, "p99_us": 900.0},
+            },
+            "modes": {"root": false, "passthrough_note": "off: needs root", "readahead_bytes": 131072,
+                      "readahead_note": "4.00 MiB asked, kept the kernel's: raising it needs root"},
+        });
+        let text = render_document(&doc);
+        let row = |op: &str| {
+            text.lines()
+                .find(|l| l.split_whitespace().next() == Some(op))
+                .unwrap_or_else(|| panic!("no {op} row in\n{text}"))
+                .split_whitespace()
+                .skip(1)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(row("lookup"), ["12", "3", "4.5", "2.0", "40.0"]);
+        assert_eq!(row("read"), ["7", "0", "300.0", "250.0", "900.0"]);
+        assert_eq!(row("readdir"), ["0", "0", "0.0", "0.0", "0.0"]);
+        assert!(
+            text.contains("passthrough off: needs root; readahead 128.00 KiB"),
+            "{text}"
+        );
+        assert!(text.contains("not root"), "{text}");
+    }
+}
