@@ -40,6 +40,9 @@ pub struct MountRequest {
     pub threads: usize,
     pub readahead: u64,
     pub passthrough: bool,
+    /// Model files that fit the budget are served by passthrough too (see
+    /// `tierfs_core::passthrough`).
+    pub model_passthrough: bool,
     pub allow_other: bool,
     /// Where learned block orders are kept across remounts (`None`: not kept).
     pub state_file: Option<PathBuf>,
@@ -117,6 +120,7 @@ impl Mounted {
             source: source.clone(),
             mountpoint: mountpoint.clone(),
             passthrough: privilege::passthrough_mode(request.passthrough),
+            model_passthrough: request.model_passthrough,
         };
         let fs = TierFs::new(settings, Arc::clone(&store), window, invalidations);
         privilege::check_dev_fuse()?;
