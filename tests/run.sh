@@ -66,6 +66,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# The README's first command, taken from the README itself so the two cannot drift apart. Its
+# temporary folder (and so its mount) lives under the test root, which cleanup() tears down.
+DEMO_CMD=$(sed -n 's/^\(cargo run [^#]* demo\) *#.*/\1/p' README.md | head -n 1)
+[ -n "$DEMO_CMD" ] || { echo "tests/run.sh: no 'cargo run ... demo' line in README.md" >&2; exit 1; }
+echo "== $DEMO_CMD   (from README.md)"
+TMPDIR=$TIERFS_TEST_ROOT timeout --kill-after=10 "${TIERFS_DEMO_TIMEOUT:-300}" bash -c "$DEMO_CMD"
+
 echo "== pytest tests/python (root: $TIERFS_TEST_ROOT)"
 # Hard cap so a hung FUSE request cannot eat the whole CI budget.
 # `timeout` cannot reap a pytest stuck in uninterruptible sleep on a FUSE request whose

@@ -7,6 +7,9 @@ use serde::{Deserialize, Serialize};
 use tierfs_core::budget::BudgetSnapshot;
 use tierfs_core::kernel_cache::KernelCacheWindow;
 use tierfs_core::models::ModelStore;
+use tierfs_core::stats::ops::OpsSnapshot;
+
+use crate::privilege::ModesSnapshot;
 use tierfs_core::passthrough::PassthroughSnapshot;
 use tierfs_core::stats::{
     CacheSnapshot, Counters, DiskSnapshot, FileSnapshot, KernelCacheSnapshot, PrefetchSnapshot,
@@ -23,6 +26,10 @@ pub struct StatsDocument {
     pub disk: DiskSnapshot,
     pub prefetch: PrefetchSnapshot,
     pub kernel_page_cache: KernelCacheSnapshot,
+    /// Per-operation counts, errors and latency of the kernel's requests.
+    pub ops: OpsSnapshot,
+    /// Modes that need root, and whether they are in force (see `privilege`).
+    pub modes: ModesSnapshot,
     pub passthrough: PassthroughSection,
     /// The budget governor's figures (`None` only where no governor runs).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -89,6 +96,8 @@ impl StatsDocument {
                 window_bytes: window.limit(),
                 invalidated_bytes: Counters::get(&c.kernel_cache_invalidated_bytes),
             },
+            ops: c.ops.snapshot(),
+            modes: crate::privilege::snapshot(passthrough),
             passthrough: PassthroughSection {
                 available: passthrough,
                 tier: store.passthrough_snapshot(),
