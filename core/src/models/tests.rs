@@ -102,6 +102,10 @@ fn malformed_files_are_served_as_plain_bytes() {
 }
 
 #[test]
+#[cfg_attr(
+    windows,
+    ignore = "Wine 8 cannot rename over a file another handle has open (no POSIX rename semantics)"
+)]
 fn a_changed_file_is_a_new_version_and_old_bytes_are_dropped() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.safetensors");

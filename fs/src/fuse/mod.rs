@@ -42,7 +42,7 @@ use fuser::{
     InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData,
     ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request,
 };
-use tierfs_core::control::{self, Command};
+use tierfs_core::control;
 use tierfs_core::kernel_cache::{InodeRange, KernelCacheWindow};
 use tierfs_core::models::{is_model_path, ModelFile, ModelStore, OpenError};
 use tierfs_core::source::{read_full_at, SourceError};
@@ -304,35 +304,9 @@ impl TierFs {
 
     /// Carries out one control command; on error nothing has changed.
     fn run_control(&self, data: &[u8]) -> Result<(), String> {
-        match control::parse(data).map_err(|e| e.to_string())? {
-            Command::RamCache(bytes) => {
-                self.store.cache().set_budget(bytes);
-                tracing::info!(budget = bytes, "cache budget changed");
-            }
-            Command::Drop => {
-                self.store.cache().clear();
-                tracing::info!("cache dropped");
-            }
-            Command::Prefetch(rel) => {
-                let abs = self.abs(&rel);
-                match present(&abs) {
-                    Ok((_, FileType::RegularFile)) if is_model_path(&rel) => {}
-                    _ => {
-                        return Err(format!(
-                            "{} is not a model file in the mount",
-                            rel.display()
-                        ))
-                    }
-                }
-                let model = self.store.open(&rel, &abs).map_err(|e| e.to_string())?;
-                if model.is_malformed() {
-                    return Err(format!("{} is malformed", rel.display()));
-                }
-                self.store.warm(&model);
-                tracing::info!(file = %rel.display(), "warming");
-            }
-        }
-        Ok(())
+        control::parse(data)
+            .and_then(|command| control::apply(&self.store, &self.settings.source, command))
+            .map_err(|e| e.to_string())
     }
 
     /// Model files are opened with `FOPEN_DIRECT_IO` where the kernel still allows `mmap` of

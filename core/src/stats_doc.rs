@@ -1,0 +1,74 @@
+//! The JSON document served at `MOUNTPOINT/.tierfs/stats` (schema in the README, "Stats"), by
+//! both front ends (FUSE, WinFsp).
+
+use std::path::Path;
+use std::time::SystemTime;
+
+use crate::kernel_cache::KernelCacheWindow;
+use crate::models::ModelStore;
+use crate::stats::{
+    CacheSnapshot, Counters, DiskSnapshot, FileSnapshot, KernelCacheSnapshot, PrefetchSnapshot,
+};
+use serde::{Deserialize, Serialize};
+
+/// Version of the document's schema; bumped when a key changes meaning or disappears.
+pub const SCHEMA_VERSION: u32 = 1;
+
+#[derive(Debug, Serialize)]
+pub struct StatsDocument {
+    pub version: u32,
+    pub mount: MountInfo,
+    pub cache: CacheSnapshot,
+    pub disk: DiskSnapshot,
+    pub prefetch: PrefetchSnapshot,
+    pub kernel_page_cache: KernelCacheSnapshot,
+    pub files: Vec<FileSnapshot>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct MountInfo {
+    pub source: String,
+    pub mountpoint: String,
+    pub pid: u32,
+    pub uptime_seconds: f64,
+    pub passthrough: bool,
+}
+
+impl StatsDocument {
+    pub fn collect(
+        store: &ModelStore,
+        window: &KernelCacheWindow,
+        source: &Path,
+        mountpoint: &Path,
+        passthrough: bool,
+        started: SystemTime,
+    ) -> StatsDocument {
+        let c = store.counters();
+        StatsDocument {
+            version: SCHEMA_VERSION,
+            mount: MountInfo {
+                source: source.display().to_string(),
+                mountpoint: mountpoint.display().to_string(),
+                pid: std::process::id(),
+                uptime_seconds: started.elapsed().map_or(0.0, |d| d.as_secs_f64()),
+                passthrough,
+            },
+            cache: store.cache().snapshot(),
+            disk: DiskSnapshot {
+                read_bytes: Counters::get(&c.disk_read_bytes),
+                reads: Counters::get(&c.disk_reads),
+                errors: Counters::get(&c.disk_errors),
+            },
+            prefetch: PrefetchSnapshot {
+                issued_bytes: Counters::get(&c.prefetch_issued_bytes),
+                used_bytes: Counters::get(&c.prefetch_used_bytes),
+                wasted_bytes: Counters::get(&c.prefetch_wasted_bytes),
+            },
+            kernel_page_cache: KernelCacheSnapshot {
+                window_bytes: window.limit(),
+                invalidated_bytes: Counters::get(&c.kernel_cache_invalidated_bytes),
+            },
+            files: store.files_snapshot(),
+        }
+    }
+}
