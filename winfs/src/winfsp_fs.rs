@@ -46,6 +46,11 @@ use crate::status::{self, FsError};
 /// `DELETE` access (winnt.h): removing a file is a write.
 const DELETE: u32 = 0x0001_0000;
 
+/// `FILE_DIRECTORY_FILE` and `FILE_NON_DIRECTORY_FILE`, NtCreateFile's create options: the
+/// caller wants only a directory, or only a file.
+const FILE_DIRECTORY_FILE: u32 = 0x0000_0001;
+const FILE_NON_DIRECTORY_FILE: u32 = 0x0000_0040;
+
 /// Allocation unit reported for files: the sector size the volume announces (see `mount`).
 const ALLOCATION_UNIT: u64 = 4096;
 
@@ -325,12 +330,19 @@ impl FileSystemContext for TierWinFs {
     fn open(
         &self,
         file_name: &U16CStr,
-        _create_options: u32,
+        create_options: u32,
         granted_access: u32,
         file_info: &mut OpenFileInfo,
     ) -> winfsp::Result<Node> {
         let target = name_of(file_name)?;
         let node = self.open_target(&target, granted_access).map_err(fsp)?;
+        let is_dir = matches!(node, Node::Dir { .. });
+        if create_options & FILE_DIRECTORY_FILE != 0 && !is_dir {
+            return Err(fsp(FsError::NotDirectory));
+        }
+        if create_options & FILE_NON_DIRECTORY_FILE != 0 && is_dir {
+            return Err(fsp(FsError::IsDirectory));
+        }
         *file_info.as_mut() = self.info(&target, Some(&node)).map_err(fsp)?;
         if let Node::Model(model) = &node {
             // The version opened, which may differ from what `info` just saw if the source
