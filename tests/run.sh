@@ -16,6 +16,9 @@ cargo build --release --workspace
 echo "== cargo test --workspace --release"
 cargo test --workspace --release
 
+# Windows: core tests under wine64, the WinFsp front end type-checked (README, "Windows").
+bash tests/windows/check.sh
+
 if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
 
 # Everything the e2e tests create (mounts included) lives under this root, so a

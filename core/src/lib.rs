@@ -12,6 +12,7 @@
 //! - [`models`]: model file versions and the read path that ties the above together.
 //! - [`kernel_cache`]: keeping the mounted files' kernel page cache bounded.
 //! - [`stats`]: the counters behind `.tierfs/stats`.
+//! - [`stats_doc`]: the `.tierfs/stats` document itself.
 //! - [`control`]: the commands of `.tierfs/control`.
 //! - [`synth`]: deterministic synthetic checkpoints (demo, tests, benchmarks).
 //! - [`size`]: human byte sizes.
@@ -26,4 +27,5 @@ pub mod prefetch;
 pub mod size;
 pub mod source;
 pub mod stats;
+pub mod stats_doc;
 pub mod synth;

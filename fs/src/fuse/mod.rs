@@ -437,34 +437,15 @@ impl TierFs {
     /// Carries out one control command; on error nothing has changed.
     fn run_control(&self, data: &[u8]) -> Result<(), String> {
         match control::parse(data).map_err(|e| e.to_string())? {
+            // The budget goes through the governor, which also steers it under memory pressure.
             Command::RamCache(bytes) => {
                 self.settings.governor.set_configured(bytes);
                 tracing::info!(budget = bytes, "cache budget changed");
+                Ok(())
             }
-            Command::Drop => {
-                self.store.drop_cached();
-                tracing::info!("cache dropped");
-            }
-            Command::Prefetch(rel) => {
-                let abs = self.abs(&rel);
-                match present(&abs) {
-                    Ok((_, FileType::RegularFile)) if is_model_path(&rel) => {}
-                    _ => {
-                        return Err(format!(
-                            "{} is not a model file in the mount",
-                            rel.display()
-                        ))
-                    }
-                }
-                let model = self.store.open(&rel, &abs).map_err(|e| e.to_string())?;
-                if model.is_malformed() {
-                    return Err(format!("{} is malformed", rel.display()));
-                }
-                self.store.warm(&model);
-                tracing::info!(file = %rel.display(), "warming");
-            }
+            command => control::apply(&self.store, &self.settings.source, command)
+                .map_err(|e| e.to_string()),
         }
-        Ok(())
     }
 
     /// Model files are opened with `FOPEN_DIRECT_IO` where the kernel still allows `mmap` of
