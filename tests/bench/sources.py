@@ -164,11 +164,7 @@ class Throttle:
 
     def read_bytes(self) -> int:
         """Bytes the cgroup's processes read from the device (block layer, throttled or not)."""
-        for line in (self.path / "blkio.throttle.io_service_bytes").read_text().splitlines():
-            f = line.split()
-            if len(f) == 3 and f[0] == self.majmin and f[1] == "Read":
-                return int(f[2])
-        return 0
+        return parse_service_bytes((self.path / "blkio.throttle.io_service_bytes").read_text(), self.majmin)
 
     def __repr__(self) -> str:
         return f"Throttle({self.path})"
@@ -197,6 +193,25 @@ class Throttle:
             _UNDO.remove(self)
 
 
+def parse_service_bytes(text: str, majmin: str) -> int:
+    """The `MAJ:MIN Read N` figure of a blkio `io_service_bytes` file (0 when absent)."""
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) == 3 and f[0] == majmin and f[1] == "Read":
+            return int(f[2])
+    return 0
+
+
+def throttle_verdict(got: float, want: float, tolerance: float = 0.25) -> str:
+    """"fast" when a throttled read ran above `want` + `tolerance` (the throttle does not apply),
+    "starved" when well below it (a busy machine), "ok" otherwise."""
+    if got > (1 + tolerance) * want:
+        return "fast"
+    if got < (1 - tolerance) * want:
+        return "starved"
+    return "ok"
+
+
 def cold_read_gbs(path: Path, limit: int | None = None, bs: int = MiB) -> float:
     """Cold sequential read rate of `path` (GB/s): caches dropped, `bs` read() calls."""
     drop_caches()
@@ -215,14 +230,20 @@ def cold_read_gbs(path: Path, limit: int | None = None, bs: int = MiB) -> float:
     return total / (time.perf_counter() - t0) / 1e9
 
 
-def verify(throttle: Throttle, path: Path, bps: int, tolerance: float = 0.25) -> float:
-    """Measures the throttled rate on `path` and fails unless it is within `tolerance` of `bps`."""
+def verify(throttle: Throttle, path: Path, bps: int, tolerance: float = 0.25) -> tuple[float, str]:
+    """Measures the throttled rate on `path`: (GB/s, warning).  Fails when the throttle does not
+    apply (reads faster than `bps` + `tolerance`); a rate well below `bps` means the machine is
+    busy (CPU-starved reader), which is worth a warning but is still a throttled source."""
     got = cold_read_gbs(path, limit=min(os.path.getsize(path), 512 * MiB))
     want = bps / 1e9
-    if abs(got - want) > tolerance * want:
+    verdict = throttle_verdict(got, want, tolerance)
+    if verdict == "fast":
         raise RuntimeError(f"blkio throttle on {throttle.majmin} does not hold: {got:.2f} GB/s read, "
                            f"{want:.2f} GB/s set")
-    return got
+    warn = ""
+    if verdict == "starved":
+        warn = f"slow source read {got:.2f} GB/s, below the {want:.2f} GB/s throttle: the machine is busy"
+    return got, warn
 
 
 def clean_stale() -> None:
