@@ -385,6 +385,24 @@ class MemorySampler:
 
 # ----------------------------------------------------------------------------- the run
 
+def stored_model(data: Path, key: str, q: int) -> Path:
+    """The generated model of `key` ("p1", "p3_big", "p3_small") in `data`, written once."""
+    if key == "p1":
+        size = SIZES["p1_file"][q]
+        stored = data / f"dit_{size // MiB}mib_sorted.safetensors"
+        if not stored.exists():
+            print(f"generating {stored} ...", flush=True)
+            gen.make_big_dit(stored, size, seed=2611, sort_names=True)
+        return stored
+    dim, ffn, blocks, _ = SIZES[key][q]
+    stored = data / f"dit_{dim}x{ffn}x{blocks}_sorted.safetensors"
+    if not stored.exists():
+        print(f"generating {stored} ...", flush=True)
+        stored.parent.mkdir(parents=True, exist_ok=True)
+        gen.write_streaming(stored, gen.sorted_dit_specs(dim, ffn, blocks), seed=2612 + blocks)
+    return stored
+
+
 class Run:
     def __init__(self, args, root: Path, disk: sources.RamDisk, thr: sources.Throttle):
         self.args, self.root, self.disk, self.thr = args, root, disk, thr
@@ -399,22 +417,8 @@ class Run:
     # -- files
     def model(self, key: str) -> Path:
         """Generates (once, in --data) and copies onto the RAM device the model of `key`."""
-        if key == "p1":
-            size = SIZES["p1_file"][self.q]
-            name = f"dit_{size // MiB}mib_sorted.safetensors"
-            stored = self.data / name
-            if not stored.exists():
-                print(f"generating {stored} ...", flush=True)
-                gen.make_big_dit(stored, size, seed=2611, sort_names=True)
-        else:
-            dim, ffn, blocks, _ = SIZES[key][self.q]
-            name = f"dit_{dim}x{ffn}x{blocks}_sorted.safetensors"
-            stored = self.data / name
-            if not stored.exists():
-                print(f"generating {stored} ...", flush=True)
-                stored.parent.mkdir(parents=True, exist_ok=True)
-                gen.write_streaming(stored, gen.sorted_dit_specs(dim, ffn, blocks), seed=2612 + blocks)
-        dst = self.disk.mnt / name
+        stored = stored_model(self.data, key, self.q)
+        dst = self.disk.mnt / stored.name
         if not dst.exists() or dst.stat().st_size != stored.stat().st_size:
             shutil.copyfile(stored, dst)
             os.sync()
@@ -846,9 +850,14 @@ def main() -> int:
     ap.add_argument("--compute-factor", type=float, default=1.35, help="point 3 compute / block disk time")
     ap.add_argument("--data", default="/var/tmp/tierfs-issue11-data", help="generated models, kept and reused")
     ap.add_argument("--out", help="results (default tests/bench/issue11-results.md + .json for a full run)")
+    ap.add_argument("--prepare", action="store_true", help="only generate the models in --data (no root needed)")
     args = ap.parse_args()
     if args.one:
         child_pass(args.one[0], Path(args.one[1]))
+        return 0
+    if args.prepare:
+        for key in ("p1", "p3_big", "p3_small"):
+            print(stored_model(Path(args.data), key, 1 if args.quick else 0))
         return 0
     args.reps = args.reps or (1 if args.quick else 2)
     if args.loaders:
