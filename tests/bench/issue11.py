@@ -168,6 +168,20 @@ def cachestat_fd(fd: int) -> int:
     return st.nr_cache * os.sysconf("SC_PAGE_SIZE")
 
 
+def find_key(d, key: str):
+    """The first value of `key` anywhere in a nested stats document (None when absent)."""
+    if isinstance(d, dict):
+        if key in d:
+            return d[key]
+        d = list(d.values())
+    if isinstance(d, list):
+        for v in d:
+            r = find_key(v, key)
+            if r is not None:
+                return r
+    return None
+
+
 def memory_goal(budget: int) -> int:
     return int(GOAL_MEM_FACTOR * budget + GOAL_MEM_SLACK)
 
@@ -699,7 +713,7 @@ class Run:
             finally:
                 m.close()
             goal = memory_goal(budget)
-            pinned = st.get("cache", {}).get("pinned_bytes")
+            pinned = find_key(st, "pinned_bytes")
             self.row(4, f"{label}: peak memory (budget {budget / MiB:.0f} MiB) / goal", f"{peak['total'] / MiB:.0f} MiB",
                      f"{goal / MiB:.0f} MiB", peak["total"] / goal, "<=", 1.0,
                      "≤ 1.0 (1.1 × budget + 64 MiB)", mode_key=f"p4 {label}")

@@ -42,6 +42,12 @@ def test_memory_goal():
     assert issue11.memory_goal(1000 * mib) == 1100 * mib + 64 * mib
 
 
+def test_find_key():
+    assert issue11.find_key({"cache": {"pinned_bytes": 5}}, "pinned_bytes") == 5
+    assert issue11.find_key({"files": [{"a": 1}, {"pinned_bytes": 0}]}, "pinned_bytes") == 0
+    assert issue11.find_key({"cache": {}}, "pinned_bytes") is None
+
+
 def test_parse_status_and_io():
     status = "Name:\ttierfs\nVmRSS:\t  2048 kB\nRssAnon:\t  1024 kB\nRssFile:\t 512 kB\nRssShmem:\t 0 kB\nThreads: 9\n"
     st = issue11.parse_status(status)
