@@ -286,30 +286,105 @@ def loaders_table() -> dict:
 EXTRA_PASSES = {"mmap_copy": mmap_copy, "map_hold": map_hold}
 
 
-def child_pass(name: str, path: Path) -> None:
+def _pass_fn(name: str):
     import importlib
     if name in EXTRA_PASSES:
-        fn, imports = EXTRA_PASSES[name], ()
-    else:
-        _, fn, imports = loaders_table()[name]
+        return EXTRA_PASSES[name]
+    _, fn, imports = loaders_table()[name]
     for mod in imports:
         importlib.import_module(mod)
-    gen.tensor_ranges(path) if path.suffix == ".safetensors" else None
+    return fn
+
+
+def _timed(fn, path: Path) -> dict:
+    if path.suffix == ".safetensors":
+        gen.tensor_ranges(path)  # the loaders' plans come from the header: outside the timing
     t0 = time.perf_counter()
     n = fn(path)
-    print(json.dumps({"s": time.perf_counter() - t0, "bytes": n}))
+    return {"s": time.perf_counter() - t0, "bytes": n}
+
+
+def child_pass(name: str, path: Path) -> None:
+    """--pass NAME PATH: one timed load in this process."""
+    print(json.dumps(_timed(_pass_fn(name), path)), flush=True)
+
+
+def child_serve(name: str) -> None:
+    """--serve NAME: imports once, then one timed load per path read from stdin, one JSON line
+    out per load.  Each load starts with nothing of the previous one alive (tensors, mappings
+    and staging buffers are freed when the loader returns), and the baseline and tierfs passes of
+    a loader share the process, so both see the same allocator and thread-pool state; what is
+    saved is the import (1-3 s of torch per pass)."""
+    fn = _pass_fn(name)
+    for line in sys.stdin:
+        try:
+            r = _timed(fn, Path(line.rstrip("\n")))
+        except Exception as e:  # noqa: BLE001 - reported to the parent, which fails the pass
+            r = {"error": f"{type(e).__name__}: {e}"}
+        print(json.dumps(r), flush=True)
+
+
+def check_bytes(name: str, path: Path, r: dict) -> None:
+    size = os.path.getsize(path)
+    if name in ("whole_read", "np_memmap", "mmap_copy", "map_hold") and r["bytes"] != size:
+        raise RuntimeError(f"{name} read {r['bytes']} of {size} bytes")
 
 
 def run_child(name: str, path: Path, timeout: float = 600) -> float:
+    """One timed load in a fresh process."""
     p = subprocess.run([sys.executable, __file__, "--pass", name, str(path)], capture_output=True, text=True,
                        timeout=timeout)
     if p.returncode != 0:
         raise RuntimeError(f"{name} on {path} failed ({p.returncode}):\n{p.stderr[-2000:]}")
     r = json.loads(p.stdout.strip().splitlines()[-1])
-    size = os.path.getsize(path)
-    if name in ("whole_read", "np_memmap", "mmap_copy", "map_hold") and r["bytes"] != size:
-        raise RuntimeError(f"{name} read {r['bytes']} of {size} bytes")
+    check_bytes(name, path, r)
     return r["s"]
+
+
+class LoaderProc:
+    """A `--serve NAME` child: timed loads without paying the imports each time."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.err = tempfile.TemporaryFile()
+        self.p = subprocess.Popen([sys.executable, __file__, "--serve", name], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=self.err, text=True, bufsize=1)
+        bench._PROCS.append(self.p)
+
+    def load(self, path: Path, timeout: float = 600) -> float:
+        import select
+        self.p.stdin.write(f"{path}\n")
+        self.p.stdin.flush()
+        ready, _, _ = select.select([self.p.stdout], [], [], timeout)
+        line = self.p.stdout.readline() if ready else ""
+        if not line:
+            self.close()
+            self.err.seek(0)
+            raise RuntimeError(f"{self.name} on {path}: no answer (exit status {self.p.returncode}):\n"
+                               + self.err.read()[-2000:].decode(errors="replace"))
+        r = json.loads(line)
+        if "error" in r:
+            raise RuntimeError(f"{self.name} on {path}: {r['error']}")
+        check_bytes(self.name, path, r)
+        return r["s"]
+
+    def close(self) -> None:
+        if self.p.poll() is None:
+            try:
+                self.p.stdin.close()
+                self.p.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                self.p.kill()
+                self.p.wait()
+        if self.p in bench._PROCS:
+            bench._PROCS.remove(self.p)
+        self.err.close()
+
+    def __enter__(self) -> "LoaderProc":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 # ----------------------------------------------------------------------------- memory accounting
@@ -499,7 +574,8 @@ class Run:
             print(f"loader {name}: {table[name][0]}", flush=True)
             for _ in range(self.args.reps):
                 try:
-                    self.loader_rep(name, f, full, quarter)
+                    with LoaderProc(name) as lp:
+                        self.loader_rep(lp, name, f, full, quarter)
                 except Exception as e:  # noqa: BLE001 - one broken loader must not end the run
                     self.details.append(f"- point 1, {name} failed: {str(e)[:400]!r}")
                     print(f"  FAILED: {e}", flush=True)
@@ -524,32 +600,32 @@ class Run:
                             f"median of {self.args.reps} passes, each a fresh process")
         self.drop_all()
 
-    def loader_rep(self, name: str, f: Path, full: int, quarter: int) -> None:
+    def loader_rep(self, lp: LoaderProc, name: str, f: Path, full: int, quarter: int) -> None:
         k = lambda case: f"p1 {name} {case}"  # noqa: E731
         self.slow(True)
         sources.drop_caches()
-        self.rec(k("source cold slow"), run_child(name, f))
+        self.rec(k("source cold slow"), lp.load(f))
         for budget, case in ((full, "mount cold slow"), (quarter, "mount cold slow quarter")):
             m = self.mount(budget)
             try:
                 sources.drop_caches()
-                self.rec(k(case), run_child(name, m.mnt / f.name))
+                self.rec(k(case), lp.load(m.mnt / f.name))
                 self.note_modes(k(case), m, f.name)
             finally:
                 m.close()
         self.slow(False)
         sources.drop_caches()
-        self.rec(k("source cold fast"), run_child(name, f))
+        self.rec(k("source cold fast"), lp.load(f))
         m = self.mount(full)
         try:
             sources.drop_caches()
-            self.rec(k("mount cold fast"), run_child(name, m.mnt / f.name))
+            self.rec(k("mount cold fast"), lp.load(m.mnt / f.name))
             self.note_modes(k("mount cold fast"), m, f.name)
             sources.drop_caches()
             d0 = m.stats()["disk"]["read_bytes"]
-            self.rec(k("mount warm"), run_child(name, m.mnt / f.name))
+            self.rec(k("mount warm"), lp.load(m.mnt / f.name))
             self.note_modes(k("mount warm"), m, f.name)
-            self.rec(k("mount warm-k"), run_child(name, m.mnt / f.name))
+            self.rec(k("mount warm-k"), lp.load(m.mnt / f.name))
             self.note_modes(k("mount warm-k"), m, f.name)
             warm_disk = m.stats()["disk"]["read_bytes"] - d0
             if warm_disk > 0:
@@ -558,8 +634,8 @@ class Run:
         finally:
             m.close()
         with bench.Pinned(f):
-            run_child(name, f)  # priming: the first pass over freshly pinned pages costs CPU (loaders.py)
-            self.rec(k("source warm"), run_child(name, f))
+            lp.load(f)  # priming: the first pass over freshly pinned pages costs CPU (loaders.py)
+            self.rec(k("source warm"), lp.load(f))
 
     def drop_all(self) -> None:
         """Frees the RAM device after a point: models are copied back when needed (seconds)."""
@@ -853,6 +929,7 @@ def render(cmd: str, elapsed: float, info: dict, raw: dict, run: Run) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pass", dest="one", nargs=2, metavar=("NAME", "PATH"), help=argparse.SUPPRESS)
+    ap.add_argument("--serve", help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="small files (< 6 min)")
     ap.add_argument("--only", type=parse_only, default=[1, 2, 3, 4, 5], help="points to run, e.g. 1,3")
     ap.add_argument("--tierfs", type=Path, default=REPO / "target" / "release" / "tierfs")
@@ -868,6 +945,9 @@ def main() -> int:
     args = ap.parse_args()
     if args.one:
         child_pass(args.one[0], Path(args.one[1]))
+        return 0
+    if args.serve:
+        child_serve(args.serve)
         return 0
     if args.prepare:
         for key in ("p1", "p3_big", "p3_small"):
