@@ -878,11 +878,14 @@ def machine(args, load0, binary: Path, disk: sources.RamDisk) -> dict:
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
     git = subprocess.run(["git", "-C", str(REPO), "log", "-1", "--format=%h %s"], capture_output=True,
                          text=True).stdout.strip()
+    # the checkout the binary was built in (it may be another worktree than the harness's)
+    bin_git = subprocess.run(["git", "-C", str(args.tierfs.parent), "log", "-1", "--format=%h (%D) %s"],
+                             capture_output=True, text=True).stdout.strip()[:120] or "?"
     return {"cpus": os.cpu_count(), "cpu": cpu, "ram_gib": round(mem / GiB, 1), "kernel": platform.release(),
             "load_start": [round(x, 2) for x in load0], "load_end": [round(x, 2) for x in os.getloadavg()],
             "binary": str(args.tierfs), "binary_sha256": hashlib.sha256(binary.read_bytes()).hexdigest()[:12],
             "binary_built": datetime.datetime.fromtimestamp(args.tierfs.stat().st_mtime).isoformat(timespec="seconds"),
-            "harness_tree": git, "device": f"{disk.kind} ({disk.dev}), ext4, discard",
+            "harness_tree": git, "binary_tree": bin_git, "device": f"{disk.kind} ({disk.dev}), ext4, discard",
             "mount_args": f"--ram-cache BUDGET {' '.join(bench.mount_extra())}".strip()}
 
 
@@ -901,7 +904,8 @@ def render(cmd: str, elapsed: float, info: dict, raw: dict, run: Run) -> str:
         f"- load average (1/5/15 min) at the start {' '.join(map(str, info['load_start']))}, at the end "
         f"{' '.join(map(str, info['load_end']))} (shared machine: compare figures of the same run only)",
         f"- binary: {info['binary']}, sha256 {info['binary_sha256']}, built {info['binary_built']} (copied at the "
-        f"start; every mount ran that copy); harness at {info['harness_tree']}",
+        f"start; every mount ran that copy), from a checkout at {info['binary_tree']}; harness at "
+        f"{info['harness_tree']}",
         f"- mounts: `tierfs mount SRC MNT {info['mount_args']}`, fresh for every cold pass",
         f"- sources: {info['device']}; raw cold sequential read (1 MiB read()): fast {raw.get('fast', 0):.2f} GB/s, "
         f"slow {raw.get('slow', 0):.2f} GB/s (blkio read_bps_device {run.args.slow_bps / 1e9:.2f} GB/s on every "
