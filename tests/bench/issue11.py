@@ -879,8 +879,13 @@ def machine(args, load0, binary: Path, disk: sources.RamDisk) -> dict:
     git = subprocess.run(["git", "-C", str(REPO), "log", "-1", "--format=%h %s"], capture_output=True,
                          text=True).stdout.strip()
     # the checkout the binary was built in (it may be another worktree than the harness's)
-    bin_git = subprocess.run(["git", "-C", str(args.tierfs.parent), "log", "-1", "--format=%h (%D) %s"],
-                             capture_output=True, text=True).stdout.strip()[:120] or "?"
+    bin_git = subprocess.run(["git", "-C", str(args.tierfs.parent), "log", "-1", "--format=%ct %h (%D) %s"],
+                             capture_output=True, text=True).stdout.strip()
+    if bin_git:
+        ct, bin_git = bin_git.split(" ", 1)
+        bin_git = bin_git[:100]
+        if args.tierfs.stat().st_mtime < int(ct):
+            bin_git += " — the binary is older than that commit"
     return {"cpus": os.cpu_count(), "cpu": cpu, "ram_gib": round(mem / GiB, 1), "kernel": platform.release(),
             "load_start": [round(x, 2) for x in load0], "load_end": [round(x, 2) for x in os.getloadavg()],
             "binary": str(args.tierfs), "binary_sha256": hashlib.sha256(binary.read_bytes()).hexdigest()[:12],
@@ -904,7 +909,7 @@ def render(cmd: str, elapsed: float, info: dict, raw: dict, run: Run) -> str:
         f"- load average (1/5/15 min) at the start {' '.join(map(str, info['load_start']))}, at the end "
         f"{' '.join(map(str, info['load_end']))} (shared machine: compare figures of the same run only)",
         f"- binary: {info['binary']}, sha256 {info['binary_sha256']}, built {info['binary_built']} (copied at the "
-        f"start; every mount ran that copy), from a checkout at {info['binary_tree']}; harness at "
+        f"start; every mount ran that copy); its checkout's HEAD: {info['binary_tree'] or '?'}; harness at "
         f"{info['harness_tree']}",
         f"- mounts: `tierfs mount SRC MNT {info['mount_args']}`, fresh for every cold pass",
         f"- sources: {info['device']}; raw cold sequential read (1 MiB read()): fast {raw.get('fast', 0):.2f} GB/s, "
@@ -937,7 +942,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="small files (< 6 min)")
     ap.add_argument("--only", type=parse_only, default=[1, 2, 3, 4, 5], help="points to run, e.g. 1,3")
     ap.add_argument("--tierfs", type=Path, default=REPO / "target" / "release" / "tierfs")
-    ap.add_argument("--reps", type=int, help="passes per case (default 1 quick, 2 otherwise)")
+    ap.add_argument("--reps", type=int, help="passes per case, median reported (default 1 quick, 3 otherwise)")
     ap.add_argument("--passes", type=int, default=3, help="point 5 passes")
     ap.add_argument("--loaders", help="point 1 loaders (default all): " + ",".join(
         ["safe_open_np", "safe_open_pt", "load_file", "comfy", "aimdo", "pread", "whole_read", "runai", "np_memmap"]))
@@ -957,7 +962,7 @@ def main() -> int:
         for key in ("p1", "p3_big", "p3_small"):
             print(stored_model(Path(args.data), key, 1 if args.quick else 0))
         return 0
-    args.reps = args.reps or (1 if args.quick else 2)
+    args.reps = args.reps or (1 if args.quick else 3)
     if args.loaders:
         args.loaders = [x for x in args.loaders.split(",") if x]
         unknown = set(args.loaders) - set(loaders_table())
