@@ -14,6 +14,7 @@
 //! - [`control`]: the commands of `.tierfs/control`.
 //! - [`synth`]: deterministic synthetic checkpoints (demo, tests, benchmarks).
 //! - [`size`]: human byte sizes.
+//! - [`sync`]: the locks of the core (swapped for loom's in model-checked tests).
 pub mod cache;
 pub mod control;
 pub mod index;
@@ -23,4 +24,5 @@ pub mod prefetch;
 pub mod size;
 pub mod source;
 pub mod stats;
+pub mod sync;
 pub mod synth;
