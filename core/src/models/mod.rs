@@ -24,7 +24,7 @@ use std::ffi::OsStr;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::Instant;
 
 use thiserror::Error;
@@ -38,6 +38,7 @@ use crate::prefetch::saved::SavedOrders;
 use crate::prefetch::Prefetcher;
 use crate::source::{aligned_footprint, ReadWrapper, SourceError, SourceFile, SourceIdentity};
 use crate::stats::{Counters, FileSnapshot, PrefetchSnapshot};
+use crate::sync::{lock, Mutex, MutexGuard};
 
 /// Bytes read at first open in the hope that they hold the whole header. Most checkpoint headers
 /// are 10–200 KiB; when one is larger, exactly what it needs is read in a second request.
@@ -540,7 +541,7 @@ impl ModelStore {
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<PathBuf, Arc<ModelFile>>> {
-        self.files.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.files)
     }
 }
 

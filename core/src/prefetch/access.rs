@@ -22,8 +22,8 @@
 //! straggling threads are still reading are protected by the cache's recency guard, which asks
 //! [`FileAccess::is_previous`].)
 
+use crate::sync::{lock, read, write, Mutex, MutexGuard, RwLock};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError, RwLock};
 
 use crate::prefetch::order::{AccessOrder, Touch};
 
@@ -95,10 +95,7 @@ impl FileAccess {
             return Step::Stay;
         }
         if touch == Touch::NewPass {
-            *self
-                .position
-                .write()
-                .unwrap_or_else(PoisonError::into_inner) = positions(&order);
+            *write(&self.position) = positions(&order);
         }
         let left = self.current.swap(block, Ordering::Relaxed);
         self.previous.store(left, Ordering::Relaxed);
@@ -146,7 +143,7 @@ impl FileAccess {
         if current == NONE {
             return 0;
         }
-        let position = self.position.read().unwrap_or_else(PoisonError::into_inner);
+        let position = read(&self.position);
         let (Some(&to), Some(&from)) = (position.get(block), position.get(current)) else {
             return 0;
         };
@@ -171,7 +168,7 @@ impl FileAccess {
     }
 
     fn lock(&self) -> MutexGuard<'_, AccessOrder> {
-        self.order.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.order)
     }
 }
 

@@ -25,13 +25,14 @@ pub mod order;
 pub mod saved;
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::thread;
 
 use crossbeam::channel::{bounded, Receiver, Sender, TrySendError};
 
 use crate::cache::{ChunkCache, ChunkKey, Want};
 use crate::models::ModelFile;
+use crate::sync::{lock, Mutex};
 
 /// Bytes read ahead of a sequential reader: 16 MiB is four chunks, about 16 ms of disk time at
 /// 1 GB/s — enough to cover the gap between a reader finishing one chunk and asking for the
@@ -191,8 +192,4 @@ fn run_worker(cache: &ChunkCache, queue: &Receiver<Job>, queued: &Mutex<HashSet<
             tracing::trace!(file = %job.file.path().display(), chunk = job.chunk, error = %e, "prefetch not done; the reader will fetch it if needed");
         }
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }

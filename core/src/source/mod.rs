@@ -28,10 +28,12 @@ use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, PoisonError};
 
 use memmap2::MmapMut;
 use thiserror::Error;
+
+use crate::sync::StaticMutex;
 
 /// Alignment of `O_DIRECT` offsets, lengths and buffers. 4 KiB satisfies both 512-byte and
 /// 4 KiB logical-sector devices, and is also what cuFile wants; anonymous mappings are always
@@ -93,7 +95,7 @@ const SPARE_BUFFERS: usize = 4;
 const SPARE_MIN_BYTES: usize = 1 << 20;
 
 /// The spare mappings, oldest first. Process-wide, like the allocator it stands in front of.
-static SPARE: Mutex<Vec<MmapMut>> = Mutex::new(Vec::new());
+static SPARE: StaticMutex<Vec<MmapMut>> = StaticMutex::new(Vec::new());
 
 /// A mapping of `len` bytes: a spare one of exactly that size if there is one, else a new one.
 fn map_buffer(len: usize) -> io::Result<MmapMut> {
@@ -134,6 +136,30 @@ pub struct AlignedBytes {
 }
 
 impl AlignedBytes {
+    /// `len` zero bytes in a fresh anonymous mapping, untouched (so costing no memory until
+    /// written): for tests and benchmarks of the cache without files.
+    #[doc(hidden)]
+    pub fn anonymous(len: usize) -> io::Result<AlignedBytes> {
+        Ok(AlignedBytes {
+            map: Some(MmapMut::map_anon(align_up(len.max(1) as u64) as usize)?),
+            skip: 0,
+            len,
+        })
+    }
+
+    /// A copy of `bytes` in its own (page-rounded) mapping: for tests of the cache without
+    /// files.
+    #[doc(hidden)]
+    pub fn copy_of(bytes: &[u8]) -> io::Result<AlignedBytes> {
+        let mut map = MmapMut::map_anon(align_up(bytes.len().max(1) as u64) as usize)?;
+        map[..bytes.len()].copy_from_slice(bytes);
+        Ok(AlignedBytes {
+            map: Some(map),
+            skip: 0,
+            len: bytes.len(),
+        })
+    }
+
     pub fn as_slice(&self) -> &[u8] {
         self.map
             .as_deref()
