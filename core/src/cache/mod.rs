@@ -65,7 +65,7 @@ use std::time::Instant;
 
 use thiserror::Error;
 
-use resident::Resident;
+use resident::{Resident, VictimQueue};
 
 use crate::prefetch::access::FileAccess;
 use crate::source::{self, AlignedBytes, SourceError};
@@ -565,8 +565,10 @@ impl ChunkCache {
         if extra > state.budget {
             return false;
         }
+        let mut victims = None;
         while state.used + extra > state.budget {
-            let Some(key) = self.victim(state, needed_in) else {
+            let victims = victims.get_or_insert_with(|| state.resident.victims(self.recent()));
+            let Some(key) = Self::victim(victims, &state.resident, needed_in) else {
                 return false;
             };
             let Some(chunk) = state.resident.pop(&key) else {
@@ -585,14 +587,22 @@ impl ChunkCache {
     /// any other candidate: a multi-threaded reader that moved on to the next block may still
     /// have threads finishing the last pieces of the one it left, which is otherwise exactly the
     /// block needed furthest ahead.
-    /// One step per resident block ([`resident`]), not per chunk.
-    fn victim(&self, state: &State, needed_in: Option<usize>) -> Option<ChunkKey> {
-        let recent = self.now().saturating_sub(RECENTLY_READ.as_nanos() as u64);
-        let (key, idle, distance) = state.resident.victim(recent)?;
+    /// Ranking is one step per resident block, then `log(blocks)` per victim ([`resident`]).
+    fn victim(
+        victims: &mut VictimQueue,
+        resident: &Resident,
+        needed_in: Option<usize>,
+    ) -> Option<ChunkKey> {
+        let (key, idle, distance) = victims.next(resident)?;
         match needed_in {
             Some(incoming) if distance <= incoming || !idle => None,
             _ => Some(key),
         }
+    }
+
+    /// Reads since this instant count as recent for the recency guard.
+    fn recent(&self) -> u64 {
+        self.now().saturating_sub(RECENTLY_READ.as_nanos() as u64)
     }
 
     fn release(&self, state: &mut State, key: ChunkKey, chunk: &Chunk) {

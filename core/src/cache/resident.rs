@@ -13,13 +13,13 @@
 //! before, but cannot be grouped).
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::sync::Arc;
 
 use super::{Chunk, ChunkKey};
 
 /// Chunks of one block of one file version; `block` is `None` for chunks of unknown owner.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct GroupKey {
     file: u64,
     block: Option<usize>,
@@ -108,39 +108,74 @@ impl Resident {
             .collect()
     }
 
-    /// The eviction candidate: among the least recently used chunk of each group, the one
-    /// ranked highest by `(idle, distance, older)`, where `idle` is `!may_be_in_use(recent)`.
-    /// Returns it with its idleness and distance.
-    ///
-    /// Only a group's oldest chunk is asked whether it may still be in use: in the block a
-    /// reader just left, the oldest chunk is the one its stragglers finished with first, so if
-    /// it is busy the group is passed over for now (at worst a less distant chunk goes first).
-    pub(super) fn victim(&self, recent: u64) -> Option<(ChunkKey, bool, usize)> {
-        // (idle, distance, older first), highest evicted first.
-        type Rank = (bool, usize, Reverse<u64>);
-        let mut best: Option<(Rank, ChunkKey)> = None;
-        for chunks in self.groups.values() {
-            let Some((&stamp, &key)) = chunks.first_key_value() else {
-                continue;
-            };
-            let Some(entry) = self.chunks.get(&key) else {
-                continue;
-            };
-            let rank = (
-                !entry.chunk.may_be_in_use(recent),
-                entry.chunk.distance(),
-                Reverse(stamp),
-            );
-            if best.as_ref().is_none_or(|(old, _)| rank > *old) {
-                best = Some((rank, key));
-            }
-        }
-        best.map(|((idle, distance, _), key)| (key, idle, distance))
+    /// The eviction order as of now, for one eviction or a batch of them (a shrink): ranks
+    /// every group once (its distance is asked once per batch; readers moving meanwhile do not
+    /// change a decision taken under one hold of the cache lock), then yields chunks in rank
+    /// order at `log(groups)` each. See [`VictimQueue`].
+    pub(super) fn victims(&self, recent: u64) -> VictimQueue {
+        let heap = self
+            .groups
+            .iter()
+            .filter_map(|(&group, chunks)| {
+                let (&stamp, key) = chunks.first_key_value()?;
+                let chunk = &self.chunks.get(key)?.chunk;
+                let distance = chunk.distance();
+                Some((
+                    (!chunk.may_be_in_use(recent), distance, Reverse(stamp)),
+                    group,
+                ))
+            })
+            .collect();
+        VictimQueue { heap, recent }
     }
 
     /// Every resident chunk's footprint summed (for invariant checks in tests).
     #[cfg(test)]
     pub(super) fn footprint(&self) -> u64 {
         self.chunks.values().map(|e| e.chunk.footprint()).sum()
+    }
+}
+
+/// (idle, distance, older first): the highest is evicted first.
+type Rank = (bool, usize, Reverse<u64>);
+
+/// Groups by the rank of their least recently used chunk ([`Resident::victims`]).
+///
+/// The victim is, among the least recently used chunk of each group, the one ranked highest by
+/// `(idle, distance, older)`, where `idle` is `!may_be_in_use(recent)`. Only a group's oldest
+/// chunk is asked whether it may still be in use: in the block a reader just left, the oldest
+/// chunk is the one its stragglers finished with first, so if it is busy the group waits its
+/// turn (at worst a less distant chunk goes first).
+pub(super) struct VictimQueue {
+    heap: BinaryHeap<(Rank, GroupKey)>,
+    recent: u64,
+}
+
+impl VictimQueue {
+    /// The next victim, with its idleness and distance; the caller removes it from `resident`
+    /// before asking for the next one.
+    pub(super) fn next(&mut self, resident: &Resident) -> Option<(ChunkKey, bool, usize)> {
+        while let Some(((idle, distance, Reverse(stamp)), group)) = self.heap.pop() {
+            let Some((&oldest, &key)) = resident
+                .groups
+                .get(&group)
+                .and_then(|c| c.first_key_value())
+            else {
+                continue; // the group is gone
+            };
+            let Some(entry) = resident.chunks.get(&key) else {
+                continue;
+            };
+            if oldest != stamp {
+                // Its ranked chunk was evicted (or used) since: rank its oldest one now.
+                let idle = !entry.chunk.may_be_in_use(self.recent);
+                self.heap.push(((idle, distance, Reverse(oldest)), group));
+                continue;
+            }
+            // Back in the queue: once `key` is evicted, the group's next chunk is ranked.
+            self.heap.push(((idle, distance, Reverse(stamp)), group));
+            return Some((key, idle, distance));
+        }
+        None
     }
 }

@@ -35,7 +35,7 @@ use crate::index::{IndexError, TensorIndex};
 use crate::prefetch::access::FileCounters;
 use crate::prefetch::access::{FileAccess, Step};
 use crate::prefetch::saved::SavedOrders;
-use crate::prefetch::Prefetcher;
+use crate::prefetch::{Executor, PrefetchTarget, Prefetcher};
 use crate::source::{aligned_footprint, ReadWrapper, SourceError, SourceFile, SourceIdentity};
 use crate::stats::{Counters, FileSnapshot, PrefetchSnapshot};
 use crate::sync::{lock, Mutex, MutexGuard};
@@ -270,6 +270,28 @@ impl ModelFile {
     }
 }
 
+impl PrefetchTarget for ModelFile {
+    fn access(&self) -> Option<&Arc<FileAccess>> {
+        self.access.as_ref()
+    }
+
+    fn plan(&self) -> Option<&ChunkPlan> {
+        ModelFile::plan(self)
+    }
+
+    fn chunk_key(&self, chunk: usize) -> ChunkKey {
+        self.key(chunk)
+    }
+
+    fn prefetch_chunk(&self, cache: &ChunkCache, chunk: usize) -> Result<(), CacheError> {
+        self.fetch_chunk(cache, chunk, Want::Prefetch).map(|_| ())
+    }
+
+    fn display_path(&self) -> &Path {
+        &self.path
+    }
+}
+
 enum HeaderError {
     Malformed(IndexError),
     Source(SourceError),
@@ -313,8 +335,29 @@ impl ModelStore {
     /// A store with `budget` bytes of cache, keeping learned orders in `saved`.
     pub fn new(budget: u64, saved: SavedOrders) -> ModelStore {
         let cache = Arc::new(ChunkCache::new(budget, Arc::new(Counters::default())));
+        let prefetcher = Prefetcher::new(Arc::clone(&cache));
+        ModelStore::with_prefetcher(cache, prefetcher, saved)
+    }
+
+    /// [`Self::new`] with prefetches run by `executor` (tests: a
+    /// [`crate::prefetch::ManualExecutor`]).
+    pub fn with_executor(
+        budget: u64,
+        saved: SavedOrders,
+        executor: Arc<dyn Executor>,
+    ) -> ModelStore {
+        let cache = Arc::new(ChunkCache::new(budget, Arc::new(Counters::default())));
+        let prefetcher = Prefetcher::with_executor(Arc::clone(&cache), executor);
+        ModelStore::with_prefetcher(cache, prefetcher, saved)
+    }
+
+    fn with_prefetcher(
+        cache: Arc<ChunkCache>,
+        prefetcher: Prefetcher,
+        saved: SavedOrders,
+    ) -> ModelStore {
         ModelStore {
-            prefetcher: Prefetcher::new(Arc::clone(&cache)),
+            prefetcher,
             cache,
             files: Mutex::new(HashMap::new()),
             next_generation: AtomicU64::new(1),
@@ -338,6 +381,11 @@ impl ModelStore {
 
     pub fn cache(&self) -> &ChunkCache {
         &self.cache
+    }
+
+    /// Returns once every prefetch queued so far has run (tests, instead of sleeping).
+    pub fn wait_prefetch_idle(&self) {
+        self.prefetcher.wait_idle();
     }
 
     pub fn counters(&self) -> &Counters {
