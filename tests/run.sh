@@ -55,6 +55,13 @@ cleanup() {
     for pid in $(grep -lsa -- "$TIERFS_TEST_ROOT" /proc/[0-9]*/cmdline 2>/dev/null | cut -d/ -f3); do
         [ "$pid" != "$$" ] && kill -KILL "$pid" 2>/dev/null || true
     done
+    # Memory cgroups of test_pressure.py (its own `finally` removes them; this covers a killed
+    # run): kill what is left in them (its hogs), then remove them.
+    find /sys/fs/cgroup/memory -maxdepth 6 -type d -name 'tierfs-pressure-*' 2>/dev/null |
+        while read -r cg; do
+            for pid in $(cat "$cg/cgroup.procs" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
+            sleep 0.5; rmdir "$cg" 2>/dev/null || true
+        done
     if [ -z "${TIERFS_KEEP_TMP:-}" ]; then rm -rf "$TIERFS_TEST_ROOT"; fi
 }
 trap cleanup EXIT

@@ -39,6 +39,10 @@ enum Command {
         /// RAM cache budget: 512MiB, 8GiB, 8G or bytes [default: a quarter of RAM].
         #[arg(long, value_parser = parse_size_arg)]
         ram_cache: Option<u64>,
+        /// Floor the cache never shrinks below under memory pressure
+        /// [default: an eighth of --ram-cache, at least 256MiB].
+        #[arg(long, value_parser = parse_size_arg)]
+        ram_cache_min: Option<u64>,
         /// Detach once the mount is ready (logs go to --log-file).
         #[arg(long)]
         daemon: bool,
@@ -148,6 +152,7 @@ fn run(command: Command) -> Result<()> {
             source,
             mountpoint,
             ram_cache,
+            ram_cache_min,
             daemon,
             log_file,
             threads,
@@ -166,10 +171,12 @@ fn run(command: Command) -> Result<()> {
                 );
                 budget
             });
+            let budget = mount::clamp_budget(budget);
             let request = mount::MountRequest {
                 source,
                 mountpoint,
                 budget,
+                floor: ram_cache_min,
                 threads,
                 readahead,
                 passthrough: !no_passthrough,

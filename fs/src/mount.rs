@@ -18,6 +18,7 @@ use std::thread;
 use anyhow::{bail, Context, Result};
 use crossbeam::channel::{unbounded, Receiver};
 use fuser::{BackgroundSession, Config, INodeNo, MountOption, Notifier, SessionACL};
+use tierfs_core::budget::{self, watch, BudgetTarget, Governor, Probe};
 use tierfs_core::kernel_cache::{window_for_budget, InodeRange, KernelCacheWindow};
 use tierfs_core::models::ModelStore;
 use tierfs_core::prefetch::saved::SavedOrders;
@@ -37,6 +38,8 @@ pub struct MountRequest {
     pub source: PathBuf,
     pub mountpoint: PathBuf,
     pub budget: u64,
+    /// `--ram-cache-min` (`None`: [`tierfs_core::budget::default_floor`]).
+    pub floor: Option<u64>,
     pub threads: usize,
     pub readahead: u64,
     pub passthrough: bool,
@@ -48,18 +51,57 @@ pub struct MountRequest {
     pub state_file: Option<PathBuf>,
 }
 
-/// The default cache budget: a quarter of physical RAM, leaving the rest to the loader, the
-/// model's own copy in RAM or VRAM staging, and the OS.
+/// The default cache budget: a quarter of physical RAM (or of the memory cgroup's limit),
+/// leaving the rest to the loader, the model's own copy in RAM or VRAM staging, and the OS.
 pub fn default_budget() -> u64 {
-    // SAFETY: sysconf only reads system configuration.
-    let (pages, page_size) = unsafe {
-        (
-            libc::sysconf(libc::_SC_PHYS_PAGES),
-            libc::sysconf(libc::_SC_PAGESIZE),
-        )
+    let ceiling = match Probe::discover() {
+        Ok(probe) => probe.ceiling().0,
+        Err(_) => {
+            // SAFETY: sysconf only reads system configuration.
+            let (pages, page_size) = unsafe {
+                (
+                    libc::sysconf(libc::_SC_PHYS_PAGES),
+                    libc::sysconf(libc::_SC_PAGESIZE),
+                )
+            };
+            u64::try_from(pages).unwrap_or(0) * u64::try_from(page_size).unwrap_or(0)
+        }
     };
-    let ram = u64::try_from(pages).unwrap_or(0) * u64::try_from(page_size).unwrap_or(0);
-    (ram / 4).max(256 << 20)
+    (ceiling / 4).max(256 << 20)
+}
+
+/// `budget`, or the largest budget this machine (or memory cgroup) can hold if it is more,
+/// saying so in one sentence.
+pub fn clamp_budget(budget: u64) -> u64 {
+    let Ok(probe) = Probe::discover() else {
+        return budget;
+    };
+    let (ceiling, what) = probe.ceiling();
+    let (budget, note) = budget::clamp_budget(budget, ceiling, what);
+    if let Some(note) = note {
+        eprintln!("tierfs: {note}");
+    }
+    budget
+}
+
+/// The budget governor of a mount, with its pressure watcher running (if the machine's memory
+/// figures can be read; without them the budget is simply fixed).
+fn start_governor(request: &MountRequest, store: &Arc<ModelStore>) -> Arc<Governor> {
+    let floor = request
+        .floor
+        .unwrap_or_else(|| budget::default_floor(request.budget));
+    let target: Arc<dyn BudgetTarget> = store.clone();
+    let governor = Arc::new(Governor::new(target, request.budget, floor));
+    match Probe::discover() {
+        Ok(probe) => {
+            if let Err(e) = watch::start(&governor, probe) {
+                tracing::warn!(error = %e, "cannot start the memory pressure watcher");
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "memory figures unreadable: the budget stays fixed"),
+    }
+    watch::protect_daemon();
+    governor
 }
 
 /// Where learned block orders live by default: `/var/lib/tierfs` for root (a system daemon),
@@ -114,6 +156,7 @@ impl Mounted {
             request.budget,
             SavedOrders::load(request.state_file.clone()),
         ));
+        let governor = start_governor(request, &store);
         let window = Arc::new(KernelCacheWindow::new(window_for_budget(request.budget)));
         let (invalidations, invalidation_queue) = unbounded();
         let settings = MountSettings {
@@ -121,6 +164,7 @@ impl Mounted {
             mountpoint: mountpoint.clone(),
             passthrough: privilege::passthrough_mode(request.passthrough),
             model_passthrough: request.model_passthrough,
+            governor,
         };
         let fs = TierFs::new(settings, Arc::clone(&store), window, invalidations);
         privilege::check_dev_fuse()?;

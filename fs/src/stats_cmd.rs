@@ -47,6 +47,29 @@ fn num(doc: &Value, path: &[&str]) -> u64 {
         .unwrap_or(0)
 }
 
+/// The `budget` lines: what is in force and what memory pressure did.
+fn render_budget(doc: &Value) -> String {
+    let size = |key: &str| format_size(num(doc, &["budget", key]));
+    let limit = match doc["budget"]["pressure_limit_bytes"].as_u64() {
+        Some(limit) => format!("pressure limit {}", format_size(limit)),
+        None => "no memory pressure".to_string(),
+    };
+    format!(
+        "budget    {} in force of {} configured, floor {}, other tiers {}; {limit}\n\
+         pressure  {} events, {} given back, {} regrowth steps; oom_score_adj {}\n",
+        size("effective_bytes"),
+        size("configured_bytes"),
+        size("floor_bytes"),
+        size("other_tiers_bytes"),
+        num(doc, &["budget", "pressure_events"]),
+        size("given_back_bytes"),
+        num(doc, &["budget", "regrow_steps"]),
+        doc["budget"]["oom_score_adj"]
+            .as_i64()
+            .map_or("?".to_string(), |adj| adj.to_string()),
+    )
+}
+
 /// The human view of one stats document.
 pub fn render_document(doc: &Value) -> String {
     render(doc, None)
@@ -98,6 +121,9 @@ fn render(doc: &Value, previous: Option<&(Instant, Value)>) -> String {
             ""
         },
     );
+    if doc.get("budget").is_some() {
+        out += &render_budget(doc);
+    }
     if let Some((then, before)) = previous {
         let secs = then.elapsed().as_secs_f64().max(1e-3);
         let rate = |path: &[&str]| {

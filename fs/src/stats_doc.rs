@@ -4,6 +4,7 @@ use std::path::Path;
 use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
+use tierfs_core::budget::BudgetSnapshot;
 use tierfs_core::kernel_cache::KernelCacheWindow;
 use tierfs_core::models::ModelStore;
 use tierfs_core::stats::ops::OpsSnapshot;
@@ -30,6 +31,9 @@ pub struct StatsDocument {
     /// Modes that need root, and whether they are in force (see `privilege`).
     pub modes: ModesSnapshot,
     pub passthrough: PassthroughSection,
+    /// The budget governor's figures (`None` only where no governor runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetSnapshot>,
     pub files: Vec<FileSnapshot>,
 }
 
@@ -98,7 +102,14 @@ impl StatsDocument {
                 available: passthrough,
                 tier: store.passthrough_snapshot(),
             },
+            budget: None,
             files: store.files_snapshot(),
         }
+    }
+
+    /// Adds the `budget` section.
+    pub fn with_budget(mut self, budget: BudgetSnapshot) -> StatsDocument {
+        self.budget = Some(budget);
+        self
     }
 }

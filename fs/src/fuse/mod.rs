@@ -42,6 +42,7 @@ use fuser::{
     InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData,
     ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request,
 };
+use tierfs_core::budget::Governor;
 use tierfs_core::control::{self, Command};
 use tierfs_core::kernel_cache::{InodeRange, KernelCacheWindow};
 use tierfs_core::models::{is_model_path, ModelFile, ModelStore, OpenError, ReadBytes, ServeMode};
@@ -78,6 +79,8 @@ pub struct MountSettings {
     pub passthrough: bool,
     /// Whether model files that fit the budget may be served by passthrough.
     pub model_passthrough: bool,
+    /// Steers the cache budget under memory pressure (`tierfs_core::budget`).
+    pub governor: Arc<Governor>,
 }
 
 enum Handle {
@@ -172,7 +175,8 @@ impl TierFs {
             &self.settings.mountpoint,
             self.settings.passthrough,
             self.started,
-        );
+        )
+        .with_budget(self.settings.governor.snapshot());
         let mut json = serde_json::to_vec_pretty(&doc).unwrap_or_else(|e| {
             format!("{{\"error\": \"cannot render stats: {e}\"}}").into_bytes()
         });
@@ -434,7 +438,7 @@ impl TierFs {
     fn run_control(&self, data: &[u8]) -> Result<(), String> {
         match control::parse(data).map_err(|e| e.to_string())? {
             Command::RamCache(bytes) => {
-                self.store.set_budget(bytes);
+                self.settings.governor.set_configured(bytes);
                 tracing::info!(budget = bytes, "cache budget changed");
             }
             Command::Drop => {
