@@ -23,7 +23,6 @@
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -216,10 +215,9 @@ fn merge_and_write(path: &Path, ours: &Orders) -> std::io::Result<()> {
         .truncate(false)
         .write(true)
         .open(sibling(path, "lock"))?;
-    // SAFETY: flock on a descriptor we own; it is released when `lock_file` is closed.
-    if unsafe { libc::flock(lock_file.as_raw_fd(), libc::LOCK_EX) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    // std's lock: flock(LOCK_EX) on Unix, LockFileEx on Windows; released when `lock_file`
+    // is closed.
+    lock_file.lock()?;
     let mut merged = read_orders(path);
     merged.extend(ours.iter().map(|(k, v)| (k.clone(), v.clone())));
     trim(&mut merged);
@@ -298,8 +296,7 @@ mod tests {
         let path = dir.path().join("orders.json");
         let saved = SavedOrders::load(Some(path.clone()));
         let held = File::create(sibling(&path, "lock")).unwrap();
-        // SAFETY: flock on a descriptor owned by this test.
-        assert_eq!(unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX) }, 0);
+        held.lock().unwrap();
         saved.put("m|1".into(), learned(2));
         assert!(!path.exists());
         drop(held);
