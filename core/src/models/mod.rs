@@ -123,6 +123,8 @@ pub struct ModelFile {
     mode: AtomicU8,
     /// Recent request runs, telling probes from streams ([`runs`]).
     runs: runs::Runs,
+    /// The block the last stream of this file was in (`usize::MAX`: none yet).
+    stream_block: std::sync::atomic::AtomicUsize,
 }
 
 /// How an open model file is served, as the stats show it (`files[].mode`).
@@ -185,6 +187,7 @@ impl ModelFile {
             order_key,
             mode: AtomicU8::new(ServeMode::Cache as u8),
             runs: runs::Runs::default(),
+            stream_block: std::sync::atomic::AtomicUsize::new(usize::MAX),
         })
     }
 
@@ -270,20 +273,25 @@ impl ModelFile {
             .map(Some)
     }
 
-    /// Whether the request `[offset, end)` in chunk `chunk` is a probe ([`runs`]): it does
-    /// not continue a run of [`runs::STREAM_AFTER`] bytes, and its block is neither the one
-    /// the reader is in nor the one the order says comes next (other threads of a reader
-    /// already streaming that block, or a reader following a learned order, are no probes).
+    /// Whether the request `[offset, end)`, whose data starts in chunk `chunk`, is a probe
+    /// ([`runs`]): it does not continue a run of [`runs::STREAM_AFTER`] bytes, and its block is
+    /// neither the one a stream of this file is in nor the next one in the order (other threads
+    /// of a reader streaming that block, or a reader following a learned order, are no probes).
     fn is_probe(&self, chunk: usize, offset: u64, end: u64) -> bool {
         let run_before = self.runs.record(offset, end);
-        if run_before >= runs::STREAM_AFTER {
-            return false;
-        }
         let (Some(access), Some(span)) = (self.access(), self.plan().and_then(|p| p.get(chunk)))
         else {
             return false;
         };
-        !access.is_expected(span.block)
+        if run_before >= runs::STREAM_AFTER {
+            self.stream_block.store(span.block, Ordering::Relaxed);
+            return false;
+        }
+        let streaming = self.stream_block.load(Ordering::Relaxed);
+        if streaming == usize::MAX {
+            return true;
+        }
+        span.block != streaming && access.next_blocks(streaming, 1).first() != Some(&span.block)
     }
 
     /// Whether chunk `chunk` is already cached or being read.
@@ -596,14 +604,21 @@ impl ModelStore {
             ));
         }
         let in_data = file.header_end().is_some_and(|h| offset >= h);
+        // The first chunk the request reads data from (a request may start in the header).
+        let first_data_chunk = file.header_end().and_then(|h| {
+            let plan = file.plan()?;
+            (end > h).then(|| plan.chunk_at(offset.max(h))).flatten()
+        });
+        if let Some(first) = first_data_chunk {
+            if file.is_probe(first, offset, end) && !file.chunk_present(&self.cache, first) {
+                return self.read_probe(file, offset, end).map(ReadBytes::Owned);
+            }
+        }
         let chunk = file
             .plan()
             .filter(|_| in_data)
             .and_then(|plan| plan.chunk_at(offset));
         if let Some(chunk) = chunk {
-            if file.is_probe(chunk, offset, end) && !file.chunk_present(&self.cache, chunk) {
-                return self.read_probe(file, offset, end).map(ReadBytes::Owned);
-            }
             // The common case, a kernel request inside one chunk: no copy here at all.
             let (bytes, range, stop) = self.chunk_slice(file, chunk, offset, end)?;
             if stop == end {
