@@ -192,8 +192,12 @@ impl Policy {
             return Change::None;
         }
         // Budget not filled yet is as good as used: it fills as soon as a reader reads.
-        let committed = me.allowed.saturating_sub(me.held) as i64;
-        let spare = reading.headroom - committed - reading.reserve as i64;
+        let committed = i64::try_from(me.allowed.saturating_sub(me.held)).unwrap_or(i64::MAX);
+        let reserve = i64::try_from(reading.reserve).unwrap_or(i64::MAX);
+        let spare = reading
+            .headroom
+            .saturating_sub(committed)
+            .saturating_sub(reserve);
         if spare <= 0 {
             return Change::None;
         }
@@ -311,8 +315,8 @@ impl Governor {
         let used = self.target.used();
         let held = Held {
             configured: state.configured,
-            held: used + state.other_tiers,
-            allowed: state.applied + state.other_tiers,
+            held: used.saturating_add(state.other_tiers),
+            allowed: state.applied.saturating_add(state.other_tiers),
         };
         let change = state.policy.step(reading, held, now);
         let limit = state.policy.limit;
@@ -377,13 +381,16 @@ impl Governor {
 }
 
 /// The budget a mount runs with when `requested` is asked for where programs can have
-/// `ceiling` bytes (RAM or the memory cgroup's limit, named by `what`): the request, or the
-/// largest budget that fits, with the one sentence that says so.
+/// `ceiling` bytes (RAM or the memory cgroup's limit, named by `what`): the request if it is
+/// within the ceiling, else the ceiling less its reserve, with the one sentence that says so.
+/// A request within the ceiling is kept even if it leaves less than the reserve: the daemon
+/// may be alone in a cgroup sized for it (the benchmark's budget + 64 MiB), and where it is
+/// not, the governor takes the reserve back as soon as another program needs it.
 pub fn clamp_budget(requested: u64, ceiling: u64, what: &str) -> (u64, Option<String>) {
-    let largest = probe::largest_budget(ceiling);
-    if requested <= largest {
+    if requested <= ceiling {
         return (requested, None);
     }
+    let largest = probe::largest_budget(ceiling);
     let note = format!(
         "--ram-cache {} is more than this machine can hold ({what}: {}); using {}, which \
          shrinks further under memory pressure",

@@ -220,6 +220,7 @@ impl Cgroup {
                 } else {
                     reserve_for(level.limit)
                 };
+                // Limits are below 2^62 (`UNLIMITED`), usage and reserves too: no overflow.
                 let headroom = level.limit as i64 - level.working_set() as i64 - reserve as i64;
                 (level.limit, headroom, reserve)
             })
@@ -305,7 +306,7 @@ impl Probe {
         })?;
         let reserve = reserve_for(self.system.total);
         let mut reading = Reading {
-            headroom: available as i64 - reserve as i64,
+            headroom: i64::try_from(available).unwrap_or(i64::MAX) - reserve as i64,
             reserve,
             stalled: self.system.psi.as_mut().is_some_and(Psi::stalled),
             kernel_event: false,

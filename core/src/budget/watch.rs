@@ -107,7 +107,7 @@ fn register_v1(probe: &Probe) -> Vec<Registration> {
         let Some(level) = cgroup.level(dir) else {
             continue;
         };
-        let threshold = level.limit - reserve_for(level.limit);
+        let threshold = level.limit.saturating_sub(reserve_for(level.limit));
         let attempts = [
             register(dir, "memory.usage_in_bytes", &threshold.to_string(), false),
             register(dir, "memory.pressure_level", "medium", true),
