@@ -42,6 +42,9 @@ pub struct MountRequest {
     pub threads: usize,
     pub readahead: u64,
     pub passthrough: bool,
+    /// Model files that fit the budget are served by passthrough too (see
+    /// `tierfs_core::passthrough`).
+    pub model_passthrough: bool,
     pub allow_other: bool,
     /// Where learned block orders are kept across remounts (`None`: not kept).
     pub state_file: Option<PathBuf>,
@@ -159,6 +162,7 @@ impl Mounted {
             source: source.clone(),
             mountpoint: mountpoint.clone(),
             passthrough: request.passthrough,
+            model_passthrough: request.model_passthrough,
             governor,
         };
         let fs = TierFs::new(settings, Arc::clone(&store), window, invalidations);
@@ -265,6 +269,9 @@ pub fn daemonize(request: &MountRequest, log_file: Option<&Path>) -> Result<()> 
     }
     if !request.passthrough {
         command.arg("--no-passthrough");
+    }
+    if !request.model_passthrough {
+        command.arg("--no-model-passthrough");
     }
     if request.allow_other {
         command.arg("--allow-other");

@@ -116,11 +116,12 @@ impl BudgetTarget for ChunkCache {
 
 impl BudgetTarget for ModelStore {
     fn set_budget(&self, bytes: u64) {
-        self.cache().set_budget(bytes);
+        // The store splits the budget between the chunk cache and passthrough files.
+        ModelStore::set_budget(self, bytes);
     }
 
     fn used(&self) -> u64 {
-        self.cache().snapshot().used_bytes
+        self.cache().snapshot().used_bytes + self.passthrough_held_bytes()
     }
 }
 
