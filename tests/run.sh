@@ -16,6 +16,15 @@ cargo build --release --workspace
 echo "== cargo test --workspace --release"
 cargo test --workspace --release
 
+# Windows: core tests under wine64, the WinFsp front end type-checked (README, "Windows").
+bash tests/windows/check.sh
+# Model-checked tests of the cache's locks (core/src/cache/loom_tests.rs). Own target dir: the
+# `--cfg loom` flags would otherwise invalidate the release build above. Runs in well under a
+# second once built; the timeout only guards against a model that stops terminating.
+echo "== loom: RUSTFLAGS=\"--cfg loom\" cargo test -p tierfs-core --release loom"
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom timeout 900 \
+    cargo test -p tierfs-core --release loom
+
 if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
 
 # Everything the e2e tests create (mounts included) lives under this root, so a
@@ -65,6 +74,13 @@ cleanup() {
     if [ -z "${TIERFS_KEEP_TMP:-}" ]; then rm -rf "$TIERFS_TEST_ROOT"; fi
 }
 trap cleanup EXIT
+
+# The README's first command, taken from the README itself so the two cannot drift apart. Its
+# temporary folder (and so its mount) lives under the test root, which cleanup() tears down.
+DEMO_CMD=$(sed -n 's/^\(cargo run [^#]* demo\) *#.*/\1/p' README.md | head -n 1)
+[ -n "$DEMO_CMD" ] || { echo "tests/run.sh: no 'cargo run ... demo' line in README.md" >&2; exit 1; }
+echo "== $DEMO_CMD   (from README.md)"
+TMPDIR=$TIERFS_TEST_ROOT timeout --kill-after=10 "${TIERFS_DEMO_TIMEOUT:-300}" bash -c "$DEMO_CMD"
 
 echo "== pytest tests/python (root: $TIERFS_TEST_ROOT)"
 # Hard cap so a hung FUSE request cannot eat the whole CI budget.

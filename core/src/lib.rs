@@ -12,9 +12,11 @@
 //! - [`models`]: model file versions and the read path that ties the above together.
 //! - [`kernel_cache`]: keeping the mounted files' kernel page cache bounded.
 //! - [`stats`]: the counters behind `.tierfs/stats`.
+//! - [`stats_doc`]: the `.tierfs/stats` document itself.
 //! - [`control`]: the commands of `.tierfs/control`.
 //! - [`synth`]: deterministic synthetic checkpoints (demo, tests, benchmarks).
 //! - [`size`]: human byte sizes.
+//! - [`sync`]: the locks of the core (swapped for loom's in model-checked tests).
 pub mod budget;
 pub mod cache;
 pub mod control;
@@ -26,4 +28,6 @@ pub mod prefetch;
 pub mod size;
 pub mod source;
 pub mod stats;
+pub mod stats_doc;
+pub mod sync;
 pub mod synth;

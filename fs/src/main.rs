@@ -3,10 +3,12 @@
 //! parses the command line and dispatches.
 
 mod comfyui;
+mod daemon;
 mod demo;
 mod fuse;
 mod inspect;
 mod mount;
+mod privilege;
 mod stats_cmd;
 mod stats_doc;
 
@@ -187,7 +189,7 @@ fn run(command: Command) -> Result<()> {
                 }),
             };
             if daemon {
-                return mount::daemonize(&request, log_file.as_deref());
+                return daemon::run(&request, log_file.as_deref());
             }
             mount::run_foreground(&request)
         }

@@ -54,6 +54,7 @@
 //!   in one session: 2.15 and 2.15 GB read per pass, 1.25 and 1.24 s per pass.
 
 pub mod probe;
+#[cfg(target_os = "linux")]
 pub mod watch;
 
 use std::sync::atomic::AtomicU64;
@@ -362,7 +363,7 @@ impl Governor {
             given_back_bytes: Counters::get(&self.given_back),
             regrow_steps: Counters::get(&self.regrow_steps),
             watching: state.watching.clone(),
-            oom_score_adj: watch::oom_score_adj(),
+            oom_score_adj: oom_score_adj(),
         }
     }
 
@@ -411,6 +412,17 @@ pub fn effective_budget(configured: u64, limit: u64, other_tiers: u64, floor: u6
         .min(limit)
         .saturating_sub(other_tiers)
         .max(floor.min(configured))
+}
+
+/// The daemon's `oom_score_adj` (Linux only: the pressure watcher is Linux-only).
+#[cfg(target_os = "linux")]
+fn oom_score_adj() -> Option<i32> {
+    watch::oom_score_adj()
+}
+
+#[cfg(not(target_os = "linux"))]
+fn oom_score_adj() -> Option<i32> {
+    None
 }
 
 #[cfg(test)]
