@@ -292,8 +292,8 @@ def test_a_budget_the_machine_cannot_hold_is_clamped(mount, tree, tierfs_bin):
     st = m.stats()
     total = mem_total()
     b = st["budget"]
-    # RAM minus the reserve (a sixteenth, 64–512 MiB), or less under a memory cgroup's limit.
-    assert b["configured_bytes"] <= total - min(max(total // 16, 64 * MiB), 512 * MiB), b
+    # RAM minus the reserve (a sixteenth, 128–512 MiB), or less under a memory cgroup's limit.
+    assert b["configured_bytes"] <= total - min(max(total // 16, 128 * MiB), 512 * MiB), b
     assert st["cache"]["budget_bytes"] == b["effective_bytes"] == b["configured_bytes"]
     sentence = [line for line in m.log_tail(20000).splitlines() if "--ram-cache 100.00 TiB" in line]
     assert len(sentence) == 1 and "more than this machine can hold" in sentence[0], m.log_tail()

@@ -50,19 +50,20 @@ pub struct Reading {
 }
 
 /// The reserve kept free in a source of `limit` bytes (a cgroup's limit or the machine's RAM):
-/// a sixteenth, between 64 MiB and 512 MiB.
+/// a sixteenth, between 128 MiB and 512 MiB.
 ///
 /// The reserve must cover what other programs allocate between the moment the usage crosses
 /// into it and the moment the evicted chunks are unmapped. The cgroup watcher wakes on the
 /// kernel's threshold event, not at the next poll: in `test_pressure.py` (a process touching
 /// pages at about 800 MiB/s) it found deficits of 0.1–2.4 MiB, and giving back 100 MiB took
-/// 3–4 ms (55 ms at worst on this loaded 2-core VM). At the 4 GiB/s a fast machine faults pages
-/// in, 55 ms is 220 MiB: the 64 MiB minimum plus the step the governor gives back beyond the
-/// deficit covers typical cases, a sixteenth of a large limit the rest. Without an event
-/// (system-wide, v2) the 50 ms poll adds 200 MiB at that rate, which the system reserve (a
-/// sixteenth of RAM, so 512 MiB from 8 GiB up) absorbs.
+/// 3–4 ms on a quiet machine but 25–35 ms with the 2-core VM loaded by eight builds, where a
+/// 64 MiB minimum let the cgroup reach its limit (15 failed charges, reclaimed from file pages,
+/// nothing killed); 128 MiB doubles that margin. At the 4 GiB/s a fast machine faults pages
+/// in, 35 ms is 140 MiB, which the step the governor gives back beyond the deficit covers.
+/// Without an event (system-wide, v2) the 50 ms poll adds 200 MiB at that rate, which the
+/// system reserve (a sixteenth of RAM, so 512 MiB from 8 GiB up) absorbs.
 pub fn reserve_for(limit: u64) -> u64 {
-    (limit / 16).clamp(64 * MIB, 512 * MIB)
+    (limit / 16).clamp(128 * MIB, 512 * MIB)
 }
 
 /// The system-wide source.
@@ -220,6 +221,7 @@ impl Cgroup {
                 } else {
                     reserve_for(level.limit)
                 };
+                // Limits are below 2^62 (`UNLIMITED`), usage and reserves too: no overflow.
                 let headroom = level.limit as i64 - level.working_set() as i64 - reserve as i64;
                 (level.limit, headroom, reserve)
             })
@@ -305,7 +307,7 @@ impl Probe {
         })?;
         let reserve = reserve_for(self.system.total);
         let mut reading = Reading {
-            headroom: available as i64 - reserve as i64,
+            headroom: i64::try_from(available).unwrap_or(i64::MAX) - reserve as i64,
             reserve,
             stalled: self.system.psi.as_mut().is_some_and(Psi::stalled),
             kernel_event: false,
@@ -486,7 +488,7 @@ mod tests {
 
     #[test]
     fn reserve_bounds() {
-        assert_eq!(reserve_for(256 * MIB), 64 * MIB);
+        assert_eq!(reserve_for(256 * MIB), 128 * MIB);
         assert_eq!(reserve_for(6 * GIB), 384 * MIB);
         assert_eq!(reserve_for(100 * GIB), 512 * MIB);
         assert_eq!(largest_budget(24 * GIB), 24 * GIB - 512 * MIB);

@@ -188,6 +188,9 @@ fn an_impossible_budget_is_clamped_with_one_sentence() {
     let note = note.unwrap();
     assert!(note.contains("100") && note.contains("RAM"), "{note}");
     assert_eq!(clamp_budget(4 * GIB, 24 * GIB, "RAM"), (4 * GIB, None));
+    // Within the ceiling, even inside its reserve: kept.
+    assert_eq!(clamp_budget(2 * GIB, 2112 * MIB, "cgroup"), (2 * GIB, None));
+    assert_eq!(clamp_budget(2113 * MIB, 2112 * MIB, "cgroup").0, 1980 * MIB);
 }
 
 #[test]
@@ -202,4 +205,15 @@ fn the_real_cache_shrinks_through_the_governor() {
     governor.observe(&reading(-(32 * MIB as i64)), Instant::now());
     // 64 − 32 deficit − 8 step (nothing is resident, so "held" is 0 and the floor wins).
     assert_eq!(cache.budget(), 16 * MIB);
+}
+
+#[test]
+fn enormous_budgets_do_not_overflow() {
+    let (cache, governor) = governor(u64::MAX);
+    governor.set_other_tiers(u64::MAX);
+    let t0 = Instant::now();
+    governor.observe(&reading(i64::MIN), t0);
+    governor.observe(&reading(i64::MAX), t0 + CALM);
+    governor.observe(&reading(i64::MAX), t0 + CALM + GROW_EVERY);
+    assert!(cache.used() >= default_floor(u64::MAX));
 }

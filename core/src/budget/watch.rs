@@ -107,7 +107,7 @@ fn register_v1(probe: &Probe) -> Vec<Registration> {
         let Some(level) = cgroup.level(dir) else {
             continue;
         };
-        let threshold = level.limit - reserve_for(level.limit);
+        let threshold = level.limit.saturating_sub(reserve_for(level.limit));
         let attempts = [
             register(dir, "memory.usage_in_bytes", &threshold.to_string(), false),
             register(dir, "memory.pressure_level", "medium", true),
@@ -147,7 +147,21 @@ pub fn start(governor: &Arc<Governor>, probe: Probe) -> io::Result<JoinHandle<()
         .spawn(move || run(&governor, probe, &registrations))
 }
 
+/// The watcher's nice value. Memory runs short when the machine is busiest, and a watcher
+/// waiting for a CPU behind a loaded run queue lets programs allocate past the reserve (see
+/// [`super::probe::reserve_for`]); it runs about 50 µs per wake-up, so raising it costs nobody
+/// anything. Needs `CAP_SYS_NICE`; without it the thread keeps the default.
+const WATCHER_NICE: libc::c_int = -10;
+
 fn run(governor: &Weak<Governor>, mut probe: Probe, registrations: &[Registration]) {
+    // SAFETY: gettid cannot fail; setpriority on this thread's id only changes its own nice
+    // value, and a failure (no CAP_SYS_NICE) is harmless.
+    unsafe {
+        let tid = libc::gettid();
+        if libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, WATCHER_NICE) != 0 {
+            tracing::debug!("cannot raise the pressure watcher's priority");
+        }
+    }
     let mut warned = false;
     loop {
         let kernel_event = wait(registrations);
