@@ -91,11 +91,11 @@ pub fn parse(bytes: &[u8]) -> Result<Command, ControlError> {
 pub fn apply(store: &ModelStore, source: &Path, command: Command) -> Result<(), ControlError> {
     match command {
         Command::RamCache(bytes) => {
-            store.cache().set_budget(bytes);
+            store.set_budget(bytes);
             tracing::info!(budget = bytes, "cache budget changed");
         }
         Command::Drop => {
-            store.cache().clear();
+            store.drop_cached();
             tracing::info!("cache dropped");
         }
         Command::Prefetch(rel) => {

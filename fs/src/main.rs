@@ -52,6 +52,10 @@ enum Command {
         /// Serve non-model files through the daemon instead of FUSE passthrough.
         #[arg(long)]
         no_passthrough: bool,
+        /// Serve every model file from the chunk cache, even one that fits the budget (which is
+        /// otherwise handed to the kernel with FUSE passthrough when running as root).
+        #[arg(long)]
+        no_model_passthrough: bool,
         /// Let other users use the mount (with the source's permissions enforced).
         #[arg(long)]
         allow_other: bool,
@@ -147,6 +151,7 @@ fn run(command: Command) -> Result<()> {
             threads,
             readahead,
             no_passthrough,
+            no_model_passthrough,
             allow_other,
             state_dir,
             no_state,
@@ -166,6 +171,7 @@ fn run(command: Command) -> Result<()> {
                 threads,
                 readahead,
                 passthrough: !no_passthrough,
+                model_passthrough: !no_model_passthrough,
                 allow_other,
                 state_file: (!no_state).then(|| {
                     state_dir

@@ -39,6 +39,9 @@ pub struct MountRequest {
     pub threads: usize,
     pub readahead: u64,
     pub passthrough: bool,
+    /// Model files that fit the budget are served by passthrough too (see
+    /// `tierfs_core::passthrough`).
+    pub model_passthrough: bool,
     pub allow_other: bool,
     /// Where learned block orders are kept across remounts (`None`: not kept).
     pub state_file: Option<PathBuf>,
@@ -116,6 +119,7 @@ impl Mounted {
             source: source.clone(),
             mountpoint: mountpoint.clone(),
             passthrough: request.passthrough,
+            model_passthrough: request.model_passthrough,
         };
         let fs = TierFs::new(settings, Arc::clone(&store), window, invalidations);
         let session = fuser::Session::new(fs, &mountpoint, &session_config(request, &source))
@@ -218,6 +222,9 @@ pub fn daemonize(request: &MountRequest, log_file: Option<&Path>) -> Result<()> 
         .stderr(log);
     if !request.passthrough {
         command.arg("--no-passthrough");
+    }
+    if !request.model_passthrough {
+        command.arg("--no-model-passthrough");
     }
     if request.allow_other {
         command.arg("--allow-other");
