@@ -1,16 +1,19 @@
 //! The JSON document served at `MOUNTPOINT/.tierfs/stats` (schema in the README, "Stats"), by
-//! both front ends (FUSE, WinFsp).
+//! both front ends (FUSE, WinFsp). A front end adds its own sections next to these (the FUSE
+//! front end: `modes` and `budget`) by flattening this document into its own.
 
 use std::path::Path;
 use std::time::SystemTime;
 
+use serde::{Deserialize, Serialize};
+
 use crate::kernel_cache::KernelCacheWindow;
 use crate::models::ModelStore;
 use crate::passthrough::PassthroughSnapshot;
+use crate::stats::ops::OpsSnapshot;
 use crate::stats::{
     CacheSnapshot, Counters, DiskSnapshot, FileSnapshot, KernelCacheSnapshot, PrefetchSnapshot,
 };
-use serde::{Deserialize, Serialize};
 
 /// Version of the document's schema; bumped when a key changes meaning or disappears.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -23,13 +26,16 @@ pub struct StatsDocument {
     pub disk: DiskSnapshot,
     pub prefetch: PrefetchSnapshot,
     pub kernel_page_cache: KernelCacheSnapshot,
+    /// Per-operation counts, errors and latency of the front end's requests.
+    pub ops: OpsSnapshot,
     pub passthrough: PassthroughSection,
     pub files: Vec<FileSnapshot>,
 }
 
 /// `passthrough` section: model files that fit the budget, served by the kernel from their
-/// source ([`crate::passthrough`]). `available` is false when the daemon is not root or
-/// the kernel lacks FUSE passthrough: every model file is then served from the cache.
+/// source ([`crate::passthrough`]). `available` is false when the daemon is not root or the
+/// kernel lacks FUSE passthrough (and always on Windows): every model file is then served from
+/// the cache.
 #[derive(Debug, Serialize)]
 pub struct PassthroughSection {
     pub available: bool,
@@ -44,8 +50,8 @@ pub struct MountInfo {
     pub pid: u32,
     pub uptime_seconds: f64,
     pub passthrough: bool,
-    /// The mount's budget: the chunk cache (`cache.budget_bytes`) gets what passthrough files
-    /// do not hold (`passthrough.open_bytes + passthrough.parked_bytes`).
+    /// The mount's budget: the chunk cache (`cache.chunk_budget_bytes`) gets what passthrough
+    /// files do not hold (`passthrough.open_bytes + passthrough.parked_bytes`).
     #[serde(default)]
     pub budget_bytes: u64,
 }
@@ -54,8 +60,7 @@ impl StatsDocument {
     pub fn collect(
         store: &ModelStore,
         window: &KernelCacheWindow,
-        source: &Path,
-        mountpoint: &Path,
+        (source, mountpoint): (&Path, &Path),
         passthrough: bool,
         started: SystemTime,
     ) -> StatsDocument {
@@ -86,6 +91,7 @@ impl StatsDocument {
                 window_bytes: window.limit(),
                 invalidated_bytes: Counters::get(&c.kernel_cache_invalidated_bytes),
             },
+            ops: c.ops.snapshot(),
             passthrough: PassthroughSection {
                 available: passthrough,
                 tier: store.passthrough_snapshot(),

@@ -1,4 +1,53 @@
-//! The JSON document served at `MOUNTPOINT/.tierfs/stats`: it lives in the core, shared with the
-//! WinFsp front end.
+//! The JSON document served at `MOUNTPOINT/.tierfs/stats` (schema in the README, "Stats"): the
+//! front-end-neutral document of [`tierfs_core::stats_doc`] plus what only the Linux daemon
+//! knows (which root-only modes are in force, and the budget governor).
 
-pub use tierfs_core::stats_doc::StatsDocument;
+use std::path::Path;
+use std::time::SystemTime;
+
+use serde::Serialize;
+use tierfs_core::budget::BudgetSnapshot;
+use tierfs_core::kernel_cache::KernelCacheWindow;
+use tierfs_core::models::ModelStore;
+
+use crate::privilege::ModesSnapshot;
+
+#[derive(Debug, Serialize)]
+pub struct StatsDocument {
+    #[serde(flatten)]
+    pub common: tierfs_core::stats_doc::StatsDocument,
+    /// Modes that need root, and whether they are in force (see `privilege`).
+    pub modes: ModesSnapshot,
+    /// The budget governor's figures (`None` only where no governor runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetSnapshot>,
+}
+
+impl StatsDocument {
+    pub fn collect(
+        store: &ModelStore,
+        window: &KernelCacheWindow,
+        source: &Path,
+        mountpoint: &Path,
+        passthrough: bool,
+        started: SystemTime,
+    ) -> StatsDocument {
+        StatsDocument {
+            common: tierfs_core::stats_doc::StatsDocument::collect(
+                store,
+                window,
+                (source, mountpoint),
+                passthrough,
+                started,
+            ),
+            modes: crate::privilege::snapshot(passthrough),
+            budget: None,
+        }
+    }
+
+    /// Adds the `budget` section.
+    pub fn with_budget(mut self, budget: BudgetSnapshot) -> StatsDocument {
+        self.budget = Some(budget);
+        self
+    }
+}

@@ -99,8 +99,7 @@ impl TierWinFs {
         let doc = StatsDocument::collect(
             &self.store,
             &self.window,
-            &self.source,
-            Path::new(&self.mountpoint),
+            (&self.source, Path::new(&self.mountpoint)),
             false,
             self.started,
         );

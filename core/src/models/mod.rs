@@ -482,6 +482,11 @@ impl ModelStore {
         snapshot
     }
 
+    /// Bytes the passthrough tier holds (open files' reservations and parked page cache).
+    pub fn passthrough_held_bytes(&self) -> u64 {
+        self.passthrough.held_bytes()
+    }
+
     pub fn passthrough_snapshot(&self) -> PassthroughSnapshot {
         self.passthrough.snapshot()
     }
