@@ -253,6 +253,6 @@ fn drop_all(parked: Vec<Parked>) {
     }
 }
 
-// Passthrough (and the page cache these tests measure with cachestat) is Linux-only.
+// The tests measure and drop real page cache, which only Linux reports (cachestat).
 #[cfg(all(test, target_os = "linux"))]
 mod tests;
