@@ -14,6 +14,8 @@
 //! - [`control`]: the commands of `.tierfs/control`.
 //! - [`synth`]: deterministic synthetic checkpoints (demo, tests, benchmarks).
 //! - [`size`]: human byte sizes.
+//! - [`access`]: who may see what through a shared mount (per-request credentials).
+pub mod access;
 pub mod cache;
 pub mod control;
 pub mod index;

@@ -18,6 +18,7 @@ use std::thread;
 use anyhow::{bail, Context, Result};
 use crossbeam::channel::{unbounded, Receiver};
 use fuser::{BackgroundSession, Config, INodeNo, MountOption, Notifier, SessionACL};
+use tierfs_core::access::Sharing;
 use tierfs_core::kernel_cache::{window_for_budget, InodeRange, KernelCacheWindow};
 use tierfs_core::models::ModelStore;
 use tierfs_core::prefetch::saved::SavedOrders;
@@ -116,6 +117,8 @@ impl Mounted {
             source: source.clone(),
             mountpoint: mountpoint.clone(),
             passthrough: request.passthrough,
+            // SAFETY: geteuid cannot fail.
+            sharing: Sharing::for_mount(request.allow_other, unsafe { libc::geteuid() }),
         };
         let fs = TierFs::new(settings, Arc::clone(&store), window, invalidations);
         let session = fuser::Session::new(fs, &mountpoint, &session_config(request, &source))
