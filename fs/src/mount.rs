@@ -41,6 +41,8 @@ pub struct MountRequest {
     pub readahead: u64,
     pub passthrough: bool,
     pub allow_other: bool,
+    /// Cap on the memory of model headers and indexes (`--index-cache`).
+    pub index_cap: u64,
     /// Where learned block orders are kept across remounts (`None`: not kept).
     pub state_file: Option<PathBuf>,
 }
@@ -107,10 +109,13 @@ impl Mounted {
     pub fn start(request: &MountRequest) -> Result<Mounted> {
         let source = check_source(&request.source)?;
         let mountpoint = check_mountpoint(&request.mountpoint, &source)?;
-        let store = Arc::new(ModelStore::new(
-            request.budget,
-            SavedOrders::load(request.state_file.clone()),
-        ));
+        let store = Arc::new(
+            ModelStore::new(
+                request.budget,
+                SavedOrders::load(request.state_file.clone()),
+            )
+            .with_index_cap(request.index_cap),
+        );
         let window = Arc::new(KernelCacheWindow::new(window_for_budget(request.budget)));
         let (invalidations, invalidation_queue) = unbounded();
         let settings = MountSettings {
@@ -216,6 +221,7 @@ pub fn daemonize(request: &MountRequest, log_file: Option<&Path>) -> Result<()> 
         .arg(format!("--ram-cache={}", request.budget))
         .arg(format!("--threads={}", request.threads))
         .arg(format!("--readahead={}", request.readahead))
+        .arg(format!("--index-cache={}", request.index_cap))
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(log);

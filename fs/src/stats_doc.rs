@@ -52,7 +52,10 @@ impl StatsDocument {
                 uptime_seconds: started.elapsed().map_or(0.0, |d| d.as_secs_f64()),
                 passthrough,
             },
-            cache: store.cache().snapshot(),
+            cache: CacheSnapshot {
+                index: store.index_snapshot(),
+                ..store.cache().snapshot()
+            },
             disk: DiskSnapshot {
                 read_bytes: Counters::get(&c.disk_read_bytes),
                 reads: Counters::get(&c.disk_reads),
