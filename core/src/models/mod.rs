@@ -394,11 +394,25 @@ impl ModelStore {
             tracing::info!(file = %abs.display(), "source changed: dropping cached bytes of the old version");
             self.cache.forget_file(old.generation);
         }
-        for old in evicted {
+        for old in &evicted {
             tracing::debug!(file = %old.path.display(), "index cap reached: forgetting the file");
             self.cache.forget_file(old.generation);
         }
+        drop(evicted);
+        self.trim_after_evictions();
         Ok(file)
+    }
+
+    /// Gives the memory of forgotten headers back to the OS once enough was forgotten (see
+    /// [`table::TRIM_AFTER_EVICTED_BYTES`]).
+    fn trim_after_evictions(&self) {
+        if self.lock().take_trim_due() {
+            #[cfg(target_env = "gnu")]
+            // SAFETY: malloc_trim only returns free heap pages to the OS.
+            unsafe {
+                libc::malloc_trim(0);
+            }
+        }
     }
 
     /// Reads up to `len` bytes at `offset` (fewer only at end of file).

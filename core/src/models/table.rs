@@ -23,6 +23,14 @@ use crate::stats::IndexSnapshot;
 /// while staying small next to any chunk budget worth having.
 pub const DEFAULT_INDEX_CAP: u64 = 256 << 20;
 
+/// Evicted bytes after which the allocator is asked to return free memory to the OS
+/// (`malloc_trim`). Headers are freed by whichever request thread evicts them, into that
+/// thread's malloc arena, and glibc keeps freed memory in each of its per-thread arenas: with 8
+/// request threads, 10 000 files of 32 KiB headers under a 32 MiB cap left the daemon at
+/// 100 MiB RSS without trimming, 53 MiB with a single arena. Trimming every 16 MiB of
+/// evictions costs one walk of the arenas per 16 MiB of headers indexed.
+pub const TRIM_AFTER_EVICTED_BYTES: u64 = 16 << 20;
+
 /// Memory of a known file besides its header and index: the `ModelFile`, its access state,
 /// its table entry and its open descriptor. Rounded up from the struct sizes.
 const ENTRY_OVERHEAD: u64 = 2 << 10;
@@ -38,6 +46,8 @@ pub struct ModelTable {
     bytes: u64,
     cap: u64,
     evictions: u64,
+    /// Bytes evicted since the allocator was last trimmed.
+    untrimmed: u64,
 }
 
 impl ModelTable {
@@ -47,6 +57,7 @@ impl ModelTable {
             bytes: 0,
             cap,
             evictions: 0,
+            untrimmed: 0,
         }
     }
 
@@ -100,11 +111,21 @@ impl ModelTable {
         for path in victims {
             if let Some(known) = self.files.pop(&path) {
                 self.bytes -= known.bytes;
+                self.untrimmed += known.bytes;
                 self.evictions += 1;
                 evicted.push(known.file);
             }
         }
         evicted
+    }
+
+    /// Whether enough was evicted since the last call that returned true to trim the heap.
+    pub fn take_trim_due(&mut self) -> bool {
+        let due = self.untrimmed >= TRIM_AFTER_EVICTED_BYTES;
+        if due {
+            self.untrimmed = 0;
+        }
+        due
     }
 
     pub fn files(&self) -> impl Iterator<Item = &Arc<ModelFile>> {
