@@ -12,7 +12,9 @@
 //!   that directory, and for no one else;
 //! - races cannot widen access: a link or directory swapped between lookup and open is resolved
 //!   by the `open` call itself, with the requester's rights, whatever it points at by then;
-//! - SOURCE's own ancestors count too (a user who cannot reach SOURCE cannot read through it).
+//! - the check starts at SOURCE ([`SourceRoot`]): the mount root stands for SOURCE, and who
+//!   may reach the mount is decided where it is mounted, so a SOURCE inside a `0700` home
+//!   still serves the users the mount is shared with. SOURCE itself must be searchable by them.
 //!
 //! Cached bytes are shared between users only after such a per-request `open` succeeded on the
 //! same file version (same device, inode, size and times), so the cache never serves a file to
@@ -32,9 +34,9 @@ pub mod creds;
 use std::ffi::CString;
 use std::fs::File;
 use std::io;
-use std::os::fd::FromRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 pub use creds::{AccessError, Credentials, GroupsCache, Switched};
 
@@ -163,4 +165,45 @@ pub fn open_for_request(abs: &Path, follow_links: bool) -> io::Result<File> {
     }
     // SAFETY: openat2 returned a new descriptor that nothing else owns.
     Ok(unsafe { File::from_raw_fd(fd as i32) })
+}
+
+/// SOURCE, held open so that requests acting as a user reach paths *below* it without the
+/// kernel checking SOURCE's ancestors with the user's rights. They go through
+/// `/proc/self/fd/N/REL`: the kernel lets a process follow its own descriptors there whatever
+/// its fsuid (`proc_fd_permission`, `ptrace_may_access` on its own thread group), and checks
+/// each component of `REL`, and every link met on the way, with the thread's credentials.
+/// Without `/proc`, or when acting with the daemon's own rights, the plain path is used (with
+/// no `/proc`, users then also need to reach SOURCE itself: fewer rights, never more).
+#[derive(Debug)]
+pub struct SourceRoot {
+    abs: PathBuf,
+    via_fd: Option<(OwnedFd, PathBuf)>,
+}
+
+impl SourceRoot {
+    pub fn open(abs: &Path) -> SourceRoot {
+        let via_fd = File::open(abs).ok().map(OwnedFd::from).and_then(|fd| {
+            let base = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+            // `/proc` must be there and show SOURCE at that path.
+            let same = std::fs::metadata(&base).ok()?;
+            let real = std::fs::metadata(abs).ok()?;
+            use std::os::unix::fs::MetadataExt;
+            ((same.dev(), same.ino()) == (real.dev(), real.ino())).then_some((fd, base))
+        });
+        if via_fd.is_none() {
+            tracing::info!(source = %abs.display(), "cannot reach SOURCE through /proc/self/fd: other users need search permission on its parents too");
+        }
+        SourceRoot {
+            abs: abs.to_owned(),
+            via_fd,
+        }
+    }
+
+    /// The path of `rel` (relative to SOURCE) for a request acting as `acting`.
+    pub fn path_for(&self, rel: &Path, acting: &Acting) -> PathBuf {
+        match &self.via_fd {
+            Some((_, base)) if acting.is_switched() => base.join(rel),
+            _ => self.abs.join(rel),
+        }
+    }
 }

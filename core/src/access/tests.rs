@@ -1,5 +1,6 @@
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 use std::sync::Arc;
 
 use super::creds::parse_groups;
@@ -117,4 +118,39 @@ fn no_follow_open_refuses_links_anywhere_on_the_path() {
         assert_eq!(err.raw_os_error(), Some(libc::ELOOP), "{linked}: {err}");
         assert!(open_for_request(&root.join(linked), true).is_ok());
     }
+}
+
+#[test]
+fn a_source_behind_a_closed_directory_is_reached_from_below() {
+    if !is_root() {
+        eprintln!("skipped: needs root to switch credentials");
+        return;
+    }
+    let (dir, _, _) = private_tree();
+    let source = dir.path().join("private");
+    fs::set_permissions(source.join("pub"), fs::Permissions::from_mode(0o755)).ok();
+    fs::create_dir_all(source.join("pub")).unwrap();
+    fs::set_permissions(&source, fs::Permissions::from_mode(0o711)).unwrap();
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o700)).unwrap();
+    fs::write(source.join("pub/open.txt"), b"open").unwrap();
+    fs::write(source.join("mine"), b"x").unwrap();
+    fs::set_permissions(source.join("mine"), fs::Permissions::from_mode(0o600)).unwrap();
+    let root = SourceRoot::open(&source);
+    let rule = AccessRule::new(Sharing::SwitchCredentials);
+    let acting = rule.act_for(NOBODY, NOBODY, 0).unwrap();
+    // The parent of SOURCE is 0700: the plain path is closed, the path below SOURCE is not.
+    assert!(fs::read(source.join("pub/open.txt")).is_err());
+    assert_eq!(
+        fs::read(root.path_for(Path::new("pub/open.txt"), &acting)).unwrap(),
+        b"open"
+    );
+    // Below SOURCE the user's rights still apply: a 0644 file reads, a 0600 one does not.
+    assert_eq!(
+        fs::read(root.path_for(Path::new("secret"), &acting)).unwrap(),
+        b"secret"
+    );
+    let err = fs::read(root.path_for(Path::new("mine"), &acting)).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EACCES));
+    drop(acting);
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
 }

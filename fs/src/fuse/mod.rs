@@ -48,7 +48,7 @@ use fuser::{
     InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData,
     ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request,
 };
-use tierfs_core::access::{open_for_request, AccessRule, Acting, Sharing};
+use tierfs_core::access::{open_for_request, AccessRule, Acting, Sharing, SourceRoot};
 use tierfs_core::control::{self, Command};
 use tierfs_core::kernel_cache::{InodeRange, KernelCacheWindow};
 use tierfs_core::models::{is_model_path, ModelFile, ModelStore, OpenError};
@@ -100,6 +100,7 @@ enum Handle {
 pub struct TierFs {
     settings: MountSettings,
     access: AccessRule,
+    source_root: SourceRoot,
     store: Arc<ModelStore>,
     inodes: Inodes,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
@@ -127,6 +128,7 @@ impl TierFs {
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         TierFs {
             access: AccessRule::new(settings.sharing),
+            source_root: SourceRoot::open(&settings.source),
             settings,
             store,
             inodes: Inodes::default(),
@@ -144,6 +146,12 @@ impl TierFs {
 
     fn abs(&self, rel: &Path) -> PathBuf {
         self.settings.source.join(rel)
+    }
+
+    /// The path to reach `rel` by for a request: below SOURCE only, when acting as its user
+    /// (see [`SourceRoot`]).
+    fn reach(&self, rel: &Path, acting: &Acting) -> PathBuf {
+        self.source_root.path_for(rel, acting)
     }
 
     fn stats_json(&self) -> Vec<u8> {
@@ -164,13 +172,13 @@ impl TierFs {
 
     /// The attributes of inode `ino`, a source path or a virtual file, and how long the kernel
     /// may keep them.
-    fn attr(&self, ino: u64, follow_links: bool) -> Result<(FileAttr, Duration), Errno> {
+    fn attr(&self, ino: u64, acting: &Acting) -> Result<(FileAttr, Duration), Errno> {
         let virtual_attr = |kind, perm| Ok((self.virtual_attr(ino, kind, perm, 0), ATTR_TTL));
         match ino {
             CONTROL_DIR_INO => virtual_attr(FileType::Directory, 0o555),
             STATS_INO => virtual_attr(FileType::RegularFile, 0o444),
             CONTROL_INO => virtual_attr(FileType::RegularFile, 0o200),
-            _ => self.source_attr(ino, follow_links),
+            _ => self.source_attr(ino, acting),
         }
     }
 
@@ -197,9 +205,9 @@ impl TierFs {
     /// Attributes of a source inode. An inode whose path now holds another object (the file was
     /// replaced or deleted) keeps answering with its last attributes: the kernel may still have
     /// it open, and must not shrink or refill an old mapping from the new file.
-    fn source_attr(&self, ino: u64, follow_links: bool) -> Result<(FileAttr, Duration), Errno> {
+    fn source_attr(&self, ino: u64, acting: &Acting) -> Result<(FileAttr, Duration), Errno> {
         let entry = self.inodes.entry(ino).ok_or(Errno::ENOENT)?;
-        match present_as(&self.abs(&entry.path), follow_links) {
+        match present_as(&self.reach(&entry.path, acting), acting.follow_links()) {
             Ok((meta, kind, via_link)) if entry.object.is_none_or(|o| o == object_id(&meta)) => {
                 let attr = source_attr(ino, &meta, kind);
                 self.inodes.remember(ino, attr);
@@ -219,9 +227,10 @@ impl TierFs {
     fn lookup_source(
         &self,
         rel: &Path,
-        follow_links: bool,
+        acting: &Acting,
     ) -> Result<(u64, FileAttr, Duration), Errno> {
-        let (meta, kind, via_link) = present_as(&self.abs(rel), follow_links).map_err(errno)?;
+        let (meta, kind, via_link) =
+            present_as(&self.reach(rel, acting), acting.follow_links()).map_err(errno)?;
         let ino = self.inodes.ino_of(rel, object_id(&meta));
         let attr = source_attr(ino, &meta, kind);
         self.inodes.remember(ino, attr);
@@ -252,20 +261,20 @@ impl TierFs {
         &self,
         parent: u64,
         name: &OsStr,
-        follow_links: bool,
+        acting: &Acting,
     ) -> Result<(FileAttr, Duration), Errno> {
         if parent == ROOT_INO && name == CONTROL_DIR {
-            return self.attr(CONTROL_DIR_INO, follow_links);
+            return self.attr(CONTROL_DIR_INO, acting);
         }
         if parent == CONTROL_DIR_INO {
             return match name.to_str() {
-                Some("stats") => self.attr(STATS_INO, follow_links),
-                Some("control") => self.attr(CONTROL_INO, follow_links),
+                Some("stats") => self.attr(STATS_INO, acting),
+                Some("control") => self.attr(CONTROL_INO, acting),
                 _ => Err(Errno::ENOENT),
             };
         }
         let parent_path = self.inodes.entry(parent).ok_or(Errno::ENOENT)?.path;
-        self.lookup_source(&parent_path.join(plain_name(name)?), follow_links)
+        self.lookup_source(&parent_path.join(plain_name(name)?), acting)
             .map(|(_, attr, ttl)| (attr, ttl))
     }
 
@@ -283,13 +292,13 @@ impl TierFs {
         self.handles.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn open_source(&self, ino: u64, acting: &Acting, reply: ReplyOpen) {
+    fn open_source(&self, ino: u64, acting: Acting, reply: ReplyOpen) {
         let Some(entry) = self.inodes.entry(ino) else {
             return reply.error(Errno::ENOENT);
         };
         let (rel, abs) = (entry.path.clone(), self.abs(&entry.path));
-        let follow_links = acting.follow_links();
-        match present_as(&abs, follow_links) {
+        let (reach, follow_links) = (self.reach(&rel, &acting), acting.follow_links());
+        match present_as(&reach, follow_links) {
             // The path holds another object than this inode: the kernel looks it up again.
             Ok((meta, _, _)) if entry.object.is_some_and(|o| o != object_id(&meta)) => {
                 return reply.error(Errno::ESTALE)
@@ -301,10 +310,12 @@ impl TierFs {
         }
         // The open, made as the requester (see `tierfs_core::access`), is the access check;
         // what it opened must be the object this inode stands for, whatever was swapped since.
-        let file = match open_for_request(&abs, follow_links) {
+        let file = match open_for_request(&reach, follow_links) {
             Ok(file) => file,
             Err(e) => return reply.error(errno(e)),
         };
+        // The rest runs with the daemon's own rights: it only serves what `file` is.
+        drop(acting);
         let opened = match file.metadata() {
             Ok(meta) => meta,
             Err(e) => return reply.error(errno(e)),
@@ -466,23 +477,19 @@ impl TierFs {
     /// to anyone else, and tells them where private files live.
     fn source_path(&self, ino: u64, acting: &Acting) -> Result<PathBuf, Errno> {
         let entry = self.inodes.entry(ino).ok_or(Errno::ENODATA)?;
-        let abs = self.abs(&entry.path);
-        match present_as(&abs, acting.follow_links()) {
+        let (abs, reach) = (self.abs(&entry.path), self.reach(&entry.path, acting));
+        match present_as(&reach, acting.follow_links()) {
             Ok((_, FileType::RegularFile, _)) => {}
             Ok(_) => return Err(Errno::ENODATA),
             Err(e) => return Err(errno(e)),
         }
         if self.access.sharing().is_shared() {
-            open_for_request(&abs, acting.follow_links()).map_err(|_| Errno::ENODATA)?;
+            open_for_request(&reach, acting.follow_links()).map_err(|_| Errno::ENODATA)?;
         }
         Ok(abs)
     }
 
-    fn list_dir(
-        &self,
-        ino: u64,
-        follow_links: bool,
-    ) -> Result<Vec<(u64, FileType, OsString)>, Errno> {
+    fn list_dir(&self, ino: u64, acting: &Acting) -> Result<Vec<(u64, FileType, OsString)>, Errno> {
         let mut entries = vec![
             (ino, FileType::Directory, OsString::from(".")),
             (ino, FileType::Directory, OsString::from("..")),
@@ -496,13 +503,13 @@ impl TierFs {
         if ino == ROOT_INO {
             entries.push((CONTROL_DIR_INO, FileType::Directory, CONTROL_DIR.into()));
         }
-        for entry in std::fs::read_dir(self.abs(&rel)).map_err(errno)? {
+        for entry in std::fs::read_dir(self.reach(&rel, acting)).map_err(errno)? {
             let entry = entry.map_err(errno)?;
             let name = entry.file_name();
             if ino == ROOT_INO && name == CONTROL_DIR {
                 continue; // hidden by the control directory
             }
-            let Ok((ino, attr, _)) = self.lookup_source(&rel.join(&name), follow_links) else {
+            let Ok((ino, attr, _)) = self.lookup_source(&rel.join(&name), acting) else {
                 continue; // vanished since read_dir listed it
             };
             entries.push((ino, attr.kind, name));
@@ -534,7 +541,7 @@ impl Filesystem for TierFs {
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let found = self
             .act_for(req)
-            .and_then(|acting| self.child(parent.0, name, acting.follow_links()));
+            .and_then(|acting| self.child(parent.0, name, &acting));
         match found {
             Ok((attr, ttl)) => reply.entry(&ttl, &attr, Generation(0)),
             Err(e) => reply.error(e),
@@ -544,7 +551,7 @@ impl Filesystem for TierFs {
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let found = self
             .act_for(req)
-            .and_then(|acting| self.attr(ino.0, acting.follow_links()));
+            .and_then(|acting| self.attr(ino.0, &acting));
         match found {
             Ok((attr, ttl)) => reply.attr(&ttl, &attr),
             Err(e) => reply.error(e),
@@ -552,9 +559,9 @@ impl Filesystem for TierFs {
     }
 
     fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
-        let target = self.act_for(req).and_then(|_acting| {
+        let target = self.act_for(req).and_then(|acting| {
             let entry = self.inodes.entry(ino.0).ok_or(Errno::ENOENT)?;
-            std::fs::read_link(self.abs(&entry.path)).map_err(errno)
+            std::fs::read_link(self.reach(&entry.path, &acting)).map_err(errno)
         });
         match target {
             Ok(target) => reply.data(target.as_os_str().as_bytes()),
@@ -576,7 +583,7 @@ impl Filesystem for TierFs {
                 reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO)
             }
             ino => match self.act_for(req) {
-                Ok(acting) => self.open_source(ino, &acting, reply),
+                Ok(acting) => self.open_source(ino, acting, reply),
                 Err(e) => reply.error(e),
             },
         }
@@ -680,7 +687,7 @@ impl Filesystem for TierFs {
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let listed = self
             .act_for(req)
-            .and_then(|acting| self.list_dir(ino.0, acting.follow_links()));
+            .and_then(|acting| self.list_dir(ino.0, &acting));
         match listed {
             Ok(entries) => {
                 let fh = self.add_handle(Handle::Dir(entries));
