@@ -21,6 +21,7 @@ pub mod control;
 pub mod index;
 pub mod kernel_cache;
 pub mod models;
+pub mod passthrough;
 pub mod prefetch;
 pub mod size;
 pub mod source;

@@ -26,6 +26,9 @@ pub struct Counters {
     pub uncached_bytes: AtomicU64,
     /// Bytes read from source files.
     pub disk_read_bytes: AtomicU64,
+    /// Bytes of probe reads: requests that did not continue a run, served uncached (see
+    /// `models::runs`).
+    pub probe_bytes: AtomicU64,
     /// Read requests issued to source files.
     pub disk_reads: AtomicU64,
     /// Source reads that failed (each one surfaced to a reader as EIO, or dropped if a prefetch).
@@ -55,7 +58,10 @@ impl Counters {
 /// `cache` section of the stats document.
 #[derive(Debug, Clone, Serialize)]
 pub struct CacheSnapshot {
+    /// The mount's budget (`--ram-cache`), chunk cache and passthrough files together.
     pub budget_bytes: u64,
+    /// The part of it the chunk cache may use now: what passthrough files do not hold.
+    pub chunk_budget_bytes: u64,
     pub used_bytes: u64,
     pub chunks: u64,
     pub hits: u64,
@@ -90,6 +96,8 @@ pub struct DiskSnapshot {
     pub read_bytes: u64,
     pub reads: u64,
     pub errors: u64,
+    /// Part of `read_bytes` read for probes (uncached, no prefetch).
+    pub probe_bytes: u64,
 }
 
 /// `prefetch` section.
@@ -111,6 +119,9 @@ pub struct KernelCacheSnapshot {
 #[derive(Debug, Clone, Serialize)]
 pub struct FileSnapshot {
     pub path: String,
+    /// How the file is served: `passthrough` (the kernel reads the source directly, see
+    /// `passthrough` section), `cache` (the chunk cache) or `uncached` (malformed).
+    pub mode: &'static str,
     pub size: u64,
     pub tensors: usize,
     pub blocks: usize,

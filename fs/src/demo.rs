@@ -58,6 +58,7 @@ pub fn run(size: u64, budget: u64) -> Result<()> {
         threads: 8,
         readahead: 4 << 20,
         passthrough: true,
+        model_passthrough: true,
         allow_other: false,
         index_cap: tierfs_core::models::DEFAULT_INDEX_CAP,
         state_file: None,

@@ -52,6 +52,10 @@ enum Command {
         /// Serve non-model files through the daemon instead of FUSE passthrough.
         #[arg(long)]
         no_passthrough: bool,
+        /// Serve every model file from the chunk cache, even one that fits the budget (which is
+        /// otherwise handed to the kernel with FUSE passthrough when running as root).
+        #[arg(long)]
+        no_model_passthrough: bool,
         /// Let other users use the mount: each one reads only what they could read in SOURCE
         /// themselves (see the README, "Shared mounts").
         #[arg(long)]
@@ -152,6 +156,7 @@ fn run(command: Command) -> Result<()> {
             threads,
             readahead,
             no_passthrough,
+            no_model_passthrough,
             allow_other,
             index_cache,
             state_dir,
@@ -172,6 +177,7 @@ fn run(command: Command) -> Result<()> {
                 threads,
                 readahead,
                 passthrough: !no_passthrough,
+                model_passthrough: !no_model_passthrough,
                 allow_other,
                 index_cap: index_cache,
                 state_file: (!no_state).then(|| {

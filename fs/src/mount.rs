@@ -40,6 +40,9 @@ pub struct MountRequest {
     pub threads: usize,
     pub readahead: u64,
     pub passthrough: bool,
+    /// Model files that fit the budget are served by passthrough too (see
+    /// `tierfs_core::passthrough`).
+    pub model_passthrough: bool,
     pub allow_other: bool,
     /// Cap on the memory of model headers and indexes (`--index-cache`).
     pub index_cap: u64,
@@ -124,6 +127,7 @@ impl Mounted {
             passthrough: request.passthrough,
             // SAFETY: geteuid cannot fail.
             sharing: Sharing::for_mount(request.allow_other, unsafe { libc::geteuid() }),
+            model_passthrough: request.model_passthrough,
         };
         let fs = TierFs::new(settings, Arc::clone(&store), window, invalidations);
         let session = fuser::Session::new(fs, &mountpoint, &session_config(request, &source))
@@ -227,6 +231,9 @@ pub fn daemonize(request: &MountRequest, log_file: Option<&Path>) -> Result<()> 
         .stderr(log);
     if !request.passthrough {
         command.arg("--no-passthrough");
+    }
+    if !request.model_passthrough {
+        command.arg("--no-model-passthrough");
     }
     if request.allow_other {
         command.arg("--allow-other");

@@ -67,7 +67,8 @@ fn render(doc: &Value, previous: Option<&(Instant, Value)>) -> String {
          served    {} from cache, {} waited on disk, {} uncached; evicted {}\n\
          disk      {} read in {} requests, {} errors, readers stalled {:.2} s\n\
          prefetch  {} issued, {} used, {} wasted\n\
-         page cache of mounted files: window {}, {} invalidated\n",
+         page cache of mounted files: window {}, {} invalidated\n\
+         passthrough {}\n",
         doc["mount"]["source"].as_str().unwrap_or("?"),
         doc["mount"]["mountpoint"].as_str().unwrap_or("?"),
         size(&["cache", "used_bytes"]),
@@ -86,6 +87,7 @@ fn render(doc: &Value, previous: Option<&(Instant, Value)>) -> String {
         size(&["prefetch", "wasted_bytes"]),
         size(&["kernel_page_cache", "window_bytes"]),
         size(&["kernel_page_cache", "invalidated_bytes"]),
+        passthrough_line(doc),
     );
     if let Some((then, before)) = previous {
         let secs = then.elapsed().as_secs_f64().max(1e-3);
@@ -99,8 +101,8 @@ fn render(doc: &Value, previous: Option<&(Instant, Value)>) -> String {
         );
     }
     out += &format!(
-        "\n  {:<50} {:>12} {:>8} {:>7} {:>12}  note\n",
-        "file", "size", "tensors", "blocks", "cached"
+        "\n  {:<50} {:>12} {:>8} {:>7} {:>12} {:>11}  note\n",
+        "file", "size", "tensors", "blocks", "cached", "mode"
     );
     for file in doc["files"].as_array().into_iter().flatten() {
         let note = match file["malformed_reason"].as_str() {
@@ -108,14 +110,33 @@ fn render(doc: &Value, previous: Option<&(Instant, Value)>) -> String {
             None => String::new(),
         };
         out += &format!(
-            "  {:<50} {:>12} {:>8} {:>7} {:>12}  {}\n",
+            "  {:<50} {:>12} {:>8} {:>7} {:>12} {:>11}  {}\n",
             file["path"].as_str().unwrap_or("?"),
             format_size(file["size"].as_u64().unwrap_or(0)),
             file["tensors"].as_u64().unwrap_or(0),
             file["blocks"].as_u64().unwrap_or(0),
             format_size(file["cached_bytes"].as_u64().unwrap_or(0)),
+            file["mode"].as_str().unwrap_or("?"),
             note
         );
     }
     out
+}
+
+/// The `passthrough` line of the summary: what the tier holds, or why it is off.
+fn passthrough_line(doc: &Value) -> String {
+    let pt = &doc["passthrough"];
+    if !pt["available"].as_bool().unwrap_or(false) {
+        return "unavailable (needs root and Linux 6.9+): every model file is served from the cache"
+            .to_owned();
+    }
+    format!(
+        "{} files open ({}), {} parked ({}); {} admitted, {} too large for the budget",
+        num(doc, &["passthrough", "open_files"]),
+        format_size(num(doc, &["passthrough", "open_bytes"])),
+        num(doc, &["passthrough", "parked_files"]),
+        format_size(num(doc, &["passthrough", "parked_bytes"])),
+        num(doc, &["passthrough", "admitted"]),
+        num(doc, &["passthrough", "refused"]),
+    )
 }

@@ -6,6 +6,7 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 use tierfs_core::kernel_cache::KernelCacheWindow;
 use tierfs_core::models::ModelStore;
+use tierfs_core::passthrough::PassthroughSnapshot;
 use tierfs_core::stats::{
     CacheSnapshot, Counters, DiskSnapshot, FileSnapshot, KernelCacheSnapshot, PrefetchSnapshot,
 };
@@ -21,7 +22,18 @@ pub struct StatsDocument {
     pub disk: DiskSnapshot,
     pub prefetch: PrefetchSnapshot,
     pub kernel_page_cache: KernelCacheSnapshot,
+    pub passthrough: PassthroughSection,
     pub files: Vec<FileSnapshot>,
+}
+
+/// `passthrough` section: model files that fit the budget, served by the kernel from their
+/// source ([`tierfs_core::passthrough`]). `available` is false when the daemon is not root or
+/// the kernel lacks FUSE passthrough: every model file is then served from the cache.
+#[derive(Debug, Serialize)]
+pub struct PassthroughSection {
+    pub available: bool,
+    #[serde(flatten)]
+    pub tier: PassthroughSnapshot,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -31,6 +43,10 @@ pub struct MountInfo {
     pub pid: u32,
     pub uptime_seconds: f64,
     pub passthrough: bool,
+    /// The mount's budget: the chunk cache (`cache.budget_bytes`) gets what passthrough files
+    /// do not hold (`passthrough.open_bytes + passthrough.parked_bytes`).
+    #[serde(default)]
+    pub budget_bytes: u64,
 }
 
 impl StatsDocument {
@@ -51,15 +67,17 @@ impl StatsDocument {
                 pid: std::process::id(),
                 uptime_seconds: started.elapsed().map_or(0.0, |d| d.as_secs_f64()),
                 passthrough,
+                budget_bytes: store.budget(),
             },
             cache: CacheSnapshot {
                 index: store.index_snapshot(),
-                ..store.cache().snapshot()
+                ..store.cache_snapshot()
             },
             disk: DiskSnapshot {
                 read_bytes: Counters::get(&c.disk_read_bytes),
                 reads: Counters::get(&c.disk_reads),
                 errors: Counters::get(&c.disk_errors),
+                probe_bytes: Counters::get(&c.probe_bytes),
             },
             prefetch: PrefetchSnapshot {
                 issued_bytes: Counters::get(&c.prefetch_issued_bytes),
@@ -69,6 +87,10 @@ impl StatsDocument {
             kernel_page_cache: KernelCacheSnapshot {
                 window_bytes: window.limit(),
                 invalidated_bytes: Counters::get(&c.kernel_cache_invalidated_bytes),
+            },
+            passthrough: PassthroughSection {
+                available: passthrough,
+                tier: store.passthrough_snapshot(),
             },
             files: store.files_snapshot(),
         }

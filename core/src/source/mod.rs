@@ -256,6 +256,15 @@ impl SourceFile {
         self.identity
     }
 
+    /// A new descriptor of this very version (not of whatever the path holds now), with its own
+    /// file state: default readahead, unlike the descriptors here, which advise random access.
+    /// For FUSE passthrough, where the kernel reads through the descriptor it is given.
+    #[cfg(target_os = "linux")]
+    pub fn reopen(&self) -> io::Result<File> {
+        use std::os::fd::AsRawFd;
+        File::open(format!("/proc/self/fd/{}", self.advice.as_raw_fd()))
+    }
+
     /// Whether reads currently bypass the page cache with `O_DIRECT`.
     pub fn uses_direct_io(&self) -> bool {
         self.direct_works.load(Ordering::Relaxed)

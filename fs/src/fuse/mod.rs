@@ -39,7 +39,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crossbeam::channel::Sender;
@@ -51,7 +51,7 @@ use fuser::{
 use tierfs_core::access::{open_for_request, AccessRule, Acting, Sharing, SourceRoot};
 use tierfs_core::control::{self, Command};
 use tierfs_core::kernel_cache::{InodeRange, KernelCacheWindow};
-use tierfs_core::models::{is_model_path, ModelFile, ModelStore, OpenError};
+use tierfs_core::models::{is_model_path, ModelFile, ModelStore, OpenError, ServeMode};
 use tierfs_core::source::{read_full_at, SourceError, SourceIdentity};
 
 use crate::stats_doc::StatsDocument;
@@ -84,10 +84,15 @@ pub struct MountSettings {
     pub passthrough: bool,
     /// Who may use the mount besides the mounting user (see [`tierfs_core::access`]).
     pub sharing: Sharing,
+    /// Whether model files that fit the budget may be served by passthrough.
+    pub model_passthrough: bool,
 }
 
 enum Handle {
     Model(Arc<ModelFile>),
+    /// A model file served by the kernel from its source ([`tierfs_core::passthrough`]); the
+    /// backing id must live until release, which gives the file's reservation back.
+    ModelPassthrough(Arc<ModelFile>, #[allow(dead_code)] Arc<BackingId>),
     /// Served by the kernel; the backing id must live until release.
     Passthrough(#[allow(dead_code)] Arc<BackingId>),
     Plain(File),
@@ -115,6 +120,14 @@ pub struct TierFs {
     /// Per model inode, the file generation its kernel page cache was last opened with (see
     /// `model_open_flags`).
     page_cache_generations: Mutex<HashMap<u64, u64>>,
+    /// Per inode, the backing file of its passthrough opens: the kernel wants one backing id
+    /// per inode for all its open handles (a second id for the same inode fails the open
+    /// with EIO).
+    backings: Mutex<HashMap<u64, Weak<BackingId>>>,
+    /// Per model inode with open handles, the mode they are served in and how many there are:
+    /// the kernel cannot mix cached and passthrough opens of one inode (the second kind fails
+    /// with EIO, `mmap` with ENODEV), so a mode holds until the inode's last handle closes.
+    open_modes: Mutex<HashMap<u64, (ServeMode, usize)>>,
 }
 
 impl TierFs {
@@ -141,6 +154,8 @@ impl TierFs {
             gid,
             direct_io_mmap: false,
             page_cache_generations: Mutex::new(HashMap::new()),
+            backings: Mutex::new(HashMap::new()),
+            open_modes: Mutex::new(HashMap::new()),
         }
     }
 
@@ -327,26 +342,21 @@ impl TierFs {
             // Malformed model files are served by the read path too (uncached), never with
             // passthrough: the kernel refuses a passthrough open of an inode that is open in
             // cached mode, which a model file's earlier, well-formed version may still be.
-            match self.store.open(&rel, &abs) {
+            return match self.store.open(&rel, &abs) {
                 // Cached bytes are served only for the version the requester itself opened.
                 Ok(model) if model.source().identity() != SourceIdentity::of(&opened) => {
-                    return reply.error(Errno::ESTALE)
+                    reply.error(Errno::ESTALE)
                 }
-                Ok(model) => {
-                    let flags = self.model_open_flags(ino, model.generation());
-                    let fh = self.add_handle(Handle::Model(model));
-                    return reply.opened(FileHandle(fh), flags);
-                }
+                Ok(model) => self.open_model(ino, model, reply),
                 Err(e) => {
                     tracing::warn!(file = %abs.display(), error = %e, "cannot open model file");
-                    return reply.error(open_errno(&e));
+                    reply.error(open_errno(&e))
                 }
-            }
+            };
         }
         if self.settings.passthrough {
-            match reply.open_backing(&file) {
+            match self.backing(ino, &reply, || file.try_clone()) {
                 Ok(backing) => {
-                    let backing = Arc::new(backing);
                     let fh = self.add_handle(Handle::Passthrough(Arc::clone(&backing)));
                     return reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &backing);
                 }
@@ -357,6 +367,84 @@ impl TierFs {
         }
         let fh = self.add_handle(Handle::Plain(file));
         reply.opened(FileHandle(fh), FopenFlags::empty())
+    }
+
+    /// Opens a model file in the mode its inode is already served in, or, for the inode's
+    /// first open, passthrough if the file fits the budget ([`ModelStore::choose_mode`]).
+    fn open_model(&self, ino: u64, model: Arc<ModelFile>, reply: ReplyOpen) {
+        let mut modes = lock(&self.open_modes);
+        let mode = match modes.get(&ino) {
+            Some((ServeMode::Passthrough, _)) => {
+                self.store.force_passthrough(&model);
+                ServeMode::Passthrough
+            }
+            Some((ServeMode::Cache, _)) => ServeMode::Cache,
+            None => self.store.choose_mode(
+                &model,
+                self.settings.passthrough && self.settings.model_passthrough,
+            ),
+        };
+        if mode == ServeMode::Passthrough {
+            let backing = self.backing(ino, &reply, || {
+                #[cfg(target_os = "linux")]
+                return model.source().reopen();
+                #[cfg(not(target_os = "linux"))]
+                return Err(io::ErrorKind::Unsupported.into());
+            });
+            match backing {
+                Ok(backing) => {
+                    modes.entry(ino).or_insert((mode, 0)).1 += 1;
+                    let handle = Handle::ModelPassthrough(model, Arc::clone(&backing));
+                    let fh = self.add_handle(handle);
+                    return reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &backing);
+                }
+                Err(e) => {
+                    tracing::info!(file = %model.path().display(), error = %e, "passthrough refused; serving from the cache");
+                    self.store.close_passthrough(&model);
+                    if modes.contains_key(&ino) {
+                        return reply.error(Errno::EIO); // its other handles are passthrough
+                    }
+                    self.store.choose_mode(&model, false);
+                }
+            }
+        }
+        modes.entry(ino).or_insert((ServeMode::Cache, 0)).1 += 1;
+        drop(modes);
+        let flags = self.model_open_flags(ino, model.generation());
+        let fh = self.add_handle(Handle::Model(model));
+        reply.opened(FileHandle(fh), flags)
+    }
+
+    /// The backing id of inode `ino`'s passthrough opens: the live one, or a new one made from
+    /// the descriptor `open` gives.
+    fn backing(
+        &self,
+        ino: u64,
+        reply: &ReplyOpen,
+        open: impl FnOnce() -> io::Result<File>,
+    ) -> io::Result<Arc<BackingId>> {
+        let mut backings = lock(&self.backings);
+        if let Some(backing) = backings.get(&ino).and_then(Weak::upgrade) {
+            return Ok(backing);
+        }
+        let backing = Arc::new(reply.open_backing(open()?)?);
+        backings.retain(|_, b| b.strong_count() > 0);
+        backings.insert(ino, Arc::downgrade(&backing));
+        Ok(backing)
+    }
+
+    /// A handle of model inode `ino` closed.
+    fn closed_model(&self, ino: u64, handle: &Handle) {
+        if let Handle::ModelPassthrough(model, _) = handle {
+            self.store.close_passthrough(model);
+        }
+        let mut modes = lock(&self.open_modes);
+        if let Some((_, count)) = modes.get_mut(&ino) {
+            *count -= 1;
+            if *count == 0 {
+                modes.remove(&ino);
+            }
+        }
     }
 
     /// Opens the control file: write-only, for the mounting user (or root).
@@ -375,11 +463,11 @@ impl TierFs {
     fn run_control(&self, data: &[u8]) -> Result<(), String> {
         match control::parse(data).map_err(|e| e.to_string())? {
             Command::RamCache(bytes) => {
-                self.store.cache().set_budget(bytes);
+                self.store.set_budget(bytes);
                 tracing::info!(budget = bytes, "cache budget changed");
             }
             Command::Drop => {
-                self.store.cache().clear();
+                self.store.drop_cached();
                 tracing::info!("cache dropped");
             }
             Command::Prefetch(rel) => {
@@ -624,21 +712,29 @@ impl Filesystem for TierFs {
                 let end = start.saturating_add(size as usize).min(json.len());
                 reply.data(&json[start..end])
             }
-            Handle::Passthrough(_) | Handle::Dir(_) | Handle::Control => reply.error(Errno::EBADF),
+            Handle::ModelPassthrough(..)
+            | Handle::Passthrough(_)
+            | Handle::Dir(_)
+            | Handle::Control => reply.error(Errno::EBADF),
         }
     }
 
     fn release(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.lock_handles().remove(&fh.0);
+        let handle = self.lock_handles().remove(&fh.0);
+        if let Some(handle) = handle {
+            if matches!(*handle, Handle::Model(_) | Handle::ModelPassthrough(..)) {
+                self.closed_model(ino.0, &handle);
+            }
+        }
         reply.ok();
     }
 
@@ -1019,4 +1115,8 @@ fn errno(e: io::Error) -> Errno {
         Some(code) if code > 0 => Errno::from_i32(code),
         _ => Errno::EIO,
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
