@@ -159,17 +159,21 @@ fn set_fsgid(gid: u32) -> io::Result<()> {
 /// When a process's groups were read, and what they were.
 type ReadGroups = (Instant, Arc<Vec<u32>>);
 
-/// Supplementary groups per requesting process, read from `/proc` and kept briefly.
+/// Supplementary groups per requesting process, read from `/proc` and kept briefly. Keyed by
+/// pid *and* the request's uid and gid, so that a pid reused within [`GROUPS_TTL`] by another
+/// user's process is read afresh.
 #[derive(Debug, Default)]
 pub struct GroupsCache {
-    entries: Mutex<HashMap<u32, ReadGroups>>,
+    entries: Mutex<HashMap<(u32, u32, u32), ReadGroups>>,
 }
 
 impl GroupsCache {
-    /// The supplementary groups of process `pid` (none if it cannot be read).
-    pub fn groups_of(&self, pid: u32) -> Arc<Vec<u32>> {
+    /// The supplementary groups of process `pid`, which sent a request as `uid`/`gid` (none if
+    /// they cannot be read).
+    pub fn groups_of(&self, pid: u32, uid: u32, gid: u32) -> Arc<Vec<u32>> {
+        let key = (pid, uid, gid);
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((read, groups)) = entries.get(&pid) {
+        if let Some((read, groups)) = entries.get(&key) {
             if read.elapsed() < GROUPS_TTL {
                 return Arc::clone(groups);
             }
@@ -178,7 +182,7 @@ impl GroupsCache {
         if entries.len() >= GROUPS_ENTRIES {
             entries.clear();
         }
-        entries.insert(pid, (Instant::now(), Arc::clone(&groups)));
+        entries.insert(key, (Instant::now(), Arc::clone(&groups)));
         groups
     }
 }

@@ -122,7 +122,7 @@ impl AccessRule {
                 follow_links: true,
             }),
             Sharing::SwitchCredentials => {
-                let groups = self.groups.groups_of(pid);
+                let groups = self.groups.groups_of(pid, uid, gid);
                 let creds = Credentials { uid, gid, groups };
                 Ok(Acting {
                     _switched: Some(Switched::to(&creds)?),

@@ -98,10 +98,10 @@ fn groups_come_from_proc_status() {
     assert_eq!(parse_groups(status), Some(vec![27, 100, 4242]));
     assert_eq!(parse_groups("Groups:\t\n"), Some(vec![]));
     assert_eq!(parse_groups("Groups:\tx\n"), None);
-    let own = GroupsCache::default().groups_of(std::process::id());
+    let own = GroupsCache::default().groups_of(std::process::id(), 0, 0);
     let mine = std::fs::read_to_string("/proc/self/status").unwrap();
     assert_eq!(Some((*own).clone()), parse_groups(&mine));
-    assert!(GroupsCache::default().groups_of(u32::MAX).is_empty());
+    assert!(GroupsCache::default().groups_of(u32::MAX, 0, 0).is_empty());
 }
 
 #[test]
