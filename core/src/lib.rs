@@ -6,16 +6,19 @@
 //! - [`index`]: the tensor index of a `.safetensors` file and the grouping of its tensors into
 //!   transformer blocks.
 //! - [`source`]: reading source files without filling the page cache (`O_DIRECT`).
+//! - [`budget`]: the budget governor: shrinking the cache under memory pressure.
 //! - [`cache`]: the mount-wide, byte-bounded chunk cache and the tensor-aligned chunk plan.
 //! - [`prefetch`]: background read-ahead.
 //! - [`models`]: model file versions and the read path that ties the above together.
 //! - [`kernel_cache`]: keeping the mounted files' kernel page cache bounded.
 //! - [`stats`]: the counters behind `.tierfs/stats`.
+//! - [`stats_doc`]: the `.tierfs/stats` document itself.
 //! - [`control`]: the commands of `.tierfs/control`.
 //! - [`synth`]: deterministic synthetic checkpoints (demo, tests, benchmarks).
 //! - [`size`]: human byte sizes.
 //! - [`access`]: who may see what through a shared mount (per-request credentials).
 pub mod access;
+pub mod budget;
 pub mod cache;
 pub mod control;
 pub mod index;
@@ -26,4 +29,5 @@ pub mod prefetch;
 pub mod size;
 pub mod source;
 pub mod stats;
+pub mod stats_doc;
 pub mod synth;

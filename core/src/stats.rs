@@ -4,6 +4,8 @@
 //! stopping readers, so figures taken together may be a few operations apart, never wrong by
 //! more. The JSON shape is the public contract documented in the README ("Stats").
 
+pub mod ops;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
@@ -43,6 +45,8 @@ pub struct Counters {
     pub prefetch_wasted_bytes: AtomicU64,
     /// Bytes of the mounted files' kernel page cache that tierfs asked the kernel to drop.
     pub kernel_cache_invalidated_bytes: AtomicU64,
+    /// Per-operation counts, errors and latency of the front end's requests.
+    pub ops: ops::OpStats,
 }
 
 impl Counters {

@@ -55,6 +55,7 @@ pub fn run(size: u64, budget: u64) -> Result<()> {
         source: models.clone(),
         mountpoint: mnt.clone(),
         budget,
+        floor: None,
         threads: 8,
         readahead: 4 << 20,
         passthrough: true,

@@ -495,7 +495,13 @@ impl ModelStore {
     pub fn cache_snapshot(&self) -> crate::stats::CacheSnapshot {
         let mut snapshot = self.cache.snapshot();
         snapshot.budget_bytes = self.budget();
+        snapshot.index = self.index_snapshot();
         snapshot
+    }
+
+    /// Bytes the passthrough tier holds (open files' reservations and parked page cache).
+    pub fn passthrough_held_bytes(&self) -> u64 {
+        self.passthrough.held_bytes()
     }
 
     pub fn passthrough_snapshot(&self) -> PassthroughSnapshot {
@@ -509,12 +515,10 @@ impl ModelStore {
     /// The current version of the model file at `path` (relative to the mount root), whose
     /// source is `abs`: the known one if the source is unchanged, else a freshly indexed one.
     pub fn open(&self, path: &Path, abs: &Path) -> Result<Arc<ModelFile>, OpenError> {
-        let current = std::fs::metadata(abs)
-            .map(|meta| SourceIdentity::of(&meta))
-            .map_err(|source| SourceError::Open {
-                path: abs.to_owned(),
-                source,
-            })?;
+        let current = SourceIdentity::of_path(abs).map_err(|source| SourceError::Open {
+            path: abs.to_owned(),
+            source,
+        })?;
         if let Some(known) = self.lock().get(path) {
             if known.source.identity() == current {
                 return Ok(Arc::clone(known));

@@ -1,7 +1,7 @@
 //! The FUSE adapter: kernel requests in, `tierfs_core` calls out.
 //!
 //! This layer only translates. Paths come from [`inodes`], what a source entry looks like from
-//! [`present()`], and bytes of model files from [`ModelStore`]; everything else here is glue:
+//! [`present_as()`], and bytes of model files from [`ModelStore`]; everything else here is glue:
 //! - **Model files** (`.safetensors`, `.sft`, well-formed) are opened in page-cache mode and
 //!   served from the chunk cache. Every served range is recorded in a [`KernelCacheWindow`]; the
 //!   ranges that fall out of it are invalidated by a notifier thread (never from a request
@@ -49,15 +49,17 @@ use fuser::{
     ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request,
 };
 use tierfs_core::access::{open_for_request, AccessRule, Acting, Sharing, SourceRoot};
+use tierfs_core::budget::Governor;
 use tierfs_core::control::{self, Command};
 use tierfs_core::kernel_cache::{InodeRange, KernelCacheWindow};
-use tierfs_core::models::{is_model_path, ModelFile, ModelStore, OpenError, ServeMode};
+use tierfs_core::models::{is_model_path, ModelFile, ModelStore, OpenError, ReadBytes, ServeMode};
 use tierfs_core::source::{read_full_at, SourceError, SourceIdentity};
+use tierfs_core::stats::ops::{Op, OpStats};
 
 use crate::stats_doc::StatsDocument;
 use inodes::Inodes;
 pub use inodes::{CONTROL_DIR_INO, CONTROL_INO, ROOT_INO, STATS_INO};
-use present::{present, present_as};
+use present::present_as;
 
 /// How long the kernel may trust attributes and lookups. Half a second keeps the promise that
 /// a change in SOURCE shows within a second, and still saves most repeated `stat`s of a loader
@@ -86,6 +88,8 @@ pub struct MountSettings {
     pub sharing: Sharing,
     /// Whether model files that fit the budget may be served by passthrough.
     pub model_passthrough: bool,
+    /// Steers the cache budget under memory pressure (`tierfs_core::budget`).
+    pub governor: Arc<Governor>,
 }
 
 enum Handle {
@@ -99,6 +103,14 @@ enum Handle {
     Stats(Vec<u8>),
     Control,
     Dir(Vec<(u64, FileType, OsString)>),
+}
+
+/// How an `open` is answered.
+enum Opened {
+    /// A handle served by this process, with the open flags to reply.
+    Served(u64, FopenFlags),
+    /// A handle whose reads the kernel serves from the backing file (passthrough).
+    Passthrough(u64, Arc<BackingId>),
 }
 
 /// The `fuser::Filesystem` of a tierfs mount.
@@ -169,6 +181,11 @@ impl TierFs {
         self.source_root.path_for(rel, acting)
     }
 
+    /// The per-operation figures (`ops` in the stats).
+    fn ops(&self) -> &OpStats {
+        &self.store.counters().ops
+    }
+
     fn stats_json(&self) -> Vec<u8> {
         let doc = StatsDocument::collect(
             &self.store,
@@ -177,7 +194,8 @@ impl TierFs {
             &self.settings.mountpoint,
             self.settings.passthrough,
             self.started,
-        );
+        )
+        .with_budget(self.settings.governor.snapshot());
         let mut json = serde_json::to_vec_pretty(&doc).unwrap_or_else(|e| {
             format!("{{\"error\": \"cannot render stats: {e}\"}}").into_bytes()
         });
@@ -307,36 +325,30 @@ impl TierFs {
         self.handles.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn open_source(&self, ino: u64, acting: Acting, reply: ReplyOpen) {
+    fn open_source(&self, ino: u64, acting: Acting, reply: &ReplyOpen) -> Result<Opened, Errno> {
         let Some(entry) = self.inodes.entry(ino) else {
-            return reply.error(Errno::ENOENT);
+            return Err(Errno::ENOENT);
         };
         let (rel, abs) = (entry.path.clone(), self.abs(&entry.path));
         let (reach, follow_links) = (self.reach(&rel, &acting), acting.follow_links());
         match present_as(&reach, follow_links) {
             // The path holds another object than this inode: the kernel looks it up again.
             Ok((meta, _, _)) if entry.object.is_some_and(|o| o != object_id(&meta)) => {
-                return reply.error(Errno::ESTALE)
+                return Err(Errno::ESTALE)
             }
             Ok((_, FileType::RegularFile, _)) => {}
-            Ok((_, FileType::Directory, _)) => return reply.error(Errno::EISDIR),
-            Ok(_) => return reply.error(Errno::EACCES),
-            Err(e) => return reply.error(errno(e)),
+            Ok((_, FileType::Directory, _)) => return Err(Errno::EISDIR),
+            Ok(_) => return Err(Errno::EACCES),
+            Err(e) => return Err(errno(e)),
         }
         // The open, made as the requester (see `tierfs_core::access`), is the access check;
         // what it opened must be the object this inode stands for, whatever was swapped since.
-        let file = match open_for_request(&reach, follow_links) {
-            Ok(file) => file,
-            Err(e) => return reply.error(errno(e)),
-        };
+        let file = open_for_request(&reach, follow_links).map_err(errno)?;
         // The rest runs with the daemon's own rights: it only serves what `file` is.
         drop(acting);
-        let opened = match file.metadata() {
-            Ok(meta) => meta,
-            Err(e) => return reply.error(errno(e)),
-        };
+        let opened = file.metadata().map_err(errno)?;
         if entry.object.is_some_and(|o| o != object_id(&opened)) {
-            return reply.error(Errno::ESTALE);
+            return Err(Errno::ESTALE);
         }
         if is_model_path(&rel) {
             // Malformed model files are served by the read path too (uncached), never with
@@ -345,20 +357,20 @@ impl TierFs {
             return match self.store.open(&rel, &abs) {
                 // Cached bytes are served only for the version the requester itself opened.
                 Ok(model) if model.source().identity() != SourceIdentity::of(&opened) => {
-                    reply.error(Errno::ESTALE)
+                    Err(Errno::ESTALE)
                 }
                 Ok(model) => self.open_model(ino, model, reply),
                 Err(e) => {
                     tracing::warn!(file = %abs.display(), error = %e, "cannot open model file");
-                    reply.error(open_errno(&e))
+                    Err(open_errno(&e))
                 }
             };
         }
         if self.settings.passthrough {
-            match self.backing(ino, &reply, || file.try_clone()) {
+            match self.backing(ino, reply, || file.try_clone()) {
                 Ok(backing) => {
                     let fh = self.add_handle(Handle::Passthrough(Arc::clone(&backing)));
-                    return reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &backing);
+                    return Ok(Opened::Passthrough(fh, backing));
                 }
                 Err(e) => {
                     tracing::debug!(file = %abs.display(), error = %e, "passthrough refused; serving with pread")
@@ -366,12 +378,17 @@ impl TierFs {
             }
         }
         let fh = self.add_handle(Handle::Plain(file));
-        reply.opened(FileHandle(fh), FopenFlags::empty())
+        Ok(Opened::Served(fh, FopenFlags::empty()))
     }
 
     /// Opens a model file in the mode its inode is already served in, or, for the inode's
     /// first open, passthrough if the file fits the budget ([`ModelStore::choose_mode`]).
-    fn open_model(&self, ino: u64, model: Arc<ModelFile>, reply: ReplyOpen) {
+    fn open_model(
+        &self,
+        ino: u64,
+        model: Arc<ModelFile>,
+        reply: &ReplyOpen,
+    ) -> Result<Opened, Errno> {
         let mut modes = lock(&self.open_modes);
         let mode = match modes.get(&ino) {
             Some((ServeMode::Passthrough, _)) => {
@@ -385,7 +402,7 @@ impl TierFs {
             ),
         };
         if mode == ServeMode::Passthrough {
-            let backing = self.backing(ino, &reply, || {
+            let backing = self.backing(ino, reply, || {
                 #[cfg(target_os = "linux")]
                 return model.source().reopen();
                 #[cfg(not(target_os = "linux"))]
@@ -396,13 +413,13 @@ impl TierFs {
                     modes.entry(ino).or_insert((mode, 0)).1 += 1;
                     let handle = Handle::ModelPassthrough(model, Arc::clone(&backing));
                     let fh = self.add_handle(handle);
-                    return reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &backing);
+                    return Ok(Opened::Passthrough(fh, backing));
                 }
                 Err(e) => {
                     tracing::info!(file = %model.path().display(), error = %e, "passthrough refused; serving from the cache");
                     self.store.close_passthrough(&model);
                     if modes.contains_key(&ino) {
-                        return reply.error(Errno::EIO); // its other handles are passthrough
+                        return Err(Errno::EIO); // its other handles are passthrough
                     }
                     self.store.choose_mode(&model, false);
                 }
@@ -412,7 +429,7 @@ impl TierFs {
         drop(modes);
         let flags = self.model_open_flags(ino, model.generation());
         let fh = self.add_handle(Handle::Model(model));
-        reply.opened(FileHandle(fh), flags)
+        Ok(Opened::Served(fh, flags))
     }
 
     /// The backing id of inode `ino`'s passthrough opens: the live one, or a new one made from
@@ -448,48 +465,53 @@ impl TierFs {
     }
 
     /// Opens the control file: write-only, for the mounting user (or root).
-    fn open_control(&self, req: &Request, flags: OpenFlags, reply: ReplyOpen) {
+    fn open_control(&self, req: &Request, flags: OpenFlags) -> Result<Opened, Errno> {
         if flags.acc_mode() != OpenAccMode::O_WRONLY {
-            return reply.error(Errno::EACCES);
+            return Err(Errno::EACCES);
         }
         if req.uid() != self.uid && req.uid() != 0 {
-            return reply.error(Errno::EACCES);
+            return Err(Errno::EACCES);
         }
         let fh = self.add_handle(Handle::Control);
-        reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO)
+        Ok(Opened::Served(fh, FopenFlags::FOPEN_DIRECT_IO))
+    }
+
+    /// Opens inode `ino` for `open`.
+    fn open_ino(
+        &self,
+        req: &Request,
+        ino: u64,
+        flags: OpenFlags,
+        reply: &ReplyOpen,
+    ) -> Result<Opened, Errno> {
+        if ino == CONTROL_INO {
+            return self.open_control(req, flags);
+        }
+        if flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0 {
+            return Err(Errno::EROFS);
+        }
+        match ino {
+            CONTROL_DIR_INO => Err(Errno::EISDIR),
+            STATS_INO => {
+                let fh = self.add_handle(Handle::Stats(self.stats_json()));
+                Ok(Opened::Served(fh, FopenFlags::FOPEN_DIRECT_IO))
+            }
+            ino => self.open_source(ino, self.act_for(req)?, reply),
+        }
     }
 
     /// Carries out one control command; on error nothing has changed.
     fn run_control(&self, data: &[u8]) -> Result<(), String> {
         match control::parse(data).map_err(|e| e.to_string())? {
+            // The budget goes through the governor, which also steers it under memory pressure.
             Command::RamCache(bytes) => {
-                self.store.set_budget(bytes);
+                self.settings.governor.set_configured(bytes);
                 tracing::info!(budget = bytes, "cache budget changed");
+                Ok(())
             }
-            Command::Drop => {
-                self.store.drop_cached();
-                tracing::info!("cache dropped");
-            }
-            Command::Prefetch(rel) => {
-                let abs = self.abs(&rel);
-                match present(&abs) {
-                    Ok((_, FileType::RegularFile)) if is_model_path(&rel) => {}
-                    _ => {
-                        return Err(format!(
-                            "{} is not a model file in the mount",
-                            rel.display()
-                        ))
-                    }
-                }
-                let model = self.store.open(&rel, &abs).map_err(|e| e.to_string())?;
-                if model.is_malformed() {
-                    return Err(format!("{} is malformed", rel.display()));
-                }
-                self.store.warm(&model);
-                tracing::info!(file = %rel.display(), "warming");
-            }
+            command => control::apply(&self.store, &self.settings.source, command)
+                .map_err(|e| e.to_string()),
         }
-        Ok(())
     }
 
     /// Model files are opened with `FOPEN_DIRECT_IO` where the kernel still allows `mmap` of
@@ -525,39 +547,49 @@ impl TierFs {
         flags
     }
 
-    /// Serves a read of a model file. `into_page_cache` says whether the kernel will keep the
-    /// bytes in the mounted file's page cache, which the window then has to account for (see
-    /// `read`).
+    /// The bytes a `read` of handle `fh` answers, and whether they are a model file's (which the
+    /// kernel may keep in the mounted file's page cache: see `read`).
+    fn read_handle(
+        &self,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+    ) -> Result<(ReadBytes, bool), Errno> {
+        match self.handle(fh)?.as_ref() {
+            Handle::Model(model) => Ok((self.read_model(model, offset, size)?, true)),
+            Handle::Plain(file) => Ok((
+                ReadBytes::Owned(pread_full(file, offset, size).map_err(errno)?),
+                false,
+            )),
+            Handle::Stats(json) => {
+                let start = (offset as usize).min(json.len());
+                let end = start.saturating_add(size as usize).min(json.len());
+                Ok((ReadBytes::Owned(json[start..end].to_vec()), false))
+            }
+            Handle::ModelPassthrough(..)
+            | Handle::Passthrough(_)
+            | Handle::Dir(_)
+            | Handle::Control => Err(Errno::EBADF),
+        }
+    }
+
+    /// Reads a model file through the cache.
     fn read_model(
         &self,
-        ino: u64,
         model: &Arc<ModelFile>,
-        (offset, size): (u64, u32),
-        into_page_cache: bool,
-        reply: ReplyData,
-    ) {
+        offset: u64,
+        size: u32,
+    ) -> Result<ReadBytes, Errno> {
         let started = std::time::Instant::now();
         let result = self.store.read(model, offset, size);
         let elapsed = started.elapsed();
         if elapsed > SLOW_READ {
-            tracing::warn!(file = %model.path().display(), ino, offset, size, ms = elapsed.as_millis() as u64, "slow read");
+            tracing::warn!(file = %model.path().display(), offset, size, ms = elapsed.as_millis() as u64, "slow read");
         }
-        match result {
-            Ok(bytes) => {
-                reply.data(&bytes);
-                if !into_page_cache {
-                    return;
-                }
-                for range in self.window.record(ino, offset, bytes.len() as u64) {
-                    // The notifier thread only stops when the mount does.
-                    let _ = self.invalidations.send(range);
-                }
-            }
-            Err(e) => {
-                tracing::warn!(file = %model.path().display(), offset, size, error = %e, "read failed: returning EIO");
-                reply.error(Errno::EIO);
-            }
-        }
+        result.map_err(|e| {
+            tracing::warn!(file = %model.path().display(), offset, size, error = %e, "read failed: returning EIO");
+            Errno::EIO
+        })
     }
 
     /// The SOURCE path behind `ino`, if it is a regular file there ([`SOURCE_XATTR`]). On a
@@ -627,9 +659,10 @@ impl Filesystem for TierFs {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let found = self
-            .act_for(req)
-            .and_then(|acting| self.child(parent.0, name, &acting));
+        let found = self.ops().time(Op::Lookup, || {
+            self.act_for(req)
+                .and_then(|acting| self.child(parent.0, name, &acting))
+        });
         match found {
             Ok((attr, ttl)) => reply.entry(&ttl, &attr, Generation(0)),
             Err(e) => reply.error(e),
@@ -637,9 +670,10 @@ impl Filesystem for TierFs {
     }
 
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let found = self
-            .act_for(req)
-            .and_then(|acting| self.attr(ino.0, &acting));
+        let found = self.ops().time(Op::Getattr, || {
+            self.act_for(req)
+                .and_then(|acting| self.attr(ino.0, &acting))
+        });
         match found {
             Ok((attr, ttl)) => reply.attr(&ttl, &attr),
             Err(e) => reply.error(e),
@@ -658,22 +692,15 @@ impl Filesystem for TierFs {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        if ino.0 == CONTROL_INO {
-            return self.open_control(req, flags, reply);
-        }
-        if flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0 {
-            return reply.error(Errno::EROFS);
-        }
-        match ino.0 {
-            CONTROL_DIR_INO => reply.error(Errno::EISDIR),
-            STATS_INO => {
-                let fh = self.add_handle(Handle::Stats(self.stats_json()));
-                reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO)
+        match self
+            .ops()
+            .time(Op::Open, || self.open_ino(req, ino.0, flags, &reply))
+        {
+            Ok(Opened::Served(fh, flags)) => reply.opened(FileHandle(fh), flags),
+            Ok(Opened::Passthrough(fh, backing)) => {
+                reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &backing)
             }
-            ino => match self.act_for(req) {
-                Ok(acting) => self.open_source(ino, acting, reply),
-                Err(e) => reply.error(e),
-            },
+            Err(e) => reply.error(e),
         }
     }
 
@@ -688,10 +715,14 @@ impl Filesystem for TierFs {
         lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let handle = match self.handle(fh) {
-            Ok(handle) => handle,
+        let served = self
+            .ops()
+            .time(Op::Read, || self.read_handle(fh, offset, size));
+        let (bytes, model) = match served {
+            Ok(served) => served,
             Err(e) => return reply.error(e),
         };
+        reply.data(&bytes);
         // Which reads fill the mounted file's page cache: with `FOPEN_DIRECT_IO`, a `read()`
         // goes straight into the reader's buffer, and only `mmap` faults (kernel readahead)
         // land in the page cache. The kernel tells them apart for us: direct reads carry the
@@ -699,23 +730,11 @@ impl Filesystem for TierFs {
         // never do. Recording direct reads in the window would only cost a needless page-cache
         // invalidation per range: about 15 % of warm `read()` throughput when measured.
         let into_page_cache = !(self.direct_io_mmap && lock_owner.is_some());
-        match handle.as_ref() {
-            Handle::Model(model) => {
-                self.read_model(ino.0, model, (offset, size), into_page_cache, reply)
+        if model && into_page_cache {
+            for range in self.window.record(ino.0, offset, bytes.len() as u64) {
+                // The notifier thread only stops when the mount does.
+                let _ = self.invalidations.send(range);
             }
-            Handle::Plain(file) => match pread_full(file, offset, size) {
-                Ok(bytes) => reply.data(&bytes),
-                Err(e) => reply.error(errno(e)),
-            },
-            Handle::Stats(json) => {
-                let start = (offset as usize).min(json.len());
-                let end = start.saturating_add(size as usize).min(json.len());
-                reply.data(&json[start..end])
-            }
-            Handle::ModelPassthrough(..)
-            | Handle::Passthrough(_)
-            | Handle::Dir(_)
-            | Handle::Control => reply.error(Errno::EBADF),
         }
     }
 
@@ -781,9 +800,10 @@ impl Filesystem for TierFs {
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let listed = self
-            .act_for(req)
-            .and_then(|acting| self.list_dir(ino.0, &acting));
+        let listed = self.ops().time(Op::Readdir, || {
+            self.act_for(req)
+                .and_then(|acting| self.list_dir(ino.0, &acting))
+        });
         match listed {
             Ok(entries) => {
                 let fh = self.add_handle(Handle::Dir(entries));

@@ -22,13 +22,8 @@ use std::path::Path;
 
 use fuser::FileType;
 
-/// The metadata to show for `abs` and the type to show it as.
-pub fn present(abs: &Path) -> io::Result<(Metadata, FileType)> {
-    present_as(abs, true).map(|(meta, kind, _)| (meta, kind))
-}
-
-/// [`present`], following links only if `follow_links`; the flag returned says whether `abs`
-/// is a link presented as its target.
+/// The metadata to show for `abs` and the type to show it as, following links only if
+/// `follow_links`; the flag returned says whether `abs` is a link presented as its target.
 pub fn present_as(abs: &Path, follow_links: bool) -> io::Result<(Metadata, FileType, bool)> {
     let link = fs::symlink_metadata(abs)?;
     if !link.file_type().is_symlink() {
@@ -62,6 +57,10 @@ fn kind_of(meta: &Metadata) -> FileType {
 mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
+
+    fn present(abs: &Path) -> io::Result<(Metadata, FileType)> {
+        present_as(abs, true).map(|(meta, kind, _)| (meta, kind))
+    }
 
     #[test]
     fn links_to_files_and_dirs_are_followed_but_loops_are_not() {
