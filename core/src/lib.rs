@@ -16,6 +16,7 @@
 //! - [`control`]: the commands of `.tierfs/control`.
 //! - [`synth`]: deterministic synthetic checkpoints (demo, tests, benchmarks).
 //! - [`size`]: human byte sizes.
+//! - [`sync`]: the locks of the core (swapped for loom's in model-checked tests).
 //! - [`access`]: who may see what through a shared mount (per-request credentials).
 pub mod access;
 pub mod budget;
@@ -30,4 +31,5 @@ pub mod size;
 pub mod source;
 pub mod stats;
 pub mod stats_doc;
+pub mod sync;
 pub mod synth;
