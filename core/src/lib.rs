@@ -17,6 +17,8 @@
 //! - [`synth`]: deterministic synthetic checkpoints (demo, tests, benchmarks).
 //! - [`size`]: human byte sizes.
 //! - [`sync`]: the locks of the core (swapped for loom's in model-checked tests).
+//! - [`access`]: who may see what through a shared mount (per-request credentials).
+pub mod access;
 pub mod budget;
 pub mod cache;
 pub mod control;

@@ -75,6 +75,23 @@ pub struct CacheSnapshot {
     pub evicted_bytes: u64,
     pub uncached_bytes: u64,
     pub stall_seconds: f64,
+    /// Header and index memory of the known model files (`index_bytes`, …), filled in by the
+    /// model store (the chunk cache does not hold it).
+    #[serde(flatten)]
+    pub index: IndexSnapshot,
+}
+
+/// The `cache.index_*` figures of the stats.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct IndexSnapshot {
+    /// Estimated memory of every known file's header and index.
+    pub index_bytes: u64,
+    /// The cap it is held to (`--index-cache`).
+    pub index_cap_bytes: u64,
+    /// Known model files.
+    pub index_entries: u64,
+    /// Files forgotten to stay within the cap.
+    pub index_evictions: u64,
 }
 
 /// `disk` section.

@@ -61,6 +61,7 @@ pub fn run(size: u64, budget: u64) -> Result<()> {
         passthrough: true,
         model_passthrough: true,
         allow_other: false,
+        index_cap: tierfs_core::models::DEFAULT_INDEX_CAP,
         state_file: None,
     };
     let mounted = Mounted::start(&request)?;

@@ -62,9 +62,14 @@ enum Command {
         /// otherwise handed to the kernel with FUSE passthrough when running as root).
         #[arg(long)]
         no_model_passthrough: bool,
-        /// Let other users use the mount (with the source's permissions enforced).
+        /// Let other users use the mount: each one reads only what they could read in SOURCE
+        /// themselves (see the README, "Shared mounts").
         #[arg(long)]
         allow_other: bool,
+        /// Cap on the memory of model headers and indexes (least recently opened files are
+        /// forgotten past it).
+        #[arg(long, default_value = "256MiB", value_parser = parse_size_arg)]
+        index_cache: u64,
         /// Where learned block orders are kept across remounts
         /// [default: /var/lib/tierfs for root, else ~/.local/state/tierfs].
         #[arg(long)]
@@ -160,6 +165,7 @@ fn run(command: Command) -> Result<()> {
             no_passthrough,
             no_model_passthrough,
             allow_other,
+            index_cache,
             state_dir,
             no_state,
         } => {
@@ -182,6 +188,7 @@ fn run(command: Command) -> Result<()> {
                 passthrough: !no_passthrough,
                 model_passthrough: !no_model_passthrough,
                 allow_other,
+                index_cap: index_cache,
                 state_file: (!no_state).then(|| {
                     state_dir
                         .unwrap_or_else(mount::default_state_dir)

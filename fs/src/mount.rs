@@ -18,6 +18,7 @@ use std::thread;
 use anyhow::{bail, Context, Result};
 use crossbeam::channel::{unbounded, Receiver};
 use fuser::{BackgroundSession, Config, INodeNo, MountOption, Notifier, SessionACL};
+use tierfs_core::access::Sharing;
 use tierfs_core::budget::{self, watch, BudgetTarget, Governor, Probe};
 use tierfs_core::kernel_cache::{window_for_budget, InodeRange, KernelCacheWindow};
 use tierfs_core::models::ModelStore;
@@ -47,6 +48,8 @@ pub struct MountRequest {
     /// `tierfs_core::passthrough`).
     pub model_passthrough: bool,
     pub allow_other: bool,
+    /// Cap on the memory of model headers and indexes (`--index-cache`).
+    pub index_cap: u64,
     /// Where learned block orders are kept across remounts (`None`: not kept).
     pub state_file: Option<PathBuf>,
 }
@@ -152,10 +155,13 @@ impl Mounted {
     pub fn start(request: &MountRequest) -> Result<Mounted> {
         let source = check_source(&request.source)?;
         let mountpoint = check_mountpoint(&request.mountpoint, &source)?;
-        let store = Arc::new(ModelStore::new(
-            request.budget,
-            SavedOrders::load(request.state_file.clone()),
-        ));
+        let store = Arc::new(
+            ModelStore::new(
+                request.budget,
+                SavedOrders::load(request.state_file.clone()),
+            )
+            .with_index_cap(request.index_cap),
+        );
         let governor = start_governor(request, &store);
         let window = Arc::new(KernelCacheWindow::new(window_for_budget(request.budget)));
         let (invalidations, invalidation_queue) = unbounded();
@@ -163,6 +169,8 @@ impl Mounted {
             source: source.clone(),
             mountpoint: mountpoint.clone(),
             passthrough: privilege::passthrough_mode(request.passthrough),
+            // SAFETY: geteuid cannot fail.
+            sharing: Sharing::for_mount(request.allow_other, unsafe { libc::geteuid() }),
             model_passthrough: request.model_passthrough,
             governor,
         };

@@ -432,6 +432,7 @@ impl ChunkCache {
             evicted_bytes: Counters::get(&c.evicted_bytes),
             uncached_bytes: Counters::get(&c.uncached_bytes),
             stall_seconds: Counters::get(&c.stall_ns) as f64 / 1e9,
+            index: Default::default(), // the model store's (`ModelStore::index_snapshot`)
         }
     }
 

@@ -18,10 +18,11 @@
 //! new generation number; the old version's chunks are dropped from the cache. Handles opened
 //! before the change keep reading the version (and the descriptor) they opened, so a reader
 //! that opens a file after it changed can never be served cached bytes of the old one.
+//!
+//! **Memory.** Headers and indexes of known files are held to their own cap ([`table`]).
 
 mod runs;
 
-use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -40,8 +41,12 @@ use crate::prefetch::access::{FileAccess, Step};
 use crate::prefetch::saved::SavedOrders;
 use crate::prefetch::{Executor, PrefetchTarget, Prefetcher};
 use crate::source::{aligned_footprint, ReadWrapper, SourceError, SourceFile, SourceIdentity};
-use crate::stats::{Counters, FileSnapshot, PrefetchSnapshot};
+use crate::stats::{Counters, FileSnapshot, IndexSnapshot, PrefetchSnapshot};
 use crate::sync::{lock, Mutex, MutexGuard};
+
+pub mod table;
+use table::ModelTable;
+pub use table::DEFAULT_INDEX_CAP;
 
 /// Bytes read at first open in the hope that they hold the whole header. Most checkpoint headers
 /// are 10–200 KiB; when one is larger, exactly what it needs is read in a second request.
@@ -392,7 +397,7 @@ pub struct ModelStore {
     budget: AtomicU64,
     passthrough: PassthroughTier,
     prefetcher: Prefetcher,
-    files: Mutex<HashMap<PathBuf, Arc<ModelFile>>>,
+    files: Mutex<ModelTable>,
     next_generation: AtomicU64,
     saved: SavedOrders,
     /// Fault injection for tests ([`ModelStore::with_read_wrapper`]); `None` in the daemon.
@@ -430,7 +435,7 @@ impl ModelStore {
             cache,
             budget: AtomicU64::new(budget),
             passthrough: PassthroughTier::default(),
-            files: Mutex::new(HashMap::new()),
+            files: Mutex::new(ModelTable::new(DEFAULT_INDEX_CAP)),
             next_generation: AtomicU64::new(1),
             saved,
             read_wrapper: None,
@@ -448,6 +453,17 @@ impl ModelStore {
     /// up to the budget.
     pub fn warm(&self, file: &Arc<ModelFile>) {
         self.prefetcher.warm(file);
+    }
+
+    /// Holds headers and indexes of known files to `cap` bytes (`--index-cache`).
+    pub fn with_index_cap(self, cap: u64) -> ModelStore {
+        self.lock().set_cap(cap);
+        self
+    }
+
+    /// The `cache.index_*` figures.
+    pub fn index_snapshot(&self) -> IndexSnapshot {
+        self.lock().snapshot()
     }
 
     pub fn cache(&self) -> &ChunkCache {
@@ -532,6 +548,7 @@ impl ModelStore {
     pub fn cache_snapshot(&self) -> crate::stats::CacheSnapshot {
         let mut snapshot = self.cache.snapshot();
         snapshot.budget_bytes = self.budget();
+        snapshot.index = self.index_snapshot();
         snapshot
     }
 
@@ -580,13 +597,31 @@ impl ModelStore {
                 return Ok(Arc::clone(known));
             }
         }
-        let replaced = files.insert(path.to_owned(), Arc::clone(&file));
+        let (replaced, evicted) = files.insert(path, Arc::clone(&file));
         drop(files);
         if let Some(old) = replaced {
             tracing::info!(file = %abs.display(), "source changed: dropping cached bytes of the old version");
             self.cache.forget_file(old.generation);
         }
+        for old in &evicted {
+            tracing::debug!(file = %old.path.display(), "index cap reached: forgetting the file");
+            self.cache.forget_file(old.generation);
+        }
+        drop(evicted);
+        self.trim_after_evictions();
         Ok(file)
+    }
+
+    /// Gives the memory of forgotten headers back to the OS once enough was forgotten (see
+    /// [`table::TRIM_AFTER_EVICTED_BYTES`]).
+    fn trim_after_evictions(&self) {
+        if self.lock().take_trim_due() {
+            #[cfg(target_env = "gnu")]
+            // SAFETY: malloc_trim only returns free heap pages to the OS.
+            unsafe {
+                libc::malloc_trim(0);
+            }
+        }
     }
 
     /// Reads up to `len` bytes at `offset` (fewer only at end of file).
@@ -762,14 +797,14 @@ impl ModelStore {
 
     /// One entry per known model file (its current version), sorted by path.
     pub fn files_snapshot(&self) -> Vec<FileSnapshot> {
-        let files: Vec<Arc<ModelFile>> = self.lock().values().cloned().collect();
+        let files: Vec<Arc<ModelFile>> = self.lock().files().cloned().collect();
         let mut snapshots: Vec<FileSnapshot> =
             files.iter().map(|f| f.snapshot(&self.cache)).collect();
         snapshots.sort_by(|a, b| a.path.cmp(&b.path));
         snapshots
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<PathBuf, Arc<ModelFile>>> {
+    fn lock(&self) -> MutexGuard<'_, ModelTable> {
         lock(&self.files)
     }
 }

@@ -1,7 +1,7 @@
 //! The FUSE adapter: kernel requests in, `tierfs_core` calls out.
 //!
 //! This layer only translates. Paths come from [`inodes`], what a source entry looks like from
-//! [`present()`], and bytes of model files from [`ModelStore`]; everything else here is glue:
+//! [`present_as()`], and bytes of model files from [`ModelStore`]; everything else here is glue:
 //! - **Model files** (`.safetensors`, `.sft`, well-formed) are opened in page-cache mode and
 //!   served from the chunk cache. Every served range is recorded in a [`KernelCacheWindow`]; the
 //!   ranges that fall out of it are invalidated by a notifier thread (never from a request
@@ -21,6 +21,12 @@
 //!
 //! Attribute and entry timeouts are [`ATTR_TTL`], which is what bounds how long a change in
 //! SOURCE takes to show through the mount.
+//!
+//! **Shared mounts** (`--allow-other`): every source access made for a request runs under
+//! [`AccessRule::act_for`] ([`tierfs_core::access`]): with the requester's credentials for a
+//! root daemon, without following links for other users otherwise. A link presented as its
+//! target gets a zero timeout there, since the kernel's entry and attribute caches are shared
+//! by all users and the next user may not be able to reach the target.
 
 mod inodes;
 mod present;
@@ -42,17 +48,18 @@ use fuser::{
     InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData,
     ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request,
 };
+use tierfs_core::access::{open_for_request, AccessRule, Acting, Sharing, SourceRoot};
 use tierfs_core::budget::Governor;
 use tierfs_core::control::{self, Command};
 use tierfs_core::kernel_cache::{InodeRange, KernelCacheWindow};
 use tierfs_core::models::{is_model_path, ModelFile, ModelStore, OpenError, ReadBytes, ServeMode};
-use tierfs_core::source::{read_full_at, SourceError};
+use tierfs_core::source::{read_full_at, SourceError, SourceIdentity};
 use tierfs_core::stats::ops::{Op, OpStats};
 
 use crate::stats_doc::StatsDocument;
 use inodes::Inodes;
 pub use inodes::{CONTROL_DIR_INO, CONTROL_INO, ROOT_INO, STATS_INO};
-use present::present;
+use present::present_as;
 
 /// How long the kernel may trust attributes and lookups. Half a second keeps the promise that
 /// a change in SOURCE shows within a second, and still saves most repeated `stat`s of a loader
@@ -77,6 +84,8 @@ pub struct MountSettings {
     pub source: PathBuf,
     pub mountpoint: PathBuf,
     pub passthrough: bool,
+    /// Who may use the mount besides the mounting user (see [`tierfs_core::access`]).
+    pub sharing: Sharing,
     /// Whether model files that fit the budget may be served by passthrough.
     pub model_passthrough: bool,
     /// Steers the cache budget under memory pressure (`tierfs_core::budget`).
@@ -107,6 +116,8 @@ enum Opened {
 /// The `fuser::Filesystem` of a tierfs mount.
 pub struct TierFs {
     settings: MountSettings,
+    access: AccessRule,
+    source_root: SourceRoot,
     store: Arc<ModelStore>,
     inodes: Inodes,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
@@ -141,6 +152,8 @@ impl TierFs {
         // SAFETY: getuid/getgid cannot fail and touch no memory.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         TierFs {
+            access: AccessRule::new(settings.sharing),
+            source_root: SourceRoot::open(&settings.source),
             settings,
             store,
             inodes: Inodes::default(),
@@ -160,6 +173,12 @@ impl TierFs {
 
     fn abs(&self, rel: &Path) -> PathBuf {
         self.settings.source.join(rel)
+    }
+
+    /// The path to reach `rel` by for a request: below SOURCE only, when acting as its user
+    /// (see [`SourceRoot`]).
+    fn reach(&self, rel: &Path, acting: &Acting) -> PathBuf {
+        self.source_root.path_for(rel, acting)
     }
 
     /// The per-operation figures (`ops` in the stats).
@@ -184,42 +203,71 @@ impl TierFs {
         json
     }
 
-    /// The attributes of inode `ino`, a source path or a virtual file.
-    fn attr(&self, ino: u64) -> Result<FileAttr, Errno> {
+    /// The attributes of inode `ino`, a source path or a virtual file, and how long the kernel
+    /// may keep them.
+    fn attr(&self, ino: u64, acting: &Acting) -> Result<(FileAttr, Duration), Errno> {
+        let virtual_attr = |kind, perm| Ok((self.virtual_attr(ino, kind, perm, 0), ATTR_TTL));
         match ino {
-            CONTROL_DIR_INO => Ok(self.virtual_attr(ino, FileType::Directory, 0o555, 0)),
-            STATS_INO => Ok(self.virtual_attr(ino, FileType::RegularFile, 0o444, 0)),
-            CONTROL_INO => Ok(self.virtual_attr(ino, FileType::RegularFile, 0o200, 0)),
-            _ => self.source_attr(ino),
+            CONTROL_DIR_INO => virtual_attr(FileType::Directory, 0o555),
+            STATS_INO => virtual_attr(FileType::RegularFile, 0o444),
+            CONTROL_INO => virtual_attr(FileType::RegularFile, 0o200),
+            _ => self.source_attr(ino, acting),
         }
+    }
+
+    /// How long the kernel may keep an entry or its attributes: not at all for a link shown as
+    /// its target on a shared mount (see the module docs).
+    fn ttl(&self, via_link: bool) -> Duration {
+        if via_link && self.access.sharing().is_shared() {
+            Duration::ZERO
+        } else {
+            ATTR_TTL
+        }
+    }
+
+    /// Starts serving `req` under the access rule; a refusal is `EACCES`.
+    fn act_for(&self, req: &Request) -> Result<Acting, Errno> {
+        self.access
+            .act_for(req.uid(), req.gid(), req.pid())
+            .map_err(|e| {
+                tracing::warn!(error = %e, pid = req.pid(), "request refused");
+                Errno::EACCES
+            })
     }
 
     /// Attributes of a source inode. An inode whose path now holds another object (the file was
     /// replaced or deleted) keeps answering with its last attributes: the kernel may still have
     /// it open, and must not shrink or refill an old mapping from the new file.
-    fn source_attr(&self, ino: u64) -> Result<FileAttr, Errno> {
+    fn source_attr(&self, ino: u64, acting: &Acting) -> Result<(FileAttr, Duration), Errno> {
         let entry = self.inodes.entry(ino).ok_or(Errno::ENOENT)?;
-        match present(&self.abs(&entry.path)) {
-            Ok((meta, kind)) if entry.object.is_none_or(|o| o == object_id(&meta)) => {
+        match present_as(&self.reach(&entry.path, acting), acting.follow_links()) {
+            Ok((meta, kind, via_link)) if entry.object.is_none_or(|o| o == object_id(&meta)) => {
                 let attr = source_attr(ino, &meta, kind);
                 self.inodes.remember(ino, attr);
-                Ok(attr)
+                Ok((attr, self.ttl(via_link)))
             }
-            Ok(_) => entry.attr.ok_or(Errno::ESTALE),
+            Ok(_) => entry.attr.map(|a| (a, self.ttl(true))).ok_or(Errno::ESTALE),
             Err(e) => entry
                 .attr
                 .filter(|_| e.kind() == io::ErrorKind::NotFound)
+                .map(|a| (a, self.ttl(true)))
                 .ok_or_else(|| errno(e)),
         }
     }
 
-    /// The current inode of `rel`: looks it up in SOURCE and numbers the object found there.
-    fn lookup_source(&self, rel: &Path) -> Result<(u64, FileAttr), Errno> {
-        let (meta, kind) = present(&self.abs(rel)).map_err(errno)?;
+    /// The current inode of `rel`: looks it up in SOURCE and numbers the object found there;
+    /// with the entry's timeout.
+    fn lookup_source(
+        &self,
+        rel: &Path,
+        acting: &Acting,
+    ) -> Result<(u64, FileAttr, Duration), Errno> {
+        let (meta, kind, via_link) =
+            present_as(&self.reach(rel, acting), acting.follow_links()).map_err(errno)?;
         let ino = self.inodes.ino_of(rel, object_id(&meta));
         let attr = source_attr(ino, &meta, kind);
         self.inodes.remember(ino, attr);
-        Ok((ino, attr))
+        Ok((ino, attr, self.ttl(via_link)))
     }
 
     fn virtual_attr(&self, ino: u64, kind: FileType, perm: u16, size: u64) -> FileAttr {
@@ -242,20 +290,25 @@ impl TierFs {
         }
     }
 
-    fn child(&self, parent: u64, name: &OsStr) -> Result<FileAttr, Errno> {
+    fn child(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        acting: &Acting,
+    ) -> Result<(FileAttr, Duration), Errno> {
         if parent == ROOT_INO && name == CONTROL_DIR {
-            return self.attr(CONTROL_DIR_INO);
+            return self.attr(CONTROL_DIR_INO, acting);
         }
         if parent == CONTROL_DIR_INO {
             return match name.to_str() {
-                Some("stats") => self.attr(STATS_INO),
-                Some("control") => self.attr(CONTROL_INO),
+                Some("stats") => self.attr(STATS_INO, acting),
+                Some("control") => self.attr(CONTROL_INO, acting),
                 _ => Err(Errno::ENOENT),
             };
         }
         let parent_path = self.inodes.entry(parent).ok_or(Errno::ENOENT)?.path;
-        self.lookup_source(&parent_path.join(plain_name(name)?))
-            .map(|(_, attr)| attr)
+        self.lookup_source(&parent_path.join(plain_name(name)?), acting)
+            .map(|(_, attr, ttl)| (attr, ttl))
     }
 
     fn add_handle(&self, handle: Handle) -> u64 {
@@ -272,26 +325,40 @@ impl TierFs {
         self.handles.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn open_source(&self, ino: u64, reply: &ReplyOpen) -> Result<Opened, Errno> {
+    fn open_source(&self, ino: u64, acting: Acting, reply: &ReplyOpen) -> Result<Opened, Errno> {
         let Some(entry) = self.inodes.entry(ino) else {
             return Err(Errno::ENOENT);
         };
         let (rel, abs) = (entry.path.clone(), self.abs(&entry.path));
-        match present(&abs) {
+        let (reach, follow_links) = (self.reach(&rel, &acting), acting.follow_links());
+        match present_as(&reach, follow_links) {
             // The path holds another object than this inode: the kernel looks it up again.
-            Ok((meta, _)) if entry.object.is_some_and(|o| o != object_id(&meta)) => {
+            Ok((meta, _, _)) if entry.object.is_some_and(|o| o != object_id(&meta)) => {
                 return Err(Errno::ESTALE)
             }
-            Ok((_, FileType::RegularFile)) => {}
-            Ok((_, FileType::Directory)) => return Err(Errno::EISDIR),
+            Ok((_, FileType::RegularFile, _)) => {}
+            Ok((_, FileType::Directory, _)) => return Err(Errno::EISDIR),
             Ok(_) => return Err(Errno::EACCES),
             Err(e) => return Err(errno(e)),
+        }
+        // The open, made as the requester (see `tierfs_core::access`), is the access check;
+        // what it opened must be the object this inode stands for, whatever was swapped since.
+        let file = open_for_request(&reach, follow_links).map_err(errno)?;
+        // The rest runs with the daemon's own rights: it only serves what `file` is.
+        drop(acting);
+        let opened = file.metadata().map_err(errno)?;
+        if entry.object.is_some_and(|o| o != object_id(&opened)) {
+            return Err(Errno::ESTALE);
         }
         if is_model_path(&rel) {
             // Malformed model files are served by the read path too (uncached), never with
             // passthrough: the kernel refuses a passthrough open of an inode that is open in
             // cached mode, which a model file's earlier, well-formed version may still be.
             return match self.store.open(&rel, &abs) {
+                // Cached bytes are served only for the version the requester itself opened.
+                Ok(model) if model.source().identity() != SourceIdentity::of(&opened) => {
+                    Err(Errno::ESTALE)
+                }
                 Ok(model) => self.open_model(ino, model, reply),
                 Err(e) => {
                     tracing::warn!(file = %abs.display(), error = %e, "cannot open model file");
@@ -299,7 +366,6 @@ impl TierFs {
                 }
             };
         }
-        let file = File::open(&abs).map_err(errno)?;
         if self.settings.passthrough {
             match self.backing(ino, reply, || file.try_clone()) {
                 Ok(backing) => {
@@ -430,7 +496,7 @@ impl TierFs {
                 let fh = self.add_handle(Handle::Stats(self.stats_json()));
                 Ok(Opened::Served(fh, FopenFlags::FOPEN_DIRECT_IO))
             }
-            ino => self.open_source(ino, reply),
+            ino => self.open_source(ino, self.act_for(req)?, reply),
         }
     }
 
@@ -526,18 +592,24 @@ impl TierFs {
         })
     }
 
-    /// The SOURCE path behind `ino`, if it is a regular file there ([`SOURCE_XATTR`]).
-    fn source_path(&self, ino: u64) -> Result<PathBuf, Errno> {
+    /// The SOURCE path behind `ino`, if it is a regular file there ([`SOURCE_XATTR`]). On a
+    /// shared mount, only for a requester who can open that file itself: the path is of no use
+    /// to anyone else, and tells them where private files live.
+    fn source_path(&self, ino: u64, acting: &Acting) -> Result<PathBuf, Errno> {
         let entry = self.inodes.entry(ino).ok_or(Errno::ENODATA)?;
-        let abs = self.abs(&entry.path);
-        match present(&abs) {
-            Ok((_, FileType::RegularFile)) => Ok(abs),
-            Ok(_) => Err(Errno::ENODATA),
-            Err(e) => Err(errno(e)),
+        let (abs, reach) = (self.abs(&entry.path), self.reach(&entry.path, acting));
+        match present_as(&reach, acting.follow_links()) {
+            Ok((_, FileType::RegularFile, _)) => {}
+            Ok(_) => return Err(Errno::ENODATA),
+            Err(e) => return Err(errno(e)),
         }
+        if self.access.sharing().is_shared() {
+            open_for_request(&reach, acting.follow_links()).map_err(|_| Errno::ENODATA)?;
+        }
+        Ok(abs)
     }
 
-    fn list_dir(&self, ino: u64) -> Result<Vec<(u64, FileType, OsString)>, Errno> {
+    fn list_dir(&self, ino: u64, acting: &Acting) -> Result<Vec<(u64, FileType, OsString)>, Errno> {
         let mut entries = vec![
             (ino, FileType::Directory, OsString::from(".")),
             (ino, FileType::Directory, OsString::from("..")),
@@ -551,13 +623,13 @@ impl TierFs {
         if ino == ROOT_INO {
             entries.push((CONTROL_DIR_INO, FileType::Directory, CONTROL_DIR.into()));
         }
-        for entry in std::fs::read_dir(self.abs(&rel)).map_err(errno)? {
+        for entry in std::fs::read_dir(self.reach(&rel, acting)).map_err(errno)? {
             let entry = entry.map_err(errno)?;
             let name = entry.file_name();
             if ino == ROOT_INO && name == CONTROL_DIR {
                 continue; // hidden by the control directory
             }
-            let Ok((ino, attr)) = self.lookup_source(&rel.join(&name)) else {
+            let Ok((ino, attr, _)) = self.lookup_source(&rel.join(&name), acting) else {
                 continue; // vanished since read_dir listed it
             };
             entries.push((ino, attr.kind, name));
@@ -586,26 +658,33 @@ impl Filesystem for TierFs {
         Ok(())
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.ops().time(Op::Lookup, || self.child(parent.0, name)) {
-            Ok(attr) => reply.entry(&ATTR_TTL, &attr, Generation(0)),
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let found = self.ops().time(Op::Lookup, || {
+            self.act_for(req)
+                .and_then(|acting| self.child(parent.0, name, &acting))
+        });
+        match found {
+            Ok((attr, ttl)) => reply.entry(&ttl, &attr, Generation(0)),
             Err(e) => reply.error(e),
         }
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.ops().time(Op::Getattr, || self.attr(ino.0)) {
-            Ok(attr) => reply.attr(&ATTR_TTL, &attr),
+    fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let found = self.ops().time(Op::Getattr, || {
+            self.act_for(req)
+                .and_then(|acting| self.attr(ino.0, &acting))
+        });
+        match found {
+            Ok((attr, ttl)) => reply.attr(&ttl, &attr),
             Err(e) => reply.error(e),
         }
     }
 
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        let target = self
-            .inodes
-            .entry(ino.0)
-            .ok_or(Errno::ENOENT)
-            .and_then(|entry| std::fs::read_link(self.abs(&entry.path)).map_err(errno));
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
+        let target = self.act_for(req).and_then(|acting| {
+            let entry = self.inodes.entry(ino.0).ok_or(Errno::ENOENT)?;
+            std::fs::read_link(self.reach(&entry.path, &acting)).map_err(errno)
+        });
         match target {
             Ok(target) => reply.data(target.as_os_str().as_bytes()),
             Err(e) => reply.error(e),
@@ -691,7 +770,7 @@ impl Filesystem for TierFs {
 
     fn getxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         size: u32,
@@ -700,22 +779,32 @@ impl Filesystem for TierFs {
         if name != OsStr::new(SOURCE_XATTR) {
             return reply.error(Errno::ENODATA);
         }
-        match self.source_path(ino.0) {
+        let path = self
+            .act_for(req)
+            .and_then(|acting| self.source_path(ino.0, &acting));
+        match path {
             Ok(path) => reply_xattr(reply, size, path.as_os_str().as_bytes()),
             Err(e) => reply.error(e),
         }
     }
 
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
-        let names = match self.source_path(ino.0) {
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
+        let path = self
+            .act_for(req)
+            .and_then(|acting| self.source_path(ino.0, &acting));
+        let names = match path {
             Ok(_) => format!("{SOURCE_XATTR}\0").into_bytes(),
             Err(_) => Vec::new(),
         };
         reply_xattr(reply, size, &names)
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.ops().time(Op::Readdir, || self.list_dir(ino.0)) {
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let listed = self.ops().time(Op::Readdir, || {
+            self.act_for(req)
+                .and_then(|acting| self.list_dir(ino.0, &acting))
+        });
+        match listed {
             Ok(entries) => {
                 let fh = self.add_handle(Handle::Dir(entries));
                 reply.opened(FileHandle(fh), FopenFlags::empty())

@@ -9,7 +9,12 @@
 //!   that would make an endless tree, so it stays a symlink and the walker's own loop handling
 //!   applies;
 //! - a dangling link, or a link to anything else, stays a symlink (its target text is returned
-//!   as is by `readlink`).
+//!   as is by `readlink`);
+//! - a link whose target the requester cannot reach stays a symlink too: the lookups of a
+//!   shared mount run with the requester's credentials ([`tierfs_core::access`]), and a mount
+//!   whose daemon cannot switch credentials follows no links for other users at all
+//!   (`follow_links == false`), so their kernel follows them outside the mount, with their own
+//!   rights.
 
 use std::fs::{self, Metadata};
 use std::io;
@@ -17,18 +22,22 @@ use std::path::Path;
 
 use fuser::FileType;
 
-/// The metadata to show for `abs` and the type to show it as.
-pub fn present(abs: &Path) -> io::Result<(Metadata, FileType)> {
+/// The metadata to show for `abs` and the type to show it as, following links only if
+/// `follow_links`; the flag returned says whether `abs` is a link presented as its target.
+pub fn present_as(abs: &Path, follow_links: bool) -> io::Result<(Metadata, FileType, bool)> {
     let link = fs::symlink_metadata(abs)?;
     if !link.file_type().is_symlink() {
-        return Ok((link.clone(), kind_of(&link)));
+        return Ok((link.clone(), kind_of(&link), false));
+    }
+    if !follow_links {
+        return Ok((link, FileType::Symlink, false));
     }
     match fs::metadata(abs) {
-        Ok(target) if target.is_file() => Ok((target, FileType::RegularFile)),
+        Ok(target) if target.is_file() => Ok((target, FileType::RegularFile, true)),
         Ok(target) if target.is_dir() && !points_at_ancestor(abs) => {
-            Ok((target, FileType::Directory))
+            Ok((target, FileType::Directory, true))
         }
-        _ => Ok((link, FileType::Symlink)),
+        _ => Ok((link, FileType::Symlink, false)),
     }
 }
 
@@ -48,6 +57,10 @@ fn kind_of(meta: &Metadata) -> FileType {
 mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
+
+    fn present(abs: &Path) -> io::Result<(Metadata, FileType)> {
+        present_as(abs, true).map(|(meta, kind, _)| (meta, kind))
+    }
 
     #[test]
     fn links_to_files_and_dirs_are_followed_but_loops_are_not() {
@@ -76,5 +89,9 @@ mod tests {
         );
         assert_eq!(present(&root.join("sub")).unwrap().1, FileType::Directory);
         assert!(present(&root.join("nope")).is_err());
+        let (_, kind, via_link) = present_as(&root.join("link.safetensors"), false).unwrap();
+        assert_eq!((kind, via_link), (FileType::Symlink, false));
+        assert!(present_as(&root.join("subdir-link"), true).unwrap().2);
+        assert!(!present_as(&root.join("sub"), true).unwrap().2);
     }
 }
