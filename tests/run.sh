@@ -16,8 +16,6 @@ cargo build --release --workspace
 echo "== cargo test --workspace --release"
 cargo test --workspace --release
 
-# Windows: core tests under wine64, the WinFsp front end type-checked (README, "Windows").
-bash tests/windows/check.sh
 # Model-checked tests of the cache's locks (core/src/cache/loom_tests.rs). Own target dir: the
 # `--cfg loom` flags would otherwise invalidate the release build above. Runs in well under a
 # second once built; the timeout only guards against a model that stops terminating.
@@ -87,10 +85,18 @@ echo "== pytest tests/python (root: $TIERFS_TEST_ROOT)"
 # `timeout` cannot reap a pytest stuck in uninterruptible sleep on a FUSE request whose
 # daemon is wedged; this watchdog aborts the test mounts' FUSE connections shortly after
 # the cap, which fails those requests (ENOTCONN) so everything can exit.
-PYTEST_CAP=${TIERFS_PYTEST_TIMEOUT:-3000}
+PYTEST_CAP=${TIERFS_PYTEST_TIMEOUT:-2400}
 ( sleep $((PYTEST_CAP + 60)); echo "== watchdog: aborting test mounts" >&2; abort_test_mounts ) &
 WATCHDOG_PID=$!
 # --timeout: no single test may run longer than this (pytest-timeout), whatever it waits on.
+set +e
 timeout --kill-after=30 "$PYTEST_CAP" \
     "$PY" -m pytest tests/python -v -rfEs -p no:cacheprovider --durations=25 \
     --timeout="${TIERFS_TEST_TIMEOUT:-900}" "$@"
+pytest_rc=$?
+set -e
+
+# Windows: core tests under wine64, the WinFsp front end type-checked (README, "Windows").
+# After the Linux suite, so that a Windows failure never hides the Linux results.
+bash tests/windows/check.sh
+exit "$pytest_rc"
