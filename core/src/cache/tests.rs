@@ -217,14 +217,15 @@ fn reads_in_flight_never_reserve_more_than_half_the_budget() {
 fn a_prefetch_is_skipped_while_reads_in_flight_fill_a_quarter_of_the_budget() {
     let fx = Arc::new(fixture(4));
     let cache = Arc::new(ChunkCache::new(4 * CHUNK, Arc::new(Counters::default())));
-    let started = Arc::new(Barrier::new(2));
+    let (started, release) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
     let reader = {
-        let (fx, cache, started) = (fx.clone(), cache.clone(), started.clone());
+        let (fx, cache) = (fx.clone(), cache.clone());
+        let (started, release) = (started.clone(), release.clone());
         thread::spawn(move || {
             cache
                 .get_or_load(key(0), CHUNK, Want::Read, None, || {
                     started.wait();
-                    thread::sleep(Duration::from_millis(100));
+                    release.wait(); // in flight until the prefetch below was tried
                     fx.source.read_aligned(0, CHUNK)
                 })
                 .map(|_| ())
@@ -234,6 +235,7 @@ fn a_prefetch_is_skipped_while_reads_in_flight_fill_a_quarter_of_the_budget() {
     let prefetch = cache.get_or_load(key(1), CHUNK, Want::Prefetch, None, || {
         fx.source.read_aligned(CHUNK, 2 * CHUNK)
     });
+    release.wait();
     assert!(matches!(prefetch, Err(CacheError::NoRoom)), "{prefetch:?}");
     reader.join().unwrap().unwrap();
     // With nothing in flight, the same prefetch goes ahead.
