@@ -113,19 +113,28 @@ impl Resident {
     /// change a decision taken under one hold of the cache lock), then yields chunks in rank
     /// order at `log(groups)` each. See [`VictimQueue`].
     pub(super) fn victims(&self, recent: u64) -> VictimQueue {
-        let heap = self
-            .groups
-            .iter()
-            .filter_map(|(&group, chunks)| {
-                let (&stamp, key) = chunks.first_key_value()?;
-                let chunk = &self.chunks.get(key)?.chunk;
-                let distance = chunk.distance();
-                Some((
-                    (!chunk.may_be_in_use(recent), distance, Reverse(stamp)),
-                    group,
-                ))
-            })
-            .collect();
+        let mut heap = BinaryHeap::new();
+        for (&group, chunks) in &self.groups {
+            let Some((&stamp, key)) = chunks.first_key_value() else {
+                continue;
+            };
+            let Some(entry) = self.chunks.get(key) else {
+                continue;
+            };
+            if entry.chunk.in_current_block() {
+                // The block a reader is in mixes chunks it has consumed (needed last) with
+                // chunks it has yet to read (needed now): ranked one by one. One block's
+                // chunks, not the cache's.
+                for (&stamp, key) in chunks {
+                    if let Some(entry) = self.chunks.get(key) {
+                        let rank = entry.chunk.rank(recent, stamp);
+                        heap.push((rank, Candidate::Chunk(*key)));
+                    }
+                }
+                continue;
+            }
+            heap.push((entry.chunk.rank(recent, stamp), Candidate::Group(group)));
+        }
         VictimQueue { heap, recent }
     }
 
@@ -139,15 +148,25 @@ impl Resident {
 /// (idle, distance, older first): the highest is evicted first.
 type Rank = (bool, usize, Reverse<u64>);
 
+/// What the eviction queue ranks: a group by its least recently used chunk, or (in a block a
+/// reader is in) one chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Candidate {
+    Group(GroupKey),
+    Chunk(ChunkKey),
+}
+
 /// Groups by the rank of their least recently used chunk ([`Resident::victims`]).
 ///
 /// The victim is, among the least recently used chunk of each group, the one ranked highest by
-/// `(idle, distance, older)`, where `idle` is `!may_be_in_use(recent)`. Only a group's oldest
-/// chunk is asked whether it may still be in use: in the block a reader just left, the oldest
-/// chunk is the one its stragglers finished with first, so if it is busy the group waits its
-/// turn (at worst a less distant chunk goes first).
+/// `(idle, distance, older)`, where `idle` is `!may_be_in_use(recent)`. Every chunk of a block
+/// the reader is not in is needed at the same distance; only a group's oldest chunk is asked
+/// whether it may still be in use: in the block a reader just left, the oldest chunk is the one
+/// its stragglers finished with first, so if it is busy the group waits its turn (at worst a
+/// less distant chunk goes first). Chunks of the block a reader is in are ranked one by one
+/// ([`super::Chunk::distance`]: consumed ones go first).
 pub(super) struct VictimQueue {
-    heap: BinaryHeap<(Rank, GroupKey)>,
+    heap: BinaryHeap<(Rank, Candidate)>,
     recent: u64,
 }
 
@@ -155,7 +174,15 @@ impl VictimQueue {
     /// The next victim, with its idleness and distance; the caller removes it from `resident`
     /// before asking for the next one.
     pub(super) fn next(&mut self, resident: &Resident) -> Option<(ChunkKey, bool, usize)> {
-        while let Some(((idle, distance, Reverse(stamp)), group)) = self.heap.pop() {
+        while let Some((rank, candidate)) = self.heap.pop() {
+            let (idle, distance, Reverse(stamp)) = rank;
+            let group = match candidate {
+                Candidate::Chunk(key) if resident.contains(&key) => {
+                    return Some((key, idle, distance));
+                }
+                Candidate::Chunk(_) => continue,
+                Candidate::Group(group) => group,
+            };
             let Some((&oldest, &key)) = resident
                 .groups
                 .get(&group)
@@ -167,13 +194,14 @@ impl VictimQueue {
                 continue;
             };
             if oldest != stamp {
-                // Its ranked chunk was evicted (or used) since: rank its oldest one now.
+                // Its ranked chunk was evicted since: rank its oldest one now.
                 let idle = !entry.chunk.may_be_in_use(self.recent);
-                self.heap.push(((idle, distance, Reverse(oldest)), group));
+                self.heap
+                    .push(((idle, distance, Reverse(oldest)), Candidate::Group(group)));
                 continue;
             }
             // Back in the queue: once `key` is evicted, the group's next chunk is ranked.
-            self.heap.push(((idle, distance, Reverse(stamp)), group));
+            self.heap.push((rank, Candidate::Group(group)));
             return Some((key, idle, distance));
         }
         None
