@@ -46,8 +46,11 @@ pub struct Handle {
 /// One slot per GPU ordinal, each with its own lock, created on first use: `T` is a
 /// [`Loader`] in the library, anything in the tests (which need no GPU).
 struct GpuSlots<T> {
-    slots: Mutex<Option<HashMap<usize, Arc<Mutex<Option<T>>>>>>,
+    slots: Mutex<Option<HashMap<usize, Slot<T>>>>,
 }
+
+/// One GPU's value, created on first use.
+type Slot<T> = Arc<Mutex<Option<T>>>;
 
 impl<T> GpuSlots<T> {
     const fn new() -> Self {
@@ -510,7 +513,16 @@ mod tests {
             })
         };
         inside.wait();
-        slots.with(1, || Ok(0), |n| Ok(*n += 1)).unwrap();
+        slots
+            .with(
+                1,
+                || Ok(0),
+                |n| {
+                    *n += 1;
+                    Ok(())
+                },
+            )
+            .unwrap();
         done_tx.send(()).unwrap();
         first.join().unwrap().unwrap();
 

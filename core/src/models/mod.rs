@@ -429,11 +429,10 @@ impl ModelStore {
         prefetcher: Prefetcher,
         saved: SavedOrders,
     ) -> ModelStore {
-        let budget = cache.budget();
         ModelStore {
             prefetcher,
+            budget: AtomicU64::new(cache.budget()),
             cache,
-            budget: AtomicU64::new(budget),
             passthrough: PassthroughTier::default(),
             files: Mutex::new(ModelTable::new(DEFAULT_INDEX_CAP)),
             next_generation: AtomicU64::new(1),

@@ -97,8 +97,12 @@ mod tests {
             .map(|i| runs.record(i * 128 * KIB, (i + 1) * 128 * KIB))
             .collect();
         assert_eq!(before[0], 0);
-        assert!(before[..requests as usize].iter().all(|&b| b < STREAM_AFTER));
-        assert!(before[requests as usize..].iter().all(|&b| b >= STREAM_AFTER));
+        assert!(before[..requests as usize]
+            .iter()
+            .all(|&b| b < STREAM_AFTER));
+        assert!(before[requests as usize..]
+            .iter()
+            .all(|&b| b >= STREAM_AFTER));
     }
 
     #[test]

@@ -6,6 +6,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::prefetch::saved::SavedOrders;
+use crate::prefetch::ManualExecutor;
 use crate::synth::{write_checkpoint, Layout as SynthLayout, SynthDtype, SynthSpec};
 
 fn checkpoint(dir: &Path, name: &str, bytes: u64, seed: u64) -> Vec<u8> {
@@ -144,19 +145,51 @@ proptest! {
     }
 }
 
+/// [`opened`], with prefetches run only when the test calls `run_pending` on the executor.
+fn opened_manual(
+    bytes: u64,
+    budget: u64,
+    seed: u64,
+) -> (
+    tempfile::TempDir,
+    Vec<u8>,
+    Arc<ManualExecutor>,
+    ModelStore,
+    Arc<ModelFile>,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let content = checkpoint(dir.path(), "m.safetensors", bytes, seed);
+    let exec = Arc::new(ManualExecutor::new(1024));
+    let store = ModelStore::with_executor(budget, SavedOrders::default(), exec.clone());
+    let file = store
+        .open(
+            Path::new("m.safetensors"),
+            &dir.path().join("m.safetensors"),
+        )
+        .unwrap();
+    (dir, content, exec, store, file)
+}
+
 #[test]
 fn sequential_readahead_is_not_wasted() {
-    let (_dir, bytes, store, file) = opened(96 << 20, 64 << 20, 1);
+    // Prefetches run between reads, as when the disk keeps ahead of the reader.
+    let (_dir, bytes, exec, store, file) = opened_manual(96 << 20, 64 << 20, 1);
     for _pass in 0..2 {
         let mut offset = 0;
         while offset < bytes.len() as u64 {
             let got = store.read(&file, offset, 128 << 10).unwrap();
+            assert_eq!(
+                &got[..],
+                &bytes[offset as usize..offset as usize + got.len()]
+            );
             offset += got.len() as u64;
-            std::thread::sleep(std::time::Duration::from_micros(50));
+            exec.run_pending();
         }
     }
-    std::thread::sleep(std::time::Duration::from_millis(100));
     assert_little_prefetch_wasted(&store);
+    // The reader found what prefetch read: after the first chunks, nearly every read hit.
+    let c = store.counters();
+    assert!(Counters::get(&c.prefetch_used_bytes) > 0);
 }
 
 #[test]
@@ -183,7 +216,7 @@ fn concurrent_sequential_readers_account_prefetch_exactly() {
     for t in threads {
         t.join().unwrap();
     }
-    std::thread::sleep(std::time::Duration::from_millis(200));
+    store.wait_prefetch_idle();
     assert_little_prefetch_wasted(&store);
 }
 
@@ -246,7 +279,7 @@ fn repeated_passes_keep_a_stable_resident_set_and_read_only_the_rest() {
     let mut resident = Vec::new();
     for pass in 0..4 {
         let disk = block_pass(&store, &file, &bytes, &blocks);
-        std::thread::sleep(std::time::Duration::from_millis(50)); // let prefetch settle
+        store.wait_prefetch_idle(); // prefetches queued by this pass are done
         assert!(store.cache().snapshot().used_bytes <= budget);
         if pass >= 1 {
             // LRU would read the whole file again; order-aware eviction reads what does not fit.
@@ -275,7 +308,8 @@ fn repeated_passes_keep_a_stable_resident_set_and_read_only_the_rest() {
 fn a_jump_cancels_queued_block_prefetches() {
     let dir = tempfile::tempdir().unwrap();
     checkpoint(dir.path(), "m.safetensors", 16 << 20, 6);
-    let store = ModelStore::new(64 << 20, SavedOrders::default());
+    let exec = Arc::new(ManualExecutor::new(1024));
+    let store = ModelStore::with_executor(64 << 20, SavedOrders::default(), exec.clone());
     let file = store
         .open(
             Path::new("m.safetensors"),
@@ -299,10 +333,7 @@ fn a_jump_cancels_queued_block_prefetches() {
     assert!(store
         .prefetcher
         .queue(&file, fresh_chunk, Some(access.epoch())));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while !file.chunk_present(store.cache(), fresh_chunk) && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    assert_eq!(exec.run_pending(), 2);
     assert!(
         file.chunk_present(store.cache(), fresh_chunk),
         "a current prefetch is done"
@@ -350,7 +381,7 @@ proptest! {
             for reader in readers {
                 reader.join().unwrap();
             }
-            std::thread::sleep(std::time::Duration::from_millis(20));
+            store.wait_prefetch_idle();
             done.store(true, Ordering::Relaxed);
             monitor.join().unwrap()
         });

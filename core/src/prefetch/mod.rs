@@ -22,7 +22,7 @@
 //! outruns the disk fetches those chunks itself.
 //!
 //! **Interfaces.** The prefetcher knows files only through [`PrefetchTarget`] (their chunk
-//! plan, access state, and how to fetch one chunk), which [`crate::models::ModelFile`]
+//! plan, access state, and how to fetch one chunk), which `models::ModelFile`
 //! implements, so this module does not depend on [`crate::models`]. Where the work runs is
 //! injected ([`Prefetcher::with_executor`]): tests use a [`ManualExecutor`] and run queued
 //! prefetches at the step they choose, so no sleep decides what a test sees.
@@ -42,7 +42,7 @@ use crate::sync::{lock, Mutex};
 use access::FileAccess;
 pub use executor::{Executor, ManualExecutor, WorkerPool};
 
-/// What the prefetcher needs of a file (implemented by [`crate::models::ModelFile`]).
+/// What the prefetcher needs of a file (implemented by `models::ModelFile`).
 pub trait PrefetchTarget: Send + Sync + 'static {
     /// How readers walk the file's blocks (well-formed files only).
     fn access(&self) -> Option<&Arc<FileAccess>>;

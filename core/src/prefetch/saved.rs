@@ -291,7 +291,9 @@ mod tests {
     /// `put` never writes on the caller's thread: with another writer holding the state file's
     /// lock, it returns at once, and the file appears once the lock is released.
     #[test]
+    #[cfg(unix)]
     fn puts_return_while_the_file_is_locked_by_another_writer() {
+        use std::os::unix::io::AsRawFd;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("orders.json");
         let saved = SavedOrders::load(Some(path.clone()));
