@@ -27,6 +27,8 @@
 //! - tensors may not overlap (gguf-py does not check; llama.cpp requires a packed layout);
 //! - every tensor, even an empty one, must lie inside the file (gguf-py accepts an empty tensor
 //!   at any offset);
+//! - the header must lie inside the file: gguf-py reads past end of file as empty arrays, and so
+//!   accepts a file cut inside its key/values when it declares no tensors;
 //! - big-endian files are rejected (gguf-py byte-swaps them; nobody ships them for x86/ARM);
 //! - arrays may nest at most [`MAX_NESTING`] deep (gguf-py recurses until Python's limit).
 //!
@@ -526,7 +528,16 @@ fn sized(t: RawTensor, data_start: u64, file_size: u64) -> Result<TensorInfo, Gg
         }
     }
     let elements = t.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
-    let Some(len) = elements.and_then(|n| (n / ty.block).checked_mul(ty.bytes)) else {
+    // numpy (so gguf-py) refuses an array whose nonzero dimensions, times the item size, exceed
+    // `isize::MAX` bytes, even when another dimension is 0; refuse those empty tensors too.
+    let nominal = t
+        .shape
+        .iter()
+        .filter(|&&d| d > 0)
+        .try_fold(ty.bytes, |a, &d| a.checked_mul(d));
+    let representable = nominal.is_some_and(|n| n <= i64::MAX as u64);
+    let len = elements.and_then(|n| (n / ty.block).checked_mul(ty.bytes));
+    let Some(len) = len.filter(|_| representable) else {
         return Err(GgufError::ShapeOverflow {
             name: t.name,
             shape: t.shape,
