@@ -172,29 +172,30 @@ def gguf_model_order(path: Path) -> list[tuple[str, str, tuple[int, ...], int, i
 
 # ----------------------------------------------------------------------------- shards
 
-def make_sharded(root: Path, stem: str, specs, n_shards: int, seed: int, write_streaming) -> Path:
+def make_sharded(root: Path, stem: str, specs, n_shards: int, seed: int) -> Path:
     """A diffusers-style sharded checkpoint: ``{stem}-0000i-of-0000n.safetensors`` (tensors in
-    name order, split into `n_shards` runs of about equal bytes) and ``{stem}.safetensors.index.json``
-    (``weight_map``: tensor -> shard).  Returns the index path."""
+    name order, as transformers' and diffusers' ``save_pretrained`` write them, cut into
+    `n_shards` runs of about equal bytes) and ``{stem}.safetensors.index.json`` (``weight_map``:
+    tensor -> shard).  Returns the index path."""
+    import gen
     index = root / f"{stem}.safetensors.index.json"
     if index.exists():
         return index
+    root.mkdir(parents=True, exist_ok=True)
     specs = sorted(specs, key=lambda t: t[0])
-    total = sum(math.prod(s[2]) * {"BF16": 2, "F16": 2, "F32": 4, "F8_E4M3": 1}[s[1]] for s in specs)
+    total = sum(map(gen.nbytes, specs))
     shards: list[list] = [[]]
     acc = 0
     for spec in specs:
-        size = math.prod(spec[2]) * {"BF16": 2, "F16": 2, "F32": 4, "F8_E4M3": 1}[spec[1]]
         if acc >= total * len(shards) / n_shards and len(shards) < n_shards:
             shards.append([])
         shards[-1].append(spec)
-        acc += size
+        acc += gen.nbytes(spec)
     weight_map = {}
     for i, part in enumerate(shards, 1):
         name = f"{stem}-{i:05d}-of-{len(shards):05d}.safetensors"
-        write_streaming(root / name, part, seed + i)
+        gen.write_streaming(root / name, part, seed + i)
         weight_map.update({s[0]: name for s in part})
-    root.mkdir(parents=True, exist_ok=True)
     index.write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
     return index
 
