@@ -16,6 +16,9 @@ cargo build --release --workspace
 echo "== cargo test --workspace --release"
 cargo test --workspace --release
 
+# Windows: core tests under wine64, the WinFsp front end type-checked (README, "Windows").
+bash tests/windows/check.sh
+
 if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
 
 # Everything the e2e tests create (mounts included) lives under this root, so a
@@ -55,9 +58,23 @@ cleanup() {
     for pid in $(grep -lsa -- "$TIERFS_TEST_ROOT" /proc/[0-9]*/cmdline 2>/dev/null | cut -d/ -f3); do
         [ "$pid" != "$$" ] && kill -KILL "$pid" 2>/dev/null || true
     done
+    # Memory cgroups of test_pressure.py (its own `finally` removes them; this covers a killed
+    # run): kill what is left in them (its hogs), then remove them.
+    find /sys/fs/cgroup/memory -maxdepth 6 -type d -name 'tierfs-pressure-*' 2>/dev/null |
+        while read -r cg; do
+            for pid in $(cat "$cg/cgroup.procs" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
+            sleep 0.5; rmdir "$cg" 2>/dev/null || true
+        done
     if [ -z "${TIERFS_KEEP_TMP:-}" ]; then rm -rf "$TIERFS_TEST_ROOT"; fi
 }
 trap cleanup EXIT
+
+# The README's first command, taken from the README itself so the two cannot drift apart. Its
+# temporary folder (and so its mount) lives under the test root, which cleanup() tears down.
+DEMO_CMD=$(sed -n 's/^\(cargo run [^#]* demo\) *#.*/\1/p' README.md | head -n 1)
+[ -n "$DEMO_CMD" ] || { echo "tests/run.sh: no 'cargo run ... demo' line in README.md" >&2; exit 1; }
+echo "== $DEMO_CMD   (from README.md)"
+TMPDIR=$TIERFS_TEST_ROOT timeout --kill-after=10 "${TIERFS_DEMO_TIMEOUT:-300}" bash -c "$DEMO_CMD"
 
 echo "== pytest tests/python (root: $TIERFS_TEST_ROOT)"
 # Hard cap so a hung FUSE request cannot eat the whole CI budget.

@@ -5,6 +5,8 @@
 //! - `prefetch PATH`: warm a model file (PATH relative to the mount root) in its learned block
 //!   order, in the background, up to the budget.
 //!
+//! [`apply`] carries a command out; both front ends (FUSE, WinFsp) call it.
+//!
 //! Parsing is strict: one command, its arguments, optional surrounding whitespace (so `echo`'s
 //! newline is fine), nothing else. Anything unexpected is an error with a reason, and the
 //! daemon then changes nothing.
@@ -13,6 +15,7 @@ use std::path::{Component, Path, PathBuf};
 
 use thiserror::Error;
 
+use crate::models::{is_model_path, ModelStore, OpenError};
 use crate::size::{parse_size, SizeError};
 
 /// Longest command accepted: a size or a path (PATH_MAX is 4096) with its keyword.
@@ -44,6 +47,12 @@ pub enum ControlError {
     Size(#[from] SizeError),
     #[error("prefetch path {0:?} must be relative to the mount root and stay inside it")]
     Path(String),
+    #[error("{} is not a model file in the mount", .0.display())]
+    NotAModel(PathBuf),
+    #[error("{} is malformed", .0.display())]
+    Malformed(PathBuf),
+    #[error(transparent)]
+    Open(#[from] OpenError),
 }
 
 /// Parses one write to the control file.
@@ -75,6 +84,36 @@ pub fn parse(bytes: &[u8]) -> Result<Command, ControlError> {
         "prefetch" => relative_path(rest).map(Command::Prefetch),
         other => Err(ControlError::Unknown(other.chars().take(64).collect())),
     }
+}
+
+/// Carries out `command` on `store`, whose files live under `source` (the mount's SOURCE); on
+/// error nothing has changed.
+pub fn apply(store: &ModelStore, source: &Path, command: Command) -> Result<(), ControlError> {
+    match command {
+        Command::RamCache(bytes) => {
+            store.set_budget(bytes);
+            tracing::info!(budget = bytes, "cache budget changed");
+        }
+        Command::Drop => {
+            store.drop_cached();
+            tracing::info!("cache dropped");
+        }
+        Command::Prefetch(rel) => {
+            let abs = source.join(&rel);
+            // A regular file, or a link to one (as the mount presents it).
+            let is_file = std::fs::metadata(&abs).is_ok_and(|meta| meta.is_file());
+            if !is_file || !is_model_path(&rel) {
+                return Err(ControlError::NotAModel(rel));
+            }
+            let model = store.open(&rel, &abs)?;
+            if model.is_malformed() {
+                return Err(ControlError::Malformed(rel));
+            }
+            store.warm(&model);
+            tracing::info!(file = %rel.display(), "warming");
+        }
+    }
+    Ok(())
 }
 
 fn relative_path(text: &str) -> Result<PathBuf, ControlError> {

@@ -6,21 +6,26 @@
 //! - [`index`]: the tensor index of a `.safetensors` file and the grouping of its tensors into
 //!   transformer blocks.
 //! - [`source`]: reading source files without filling the page cache (`O_DIRECT`).
+//! - [`budget`]: the budget governor: shrinking the cache under memory pressure.
 //! - [`cache`]: the mount-wide, byte-bounded chunk cache and the tensor-aligned chunk plan.
 //! - [`prefetch`]: background read-ahead.
 //! - [`models`]: model file versions and the read path that ties the above together.
 //! - [`kernel_cache`]: keeping the mounted files' kernel page cache bounded.
 //! - [`stats`]: the counters behind `.tierfs/stats`.
+//! - [`stats_doc`]: the `.tierfs/stats` document itself.
 //! - [`control`]: the commands of `.tierfs/control`.
 //! - [`synth`]: deterministic synthetic checkpoints (demo, tests, benchmarks).
 //! - [`size`]: human byte sizes.
+pub mod budget;
 pub mod cache;
 pub mod control;
 pub mod index;
 pub mod kernel_cache;
 pub mod models;
+pub mod passthrough;
 pub mod prefetch;
 pub mod size;
 pub mod source;
 pub mod stats;
+pub mod stats_doc;
 pub mod synth;

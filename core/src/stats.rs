@@ -4,6 +4,8 @@
 //! stopping readers, so figures taken together may be a few operations apart, never wrong by
 //! more. The JSON shape is the public contract documented in the README ("Stats").
 
+pub mod ops;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
@@ -26,6 +28,9 @@ pub struct Counters {
     pub uncached_bytes: AtomicU64,
     /// Bytes read from source files.
     pub disk_read_bytes: AtomicU64,
+    /// Bytes of probe reads: requests that did not continue a run, served uncached (see
+    /// `models::runs`).
+    pub probe_bytes: AtomicU64,
     /// Read requests issued to source files.
     pub disk_reads: AtomicU64,
     /// Source reads that failed (each one surfaced to a reader as EIO, or dropped if a prefetch).
@@ -40,6 +45,8 @@ pub struct Counters {
     pub prefetch_wasted_bytes: AtomicU64,
     /// Bytes of the mounted files' kernel page cache that tierfs asked the kernel to drop.
     pub kernel_cache_invalidated_bytes: AtomicU64,
+    /// Per-operation counts, errors and latency of the front end's requests.
+    pub ops: ops::OpStats,
 }
 
 impl Counters {
@@ -55,7 +62,10 @@ impl Counters {
 /// `cache` section of the stats document.
 #[derive(Debug, Clone, Serialize)]
 pub struct CacheSnapshot {
+    /// The mount's budget (`--ram-cache`), chunk cache and passthrough files together.
     pub budget_bytes: u64,
+    /// The part of it the chunk cache may use now: what passthrough files do not hold.
+    pub chunk_budget_bytes: u64,
     pub used_bytes: u64,
     pub chunks: u64,
     pub hits: u64,
@@ -73,6 +83,8 @@ pub struct DiskSnapshot {
     pub read_bytes: u64,
     pub reads: u64,
     pub errors: u64,
+    /// Part of `read_bytes` read for probes (uncached, no prefetch).
+    pub probe_bytes: u64,
 }
 
 /// `prefetch` section.
@@ -94,6 +106,9 @@ pub struct KernelCacheSnapshot {
 #[derive(Debug, Clone, Serialize)]
 pub struct FileSnapshot {
     pub path: String,
+    /// How the file is served: `passthrough` (the kernel reads the source directly, see
+    /// `passthrough` section), `cache` (the chunk cache) or `uncached` (malformed).
+    pub mode: &'static str,
     pub size: u64,
     pub tensors: usize,
     pub blocks: usize,

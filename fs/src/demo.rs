@@ -55,9 +55,11 @@ pub fn run(size: u64, budget: u64) -> Result<()> {
         source: models.clone(),
         mountpoint: mnt.clone(),
         budget,
+        floor: None,
         threads: 8,
         readahead: 4 << 20,
         passthrough: true,
+        model_passthrough: true,
         allow_other: false,
         state_file: None,
     };

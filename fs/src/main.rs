@@ -3,10 +3,12 @@
 //! parses the command line and dispatches.
 
 mod comfyui;
+mod daemon;
 mod demo;
 mod fuse;
 mod inspect;
 mod mount;
+mod privilege;
 mod stats_cmd;
 mod stats_doc;
 
@@ -37,6 +39,10 @@ enum Command {
         /// RAM cache budget: 512MiB, 8GiB, 8G or bytes [default: a quarter of RAM].
         #[arg(long, value_parser = parse_size_arg)]
         ram_cache: Option<u64>,
+        /// Floor the cache never shrinks below under memory pressure
+        /// [default: an eighth of --ram-cache, at least 256MiB].
+        #[arg(long, value_parser = parse_size_arg)]
+        ram_cache_min: Option<u64>,
         /// Detach once the mount is ready (logs go to --log-file).
         #[arg(long)]
         daemon: bool,
@@ -52,6 +58,10 @@ enum Command {
         /// Serve non-model files through the daemon instead of FUSE passthrough.
         #[arg(long)]
         no_passthrough: bool,
+        /// Serve every model file from the chunk cache, even one that fits the budget (which is
+        /// otherwise handed to the kernel with FUSE passthrough when running as root).
+        #[arg(long)]
+        no_model_passthrough: bool,
         /// Let other users use the mount (with the source's permissions enforced).
         #[arg(long)]
         allow_other: bool,
@@ -142,11 +152,13 @@ fn run(command: Command) -> Result<()> {
             source,
             mountpoint,
             ram_cache,
+            ram_cache_min,
             daemon,
             log_file,
             threads,
             readahead,
             no_passthrough,
+            no_model_passthrough,
             allow_other,
             state_dir,
             no_state,
@@ -159,13 +171,16 @@ fn run(command: Command) -> Result<()> {
                 );
                 budget
             });
+            let budget = mount::clamp_budget(budget);
             let request = mount::MountRequest {
                 source,
                 mountpoint,
                 budget,
+                floor: ram_cache_min,
                 threads,
                 readahead,
                 passthrough: !no_passthrough,
+                model_passthrough: !no_model_passthrough,
                 allow_other,
                 state_file: (!no_state).then(|| {
                     state_dir
@@ -174,7 +189,7 @@ fn run(command: Command) -> Result<()> {
                 }),
             };
             if daemon {
-                return mount::daemonize(&request, log_file.as_deref());
+                return daemon::run(&request, log_file.as_deref());
             }
             mount::run_foreground(&request)
         }

@@ -18,6 +18,7 @@ use std::thread;
 use anyhow::{bail, Context, Result};
 use crossbeam::channel::{unbounded, Receiver};
 use fuser::{BackgroundSession, Config, INodeNo, MountOption, Notifier, SessionACL};
+use tierfs_core::budget::{self, watch, BudgetTarget, Governor, Probe};
 use tierfs_core::kernel_cache::{window_for_budget, InodeRange, KernelCacheWindow};
 use tierfs_core::models::ModelStore;
 use tierfs_core::prefetch::saved::SavedOrders;
@@ -25,6 +26,7 @@ use tierfs_core::size::format_size;
 use tierfs_core::stats::Counters;
 
 use crate::fuse::{MountSettings, TierFs};
+use crate::privilege;
 
 /// The most readahead asked of the kernel in the FUSE handshake. The kernel caps it at the
 /// mount's BDI readahead, which is raised after mounting (see [`set_bdi_readahead`]).
@@ -36,26 +38,70 @@ pub struct MountRequest {
     pub source: PathBuf,
     pub mountpoint: PathBuf,
     pub budget: u64,
+    /// `--ram-cache-min` (`None`: [`tierfs_core::budget::default_floor`]).
+    pub floor: Option<u64>,
     pub threads: usize,
     pub readahead: u64,
     pub passthrough: bool,
+    /// Model files that fit the budget are served by passthrough too (see
+    /// `tierfs_core::passthrough`).
+    pub model_passthrough: bool,
     pub allow_other: bool,
     /// Where learned block orders are kept across remounts (`None`: not kept).
     pub state_file: Option<PathBuf>,
 }
 
-/// The default cache budget: a quarter of physical RAM, leaving the rest to the loader, the
-/// model's own copy in RAM or VRAM staging, and the OS.
+/// The default cache budget: a quarter of physical RAM (or of the memory cgroup's limit),
+/// leaving the rest to the loader, the model's own copy in RAM or VRAM staging, and the OS.
 pub fn default_budget() -> u64 {
-    // SAFETY: sysconf only reads system configuration.
-    let (pages, page_size) = unsafe {
-        (
-            libc::sysconf(libc::_SC_PHYS_PAGES),
-            libc::sysconf(libc::_SC_PAGESIZE),
-        )
+    let ceiling = match Probe::discover() {
+        Ok(probe) => probe.ceiling().0,
+        Err(_) => {
+            // SAFETY: sysconf only reads system configuration.
+            let (pages, page_size) = unsafe {
+                (
+                    libc::sysconf(libc::_SC_PHYS_PAGES),
+                    libc::sysconf(libc::_SC_PAGESIZE),
+                )
+            };
+            u64::try_from(pages).unwrap_or(0) * u64::try_from(page_size).unwrap_or(0)
+        }
     };
-    let ram = u64::try_from(pages).unwrap_or(0) * u64::try_from(page_size).unwrap_or(0);
-    (ram / 4).max(256 << 20)
+    (ceiling / 4).max(256 << 20)
+}
+
+/// `budget`, or the largest budget this machine (or memory cgroup) can hold if it is more,
+/// saying so in one sentence.
+pub fn clamp_budget(budget: u64) -> u64 {
+    let Ok(probe) = Probe::discover() else {
+        return budget;
+    };
+    let (ceiling, what) = probe.ceiling();
+    let (budget, note) = budget::clamp_budget(budget, ceiling, what);
+    if let Some(note) = note {
+        eprintln!("tierfs: {note}");
+    }
+    budget
+}
+
+/// The budget governor of a mount, with its pressure watcher running (if the machine's memory
+/// figures can be read; without them the budget is simply fixed).
+fn start_governor(request: &MountRequest, store: &Arc<ModelStore>) -> Arc<Governor> {
+    let floor = request
+        .floor
+        .unwrap_or_else(|| budget::default_floor(request.budget));
+    let target: Arc<dyn BudgetTarget> = store.clone();
+    let governor = Arc::new(Governor::new(target, request.budget, floor));
+    match Probe::discover() {
+        Ok(probe) => {
+            if let Err(e) = watch::start(&governor, probe) {
+                tracing::warn!(error = %e, "cannot start the memory pressure watcher");
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "memory figures unreadable: the budget stays fixed"),
+    }
+    watch::protect_daemon();
+    governor
 }
 
 /// Where learned block orders live by default: `/var/lib/tierfs` for root (a system daemon),
@@ -110,15 +156,20 @@ impl Mounted {
             request.budget,
             SavedOrders::load(request.state_file.clone()),
         ));
+        let governor = start_governor(request, &store);
         let window = Arc::new(KernelCacheWindow::new(window_for_budget(request.budget)));
         let (invalidations, invalidation_queue) = unbounded();
         let settings = MountSettings {
             source: source.clone(),
             mountpoint: mountpoint.clone(),
-            passthrough: request.passthrough,
+            passthrough: privilege::passthrough_mode(request.passthrough),
+            model_passthrough: request.model_passthrough,
+            governor,
         };
         let fs = TierFs::new(settings, Arc::clone(&store), window, invalidations);
+        privilege::check_dev_fuse()?;
         let session = fuser::Session::new(fs, &mountpoint, &session_config(request, &source))
+            .map_err(privilege::explain_mount_error)
             .with_context(|| {
                 format!(
                     "cannot mount {} at {}",
@@ -160,6 +211,22 @@ impl Mounted {
 
 /// Runs `tierfs mount` in the foreground until unmounted; SIGINT/SIGTERM unmount.
 pub fn run_foreground(request: &MountRequest) -> Result<()> {
+    serve(request, |mounted| {
+        eprintln!(
+            "tierfs: mounted {} at {} with a {} RAM cache; stats: {}",
+            request.source.display(),
+            mounted.mountpoint.display(),
+            format_size(request.budget),
+            mounted.mountpoint.join(".tierfs/stats").display()
+        )
+    })?;
+    eprintln!("tierfs: unmounted {}", request.mountpoint.display());
+    Ok(())
+}
+
+/// Mounts, calls `ready` once the mount answers, and serves until unmounted (in the foreground
+/// or as the `--daemon` child); SIGINT/SIGTERM unmount.
+pub fn serve(request: &MountRequest, ready: impl FnOnce(&Mounted)) -> Result<()> {
     // Handlers first: a signal that arrives while mounting is kept and acted on once the mount
     // is up, instead of killing the process and leaving the mount behind.
     let mut signals = signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM])
@@ -178,86 +245,8 @@ pub fn run_foreground(request: &MountRequest) -> Result<()> {
             }
         })
         .context("cannot start the signal thread")?;
-    eprintln!(
-        "tierfs: mounted {} at {} with a {} RAM cache; stats: {}",
-        request.source.display(),
-        mounted.mountpoint.display(),
-        format_size(request.budget),
-        mounted.mountpoint.join(".tierfs/stats").display()
-    );
-    mounted.wait()?;
-    eprintln!("tierfs: unmounted {}", request.mountpoint.display());
-    Ok(())
-}
-
-/// `tierfs mount --daemon`: runs the mount in a detached child process (a new session, so the
-/// terminal's signals do not reach it) and returns once the mount answers, or with the child's
-/// error if it could not mount.
-pub fn daemonize(request: &MountRequest, log_file: Option<&Path>) -> Result<()> {
-    let exe = std::env::current_exe().context("cannot find the tierfs executable")?;
-    let log = match log_file {
-        Some(path) => std::process::Stdio::from(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .with_context(|| format!("cannot open log file {}", path.display()))?,
-        ),
-        None => std::process::Stdio::null(),
-    };
-    let mut command = std::process::Command::new(exe);
-    command
-        .arg("mount")
-        .arg(&request.source)
-        .arg(&request.mountpoint)
-        .arg(format!("--ram-cache={}", request.budget))
-        .arg(format!("--threads={}", request.threads))
-        .arg(format!("--readahead={}", request.readahead))
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(log);
-    if !request.passthrough {
-        command.arg("--no-passthrough");
-    }
-    if request.allow_other {
-        command.arg("--allow-other");
-    }
-    match &request.state_file {
-        Some(file) => command
-            .arg("--state-dir")
-            .arg(file.parent().unwrap_or(Path::new("."))),
-        None => command.arg("--no-state"),
-    };
-    // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut command, || {
-            libc::setsid();
-            Ok(())
-        });
-    }
-    let mut child = command.spawn().context("cannot start the daemon")?;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while std::time::Instant::now() < deadline {
-        if let Some(status) = child.try_wait().context("cannot watch the daemon")? {
-            bail!(
-                "the daemon exited before the mount was ready ({status}); see its log (--log-file)"
-            );
-        }
-        if is_tierfs_mount(&request.mountpoint) {
-            eprintln!(
-                "tierfs: daemon {} serving {} at {}",
-                child.id(),
-                request.source.display(),
-                request.mountpoint.display()
-            );
-            return Ok(());
-        }
-        thread::sleep(std::time::Duration::from_millis(50));
-    }
-    bail!(
-        "the mount was not ready after 30 s; daemon {} is still running",
-        child.id()
-    )
+    ready(&mounted);
+    mounted.wait()
 }
 
 /// Whether `mountpoint` is a live tierfs mount (its stats file answers).
@@ -333,6 +322,10 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<()> {
             mountpoint.display()
         ),
         Some(libc::EINVAL) => bail!("{} is not a mount point", mountpoint.display()),
+        // The kernel lets only root unmount; a user unmounts their own FUSE mounts this way.
+        Some(libc::EPERM) if !privilege::is_root() => {
+            privilege::fusermount_unmount(mountpoint, lazy)
+        }
         _ => Err(err).with_context(|| format!("cannot unmount {}", mountpoint.display())),
     }
 }
@@ -340,10 +333,10 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<()> {
 /// Raises the readahead of the mount's backing device info (`/sys/class/bdi/0:N/read_ahead_kb`).
 /// FUSE starts every mount at 128 KiB, which caps sequential and mmap reads at 128 KiB requests;
 /// larger windows give the daemon 1 MiB requests and several in flight. Needs root; without it
-/// the kernel default stays, which is slower but correct.
+/// the kernel default stays, which is slower but correct (and the stats' `modes` say so).
 fn set_bdi_readahead(mountpoint: &Path, bytes: u64) {
     let Ok(meta) = std::fs::metadata(mountpoint) else {
-        return;
+        return privilege::record_readahead(bytes, None, None);
     };
     let dev = meta.dev();
     let path = format!(
@@ -351,12 +344,25 @@ fn set_bdi_readahead(mountpoint: &Path, bytes: u64) {
         libc::major(dev),
         libc::minor(dev)
     );
-    match std::fs::write(&path, (bytes / 1024).to_string()) {
-        Ok(()) => tracing::debug!(%path, kib = bytes / 1024, "mount readahead set"),
-        Err(e) => {
-            tracing::info!(%path, error = %e, "cannot raise the mount's readahead; keeping the kernel default")
+    let failure = match std::fs::write(&path, (bytes / 1024).to_string()) {
+        Ok(()) => {
+            tracing::debug!(%path, kib = bytes / 1024, "mount readahead set");
+            None
         }
-    }
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+            tracing::info!(%path, "raising the mount's readahead needs root: keeping the kernel default");
+            Some("raising it needs root".to_string())
+        }
+        Err(e) => {
+            tracing::info!(%path, error = %e, "cannot raise the mount's readahead; keeping the kernel default");
+            Some(e.to_string())
+        }
+    };
+    let actual = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|kib| kib.trim().parse::<u64>().ok())
+        .map(|kib| kib * 1024);
+    privilege::record_readahead(bytes, actual, failure);
 }
 
 fn run_invalidations(notifier: &Notifier, queue: &Receiver<InodeRange>, store: &ModelStore) {

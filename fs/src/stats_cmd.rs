@@ -47,6 +47,29 @@ fn num(doc: &Value, path: &[&str]) -> u64 {
         .unwrap_or(0)
 }
 
+/// The `budget` lines: what is in force and what memory pressure did.
+fn render_budget(doc: &Value) -> String {
+    let size = |key: &str| format_size(num(doc, &["budget", key]));
+    let limit = match doc["budget"]["pressure_limit_bytes"].as_u64() {
+        Some(limit) => format!("pressure limit {}", format_size(limit)),
+        None => "no memory pressure".to_string(),
+    };
+    format!(
+        "budget    {} in force of {} configured, floor {}, other tiers {}; {limit}\n\
+         pressure  {} events, {} given back, {} regrowth steps; oom_score_adj {}\n",
+        size("effective_bytes"),
+        size("configured_bytes"),
+        size("floor_bytes"),
+        size("other_tiers_bytes"),
+        num(doc, &["budget", "pressure_events"]),
+        size("given_back_bytes"),
+        num(doc, &["budget", "regrow_steps"]),
+        doc["budget"]["oom_score_adj"]
+            .as_i64()
+            .map_or("?".to_string(), |adj| adj.to_string()),
+    )
+}
+
 /// The human view of one stats document.
 pub fn render_document(doc: &Value) -> String {
     render(doc, None)
@@ -67,7 +90,9 @@ fn render(doc: &Value, previous: Option<&(Instant, Value)>) -> String {
          served    {} from cache, {} waited on disk, {} uncached; evicted {}\n\
          disk      {} read in {} requests, {} errors, readers stalled {:.2} s\n\
          prefetch  {} issued, {} used, {} wasted\n\
-         page cache of mounted files: window {}, {} invalidated\n",
+         page cache of mounted files: window {}, {} invalidated\n\
+         passthrough {}\n\
+         modes     passthrough {}; readahead {} ({}){}\n",
         doc["mount"]["source"].as_str().unwrap_or("?"),
         doc["mount"]["mountpoint"].as_str().unwrap_or("?"),
         size(&["cache", "used_bytes"]),
@@ -86,7 +111,19 @@ fn render(doc: &Value, previous: Option<&(Instant, Value)>) -> String {
         size(&["prefetch", "wasted_bytes"]),
         size(&["kernel_page_cache", "window_bytes"]),
         size(&["kernel_page_cache", "invalidated_bytes"]),
+        passthrough_line(doc),
+        doc["modes"]["passthrough_note"].as_str().unwrap_or("?"),
+        size(&["modes", "readahead_bytes"]),
+        doc["modes"]["readahead_note"].as_str().unwrap_or("?"),
+        if doc["modes"]["root"].as_bool() == Some(false) {
+            "; not root (see README, \"Without root\")"
+        } else {
+            ""
+        },
     );
+    if doc.get("budget").is_some() {
+        out += &render_budget(doc);
+    }
     if let Some((then, before)) = previous {
         let secs = then.elapsed().as_secs_f64().max(1e-3);
         let rate = |path: &[&str]| {
@@ -98,9 +135,10 @@ fn render(doc: &Value, previous: Option<&(Instant, Value)>) -> String {
             rate(&["cache", "hit_bytes"])
         );
     }
+    out += &render_ops(doc);
     out += &format!(
-        "\n  {:<50} {:>12} {:>8} {:>7} {:>12}  note\n",
-        "file", "size", "tensors", "blocks", "cached"
+        "\n  {:<50} {:>12} {:>8} {:>7} {:>12} {:>11}  note\n",
+        "file", "size", "tensors", "blocks", "cached", "mode"
     );
     for file in doc["files"].as_array().into_iter().flatten() {
         let note = match file["malformed_reason"].as_str() {
@@ -108,14 +146,87 @@ fn render(doc: &Value, previous: Option<&(Instant, Value)>) -> String {
             None => String::new(),
         };
         out += &format!(
-            "  {:<50} {:>12} {:>8} {:>7} {:>12}  {}\n",
+            "  {:<50} {:>12} {:>8} {:>7} {:>12} {:>11}  {}\n",
             file["path"].as_str().unwrap_or("?"),
             format_size(file["size"].as_u64().unwrap_or(0)),
             file["tensors"].as_u64().unwrap_or(0),
             file["blocks"].as_u64().unwrap_or(0),
             format_size(file["cached_bytes"].as_u64().unwrap_or(0)),
+            file["mode"].as_str().unwrap_or("?"),
             note
         );
     }
     out
+}
+
+/// The `passthrough` line of the summary: what the tier holds, or why it is off.
+fn passthrough_line(doc: &Value) -> String {
+    let pt = &doc["passthrough"];
+    if !pt["available"].as_bool().unwrap_or(false) {
+        return "unavailable (needs root and Linux 6.9+): every model file is served from the cache"
+            .to_owned();
+    }
+    format!(
+        "{} files open ({}), {} parked ({}); {} admitted, {} too large for the budget",
+        num(doc, &["passthrough", "open_files"]),
+        format_size(num(doc, &["passthrough", "open_bytes"])),
+        num(doc, &["passthrough", "parked_files"]),
+        format_size(num(doc, &["passthrough", "parked_bytes"])),
+        num(doc, &["passthrough", "admitted"]),
+        num(doc, &["passthrough", "refused"]),
+    )
+}
+
+/// The per-operation table (`ops` in the document): count, errors and latency.
+fn render_ops(doc: &Value) -> String {
+    let mut out = format!(
+        "\n  {:<10} {:>12} {:>8} {:>10} {:>10} {:>10}\n",
+        "operation", "count", "errors", "mean µs", "p50 µs", "p99 µs"
+    );
+    for op in ["lookup", "getattr", "open", "read", "readdir"] {
+        let figure = |key: &str| doc["ops"][op][key].as_f64().unwrap_or(0.0);
+        out += &format!(
+            "  {op:<10} {:>12} {:>8} {:>10.1} {:>10.1} {:>10.1}\n",
+            num(doc, &["ops", op, "count"]),
+            num(doc, &["ops", op, "errors"]),
+            figure("mean_us"),
+            figure("p50_us"),
+            figure("p99_us"),
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shows_every_operation_and_the_modes() {
+        let doc = serde_json::json!({
+            "ops": {
+                "lookup": {"count": 12, "errors": 3, "mean_us": 4.5, "p50_us": 2.0, "p99_us": 40.0},
+                "read": {"count": 7, "errors": 0, "mean_us": 300.0, "p50_us": 250.0, "p99_us": 900.0},
+            },
+            "modes": {"root": false, "passthrough_note": "off: needs root", "readahead_bytes": 131072,
+                      "readahead_note": "4.00 MiB asked, kept the kernel's: raising it needs root"},
+        });
+        let text = render_document(&doc);
+        let row = |op: &str| {
+            text.lines()
+                .find(|l| l.split_whitespace().next() == Some(op))
+                .unwrap_or_else(|| panic!("no {op} row in\n{text}"))
+                .split_whitespace()
+                .skip(1)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(row("lookup"), ["12", "3", "4.5", "2.0", "40.0"]);
+        assert_eq!(row("read"), ["7", "0", "300.0", "250.0", "900.0"]);
+        assert_eq!(row("readdir"), ["0", "0", "0.0", "0.0", "0.0"]);
+        assert!(
+            text.contains("passthrough off: needs root; readahead 128.00 KiB"),
+            "{text}"
+        );
+        assert!(text.contains("not root"), "{text}");
+    }
 }

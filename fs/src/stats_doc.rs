@@ -1,36 +1,26 @@
-//! The JSON document served at `MOUNTPOINT/.tierfs/stats` (schema in the README, "Stats").
+//! The JSON document served at `MOUNTPOINT/.tierfs/stats` (schema in the README, "Stats"): the
+//! front-end-neutral document of [`tierfs_core::stats_doc`] plus what only the Linux daemon
+//! knows (which root-only modes are in force, and the budget governor).
 
 use std::path::Path;
 use std::time::SystemTime;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
+use tierfs_core::budget::BudgetSnapshot;
 use tierfs_core::kernel_cache::KernelCacheWindow;
 use tierfs_core::models::ModelStore;
-use tierfs_core::stats::{
-    CacheSnapshot, Counters, DiskSnapshot, FileSnapshot, KernelCacheSnapshot, PrefetchSnapshot,
-};
 
-/// Version of the document's schema; bumped when a key changes meaning or disappears.
-pub const SCHEMA_VERSION: u32 = 1;
+use crate::privilege::ModesSnapshot;
 
 #[derive(Debug, Serialize)]
 pub struct StatsDocument {
-    pub version: u32,
-    pub mount: MountInfo,
-    pub cache: CacheSnapshot,
-    pub disk: DiskSnapshot,
-    pub prefetch: PrefetchSnapshot,
-    pub kernel_page_cache: KernelCacheSnapshot,
-    pub files: Vec<FileSnapshot>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-pub struct MountInfo {
-    pub source: String,
-    pub mountpoint: String,
-    pub pid: u32,
-    pub uptime_seconds: f64,
-    pub passthrough: bool,
+    #[serde(flatten)]
+    pub common: tierfs_core::stats_doc::StatsDocument,
+    /// Modes that need root, and whether they are in force (see `privilege`).
+    pub modes: ModesSnapshot,
+    /// The budget governor's figures (`None` only where no governor runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetSnapshot>,
 }
 
 impl StatsDocument {
@@ -42,32 +32,22 @@ impl StatsDocument {
         passthrough: bool,
         started: SystemTime,
     ) -> StatsDocument {
-        let c = store.counters();
         StatsDocument {
-            version: SCHEMA_VERSION,
-            mount: MountInfo {
-                source: source.display().to_string(),
-                mountpoint: mountpoint.display().to_string(),
-                pid: std::process::id(),
-                uptime_seconds: started.elapsed().map_or(0.0, |d| d.as_secs_f64()),
+            common: tierfs_core::stats_doc::StatsDocument::collect(
+                store,
+                window,
+                (source, mountpoint),
                 passthrough,
-            },
-            cache: store.cache().snapshot(),
-            disk: DiskSnapshot {
-                read_bytes: Counters::get(&c.disk_read_bytes),
-                reads: Counters::get(&c.disk_reads),
-                errors: Counters::get(&c.disk_errors),
-            },
-            prefetch: PrefetchSnapshot {
-                issued_bytes: Counters::get(&c.prefetch_issued_bytes),
-                used_bytes: Counters::get(&c.prefetch_used_bytes),
-                wasted_bytes: Counters::get(&c.prefetch_wasted_bytes),
-            },
-            kernel_page_cache: KernelCacheSnapshot {
-                window_bytes: window.limit(),
-                invalidated_bytes: Counters::get(&c.kernel_cache_invalidated_bytes),
-            },
-            files: store.files_snapshot(),
+                started,
+            ),
+            modes: crate::privilege::snapshot(passthrough),
+            budget: None,
         }
+    }
+
+    /// Adds the `budget` section.
+    pub fn with_budget(mut self, budget: BudgetSnapshot) -> StatsDocument {
+        self.budget = Some(budget);
+        self
     }
 }

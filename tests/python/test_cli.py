@@ -114,7 +114,8 @@ def test_inspect_malformed_clear_error(tierfs_bin, workdir, case):
 
 def test_stats_cli_json_and_human(tierfs_bin, mount, tree):
     root, paths = tree
-    m = mount(root, "128MiB")
+    # The chunk cache's figures: a file that fits the budget is otherwise served by passthrough.
+    m = mount(root, "128MiB", ("--no-model-passthrough",))
     _ = (m.mnt / "flux.safetensors").read_bytes()
     r = run(tierfs_bin, "stats", m.mnt, "--json")
     assert r.returncode == 0, r.stderr
@@ -132,6 +133,8 @@ def test_stats_cli_json_and_human(tierfs_bin, mount, tree):
     assert f["tensors"] == len(gen.tensor_ranges(paths["flux"]))
     assert f["blocks"] >= 7 and f["malformed"] is False and f["malformed_reason"] is None, f
     assert 0 < f["cached_bytes"] <= f["size"], f
+    assert f["mode"] == "cache", f
+    assert j["passthrough"]["open_files"] == 0 and j["passthrough"]["admitted"] == 0, j["passthrough"]
     assert j["cache"]["misses"] > 0 and j["disk"]["read_bytes"] > 0, j
     h = run(tierfs_bin, "stats", m.mnt)
     assert h.returncode == 0 and h.stdout.strip(), h.stderr

@@ -154,9 +154,14 @@ def test_ram_cache_size_forms(mount, ctl_source, size, want, newline):
     assert m.stats()["cache"]["budget_bytes"] == want
 
 
+# The control tests below exercise the chunk cache: files that fit the budget would otherwise be
+# served by passthrough (tests/python/test_passthrough.py covers that mode's budget and drop).
+CACHE_ONLY = "--no-model-passthrough"
+
+
 def test_ram_cache_shrink_evicts_at_once_then_grow(mount, ctl_source):
     src_dit = ctl_source / DIT_REL
-    m = mount(ctl_source, "512MiB", own_state())
+    m = mount(ctl_source, "512MiB", (*own_state(), CACHE_ONLY))
     model = DitModel(src_dit)
     with Reader(model, m.mnt / DIT_REL) as r:
         for k in range(14):  # ~250 MiB
@@ -247,7 +252,7 @@ def test_shrink_and_drop_under_concurrent_readers(mount, ctl_source):
 # ----------------------------------------------------------------------------- drop
 
 def test_drop_empties_cache(mount, ctl_source):
-    m = mount(ctl_source, "256MiB", own_state())
+    m = mount(ctl_source, "256MiB", (*own_state(), CACHE_ONLY))
     read_exact(m.mnt / MODEL_REL, ctl_source / MODEL_REL)
     st = quiesce(m)
     assert st["cache"]["used_bytes"] > 32 * MiB, st["cache"]

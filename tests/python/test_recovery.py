@@ -76,10 +76,11 @@ def _check_tree(src: Path, mnt: Path) -> None:
     assert sorted(os.listdir(mnt)) == sorted([*os.listdir(src), ".tierfs"])
 
 
-@pytest.mark.parametrize("holder", [False, True], ids=["idle", "file-held-open"])
-def test_sigkill_then_mount_recovers(mount, small_src, holder):
+@pytest.mark.parametrize("holder,mode", [(False, "cache"), (True, "cache"), (True, "passthrough")],
+                         ids=["idle", "file-held-open", "passthrough-file-held-open"])
+def test_sigkill_then_mount_recovers(mount, small_src, holder, mode):
     src = small_src
-    m1 = mount(src, "32MiB")
+    m1 = mount(src, "32MiB", () if mode == "passthrough" else ("--no-model-passthrough",))
     _check_tree(src, m1.mnt)
     held = open(m1.mnt / "model.safetensors", "rb") if holder else None
     try:
@@ -96,11 +97,21 @@ def test_sigkill_then_mount_recovers(mount, small_src, holder):
         assert _mounts_at(m2.mnt) == 1, (
             f"dead mount not removed: {_mounts_at(m2.mnt)} mounts stacked at {m2.mnt}")
         assert "dead" in m2.log_tail().lower(), f"recovery not logged:\n{m2.log_tail()}"
-        if held:
+        if held and mode == "cache":
             # The handle of the killed daemon's mount fails cleanly, it does not hang.
             with pytest.raises(OSError) as ei:
                 os.pread(held.fileno(), 4096, 0)
             assert ei.value.errno in (errno.ENOTCONN, errno.EIO, errno.ECONNABORTED), repr(ei.value)
+        elif held:
+            # A passthrough handle reads the source through the kernel, not the daemon: it keeps
+            # serving the file's exact bytes after the daemon died (or fails cleanly).
+            want = (src / "model.safetensors").read_bytes()
+            try:
+                got = os.pread(held.fileno(), len(want), 0)
+            except OSError as e:
+                assert e.errno in (errno.ENOTCONN, errno.EIO, errno.ECONNABORTED), repr(e)
+            else:
+                assert got == want, "a passthrough handle served wrong bytes after the daemon died"
     finally:
         if held:
             _close_quietly(held)

@@ -112,6 +112,9 @@ pub struct Chunk {
     owner: Option<ChunkOwner>,
     /// When a reader last got it ([`ChunkCache::now`]), for the recency guard.
     last_read: AtomicU64,
+    /// The owner's visit ([`FileAccess::visit`]) in which a reader last got it: a chunk of the
+    /// current block read in the current visit has been consumed (see [`Chunk::distance`]).
+    read_visit: AtomicU64,
 }
 
 impl Chunk {
@@ -128,8 +131,26 @@ impl Chunk {
     }
 
     /// How soon the chunk is needed again (larger: later; 0 when unknown).
-    fn distance(&self) -> usize {
-        self.owner.as_ref().map_or(0, ChunkOwner::distance)
+    ///
+    /// A chunk of the block the reader is in, which the reader already got during this visit
+    /// of the block and not within the last [`RECENTLY_READ`], is *consumed*: it is needed
+    /// again only when the reader comes back to the block, so it goes first, before chunks of
+    /// blocks still ahead. Without this rule a block larger than the budget's spare room pushes
+    /// out the blocks prefetched ahead of the reader (or, with repeated passes, the resident
+    /// set) to keep bytes the reader has finished with: `cat` of a 2.1 GB file of ~210 MB
+    /// blocks through a 512 MiB budget read 1.17× the file from disk, 1.3 GB of prefetch
+    /// wasted (issue 11).
+    fn distance(&self, recent: u64) -> usize {
+        let Some(owner) = &self.owner else { return 0 };
+        let last_read = self.last_read.load(Ordering::Relaxed);
+        let consumed = last_read != 0
+            && last_read < recent
+            && owner.access.is_current(owner.block)
+            && self.read_visit.load(Ordering::Relaxed) == owner.access.visit();
+        if consumed {
+            return usize::MAX;
+        }
+        owner.distance()
     }
 
     /// Whether threads of a reader that just moved on may still be reading this chunk: it is in
@@ -328,6 +349,7 @@ impl ChunkCache {
         let c = &self.counters;
         CacheSnapshot {
             budget_bytes,
+            chunk_budget_bytes: budget_bytes,
             used_bytes,
             chunks,
             hits: Counters::get(&c.hits),
@@ -343,6 +365,11 @@ impl ChunkCache {
     /// A reader got `chunk`: if a prefetch brought it in, that prefetch was useful.
     fn note_read(&self, chunk: &Chunk) {
         chunk.last_read.store(self.now(), Ordering::Relaxed);
+        if let Some(owner) = &chunk.owner {
+            chunk
+                .read_visit
+                .store(owner.access.visit(), Ordering::Relaxed);
+        }
         if chunk.unread_prefetch.swap(false, Ordering::Relaxed) {
             Counters::add(&self.counters.prefetch_used_bytes, chunk.footprint());
             if let Some(file) = chunk.file_counters() {
@@ -436,6 +463,7 @@ impl ChunkCache {
                     unread_prefetch: AtomicBool::new(want == Want::Prefetch),
                     owner: owner.cloned(),
                     last_read: AtomicU64::new(if want == Want::Read { self.now() } else { 0 }),
+                    read_visit: AtomicU64::new(owner.map_or(0, |o| o.access.visit())),
                 })
             })
             .map_err(|e| {
@@ -494,7 +522,7 @@ impl ChunkCache {
         let recent = self.now().saturating_sub(RECENTLY_READ.as_nanos() as u64);
         let mut best: Option<(bool, usize, ChunkKey)> = None;
         for (key, chunk) in state.resident.iter().rev() {
-            let rank = (!chunk.may_be_in_use(recent), chunk.distance(), *key);
+            let rank = (!chunk.may_be_in_use(recent), chunk.distance(recent), *key);
             if best.is_none_or(|(old, d, _)| (rank.0, rank.1) > (old, d)) {
                 best = Some(rank);
             }

@@ -242,3 +242,73 @@ fn a_prefetch_is_skipped_while_reads_in_flight_fill_a_quarter_of_the_budget() {
     });
     assert!(prefetch.is_ok());
 }
+
+fn get_owned(
+    cache: &ChunkCache,
+    fx: &Fixture,
+    chunk: u32,
+    want: Want,
+    owner: &ChunkOwner,
+) -> Result<(Arc<Chunk>, Outcome), CacheError> {
+    let (start, end) = (u64::from(chunk) * CHUNK, u64::from(chunk + 1) * CHUNK);
+    cache.get_or_load(
+        key(chunk),
+        aligned_footprint(start, end),
+        want,
+        Some(owner),
+        || fx.source.read_aligned(start, end),
+    )
+}
+
+/// Chunks of the current block that the reader already got are evicted before blocks ahead:
+/// a prefetch of the next block may replace them, and they go before the prefetched block.
+#[test]
+fn consumed_chunks_of_the_current_block_go_first() {
+    let fx = fixture(4);
+    let cache = ChunkCache::new(3 * CHUNK, Arc::new(Counters::default()));
+    let access = Arc::new(FileAccess::new(2, None));
+    let owner = |block| ChunkOwner {
+        access: Arc::clone(&access),
+        block,
+    };
+    access.touch(0);
+    get_owned(&cache, &fx, 0, Want::Read, &owner(0)).unwrap();
+    get_owned(&cache, &fx, 1, Want::Read, &owner(0)).unwrap();
+    get_owned(&cache, &fx, 2, Want::Prefetch, &owner(0)).unwrap(); // rest of block 0, unread
+                                                                   // Past the recency guard: the reader is done with chunks 0 and 1.
+    thread::sleep(RECENTLY_READ + Duration::from_millis(20));
+    let prefetched = get_owned(&cache, &fx, 3, Want::Prefetch, &owner(1));
+    assert!(prefetched.is_ok(), "a consumed chunk made room for block 1");
+    assert!(
+        cache.is_present(key(2)),
+        "the unread rest of the current block stays"
+    );
+    assert!(cache.is_present(key(3)));
+    assert_eq!(
+        [0, 1].iter().filter(|&&c| cache.is_present(key(c))).count(),
+        1,
+        "exactly one consumed chunk was evicted"
+    );
+}
+
+/// Without consumption (the reader has not got the chunks yet), a prefetch of a block further
+/// ahead cannot evict the current block.
+#[test]
+fn unread_chunks_of_the_current_block_are_kept_from_prefetch() {
+    let fx = fixture(4);
+    let cache = ChunkCache::new(3 * CHUNK, Arc::new(Counters::default()));
+    let access = Arc::new(FileAccess::new(2, None));
+    let owner = |block| ChunkOwner {
+        access: Arc::clone(&access),
+        block,
+    };
+    access.touch(0);
+    for chunk in 0..3 {
+        get_owned(&cache, &fx, chunk, Want::Prefetch, &owner(0)).unwrap();
+    }
+    thread::sleep(RECENTLY_READ + Duration::from_millis(20));
+    assert!(matches!(
+        get_owned(&cache, &fx, 3, Want::Prefetch, &owner(1)),
+        Err(CacheError::NoRoom)
+    ));
+}

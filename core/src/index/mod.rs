@@ -44,7 +44,6 @@ pub mod gguf;
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 
 use safetensors::tensor::{Dtype, Metadata};
 use safetensors::SafeTensorError;
@@ -341,20 +340,18 @@ impl TensorIndex {
 /// Reads the first `len` bytes of `file` (`len <= file_size`).
 fn read_prefix(file: &File, len: u64, file_size: u64) -> Result<Vec<u8>, IndexError> {
     let mut buf = vec![0u8; len as usize];
-    file.read_exact_at(&mut buf, 0).map_err(|source| {
-        if source.kind() == std::io::ErrorKind::UnexpectedEof {
-            // The file shrank since we took its size.
-            IndexError::Truncated {
-                file_size,
-                needed: len,
-            }
-        } else {
-            IndexError::Io {
-                context: "reading the header",
-                source,
-            }
-        }
-    })?;
+    let filled =
+        crate::source::read_full_at(file, &mut buf, 0).map_err(|(_, source)| IndexError::Io {
+            context: "reading the header",
+            source,
+        })?;
+    if filled < buf.len() {
+        // The file shrank since we took its size.
+        return Err(IndexError::Truncated {
+            file_size,
+            needed: len,
+        });
+    }
     Ok(buf)
 }
 

@@ -20,10 +20,12 @@
 //! before the change keep reading the version (and the descriptor) they opened, so a reader
 //! that opens a file after it changed can never be served cached bytes of the old one.
 
+mod runs;
+
 use std::collections::HashMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
@@ -32,6 +34,7 @@ use thiserror::Error;
 use crate::cache::plan::ChunkPlan;
 use crate::cache::{CacheError, Chunk, ChunkCache, ChunkKey, ChunkOwner, Outcome, Want};
 use crate::index::{Format, IndexError, TensorIndex};
+use crate::passthrough::{PassthroughSnapshot, PassthroughTier};
 use crate::prefetch::access::FileCounters;
 use crate::prefetch::access::{FileAccess, Step};
 use crate::prefetch::saved::SavedOrders;
@@ -114,6 +117,28 @@ pub struct ModelFile {
     access: Option<Arc<FileAccess>>,
     /// Key of the file's learned order in [`SavedOrders`].
     order_key: String,
+    /// How the last open of this version is served ([`ServeMode`]).
+    mode: AtomicU8,
+    /// Recent request runs, telling probes from streams ([`runs`]).
+    runs: runs::Runs,
+}
+
+/// How an open model file is served, as the stats show it (`files[].mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServeMode {
+    /// Through the chunk cache (reads reach the daemon).
+    Cache = 0,
+    /// Handed to the kernel with FUSE passthrough ([`crate::passthrough`]).
+    Passthrough = 1,
+}
+
+impl ServeMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            ServeMode::Cache => "cache",
+            ServeMode::Passthrough => "passthrough",
+        }
+    }
 }
 
 impl ModelFile {
@@ -157,7 +182,17 @@ impl ModelFile {
             layout,
             access,
             order_key,
+            mode: AtomicU8::new(ServeMode::Cache as u8),
+            runs: runs::Runs::default(),
         })
+    }
+
+    /// How the last open of this version was served.
+    pub fn mode(&self) -> ServeMode {
+        match self.mode.load(Ordering::Relaxed) {
+            1 => ServeMode::Passthrough,
+            _ => ServeMode::Cache,
+        }
     }
 
     /// The file's access state (learned order, reader position), for a well-formed file.
@@ -234,6 +269,22 @@ impl ModelFile {
             .map(Some)
     }
 
+    /// Whether the request `[offset, end)` in chunk `chunk` is a probe ([`runs`]): it does
+    /// not continue a run of [`runs::STREAM_AFTER`] bytes, and its block is neither the one
+    /// the reader is in nor the one the order says comes next (other threads of a reader
+    /// already streaming that block, or a reader following a learned order, are no probes).
+    fn is_probe(&self, chunk: usize, offset: u64, end: u64) -> bool {
+        let run_before = self.runs.record(offset, end);
+        if run_before >= runs::STREAM_AFTER {
+            return false;
+        }
+        let (Some(access), Some(span)) = (self.access(), self.plan().and_then(|p| p.get(chunk)))
+        else {
+            return false;
+        };
+        !access.is_expected(span.block)
+    }
+
     /// Whether chunk `chunk` is already cached or being read.
     pub fn chunk_present(&self, cache: &ChunkCache, chunk: usize) -> bool {
         cache.is_present(self.key(chunk))
@@ -248,8 +299,13 @@ impl ModelFile {
             Layout::Indexed { index, .. } => (index.tensors.len(), index.blocks.len(), None),
             Layout::Malformed { reason } => (0, 0, Some(reason.clone())),
         };
+        let mode = match &self.layout {
+            Layout::Malformed { .. } => "uncached",
+            Layout::Indexed { .. } => self.mode().name(),
+        };
         FileSnapshot {
             path: self.path.to_string_lossy().into_owned(),
+            mode,
             size: self.size(),
             tensors,
             blocks,
@@ -300,6 +356,10 @@ fn read_header(source: &SourceFile, format: Format) -> Result<(Vec<u8>, TensorIn
 /// Every model file version of a mount, with the cache and prefetcher that serve them.
 pub struct ModelStore {
     cache: Arc<ChunkCache>,
+    /// The mount's budget, shared by the chunk cache and the passthrough tier: the cache gets
+    /// what the tier does not hold ([`Self::rebalance`]).
+    budget: AtomicU64,
+    passthrough: PassthroughTier,
     prefetcher: Prefetcher,
     files: Mutex<HashMap<PathBuf, Arc<ModelFile>>>,
     next_generation: AtomicU64,
@@ -315,6 +375,8 @@ impl ModelStore {
         ModelStore {
             prefetcher: Prefetcher::new(Arc::clone(&cache)),
             cache,
+            budget: AtomicU64::new(budget),
+            passthrough: PassthroughTier::default(),
             files: Mutex::new(HashMap::new()),
             next_generation: AtomicU64::new(1),
             saved,
@@ -339,6 +401,96 @@ impl ModelStore {
         &self.cache
     }
 
+    /// The mount's budget (chunk cache and passthrough tier together).
+    pub fn budget(&self) -> u64 {
+        self.budget.load(Ordering::Relaxed)
+    }
+
+    /// Changes the mount's budget; the chunk cache shrinks at once if it must.
+    pub fn set_budget(&self, bytes: u64) {
+        self.budget.store(bytes, Ordering::Relaxed);
+        self.passthrough.make_room(bytes, 0);
+        self.rebalance();
+    }
+
+    /// Drops every cached chunk and the page cache of every parked passthrough file (files
+    /// still open keep theirs: their readers are using it).
+    pub fn drop_cached(&self) {
+        self.cache.clear();
+        self.passthrough.make_room(self.budget(), self.budget());
+        self.rebalance();
+    }
+
+    /// Gives the chunk cache whatever part of the budget the passthrough tier does not hold.
+    fn rebalance(&self) {
+        let budget = self.budget();
+        self.cache
+            .set_budget(budget.saturating_sub(self.passthrough.held_bytes()));
+    }
+
+    /// Decides how a new open of `file` is served: passthrough if the caller can offer it and
+    /// the whole file fits in the budget next to the other passthrough files, else the chunk
+    /// cache. A passthrough open must be closed with [`Self::close_passthrough`].
+    ///
+    /// Admission never evicts the chunk cache: the file must fit in what the cache does not use
+    /// (`room`). A scan that opens every model file to read its header (ComfyUI's discovery)
+    /// must not push out the model being served from the cache, and a file that already has
+    /// bytes in the cache (warmed by `prefetch`, or read before) keeps being served from there.
+    pub fn choose_mode(&self, file: &ModelFile, passthrough_possible: bool) -> ServeMode {
+        let room = self
+            .budget()
+            .saturating_sub(self.cache.snapshot().used_bytes);
+        let mode = if passthrough_possible
+            && !file.is_malformed()
+            && self.cache.cached_bytes(file.generation) == 0
+            && self
+                .passthrough
+                .admit(file.source.path(), &file.source.identity(), room)
+        {
+            ServeMode::Passthrough
+        } else {
+            // The chunk cache gets its room back from parked passthrough files.
+            self.passthrough.make_room(self.budget(), file.size());
+            ServeMode::Cache
+        };
+        file.mode.store(mode as u8, Ordering::Relaxed);
+        self.rebalance();
+        mode
+    }
+
+    /// Admits one more passthrough open of `file` whatever its size: for an inode the kernel
+    /// already serves by passthrough, which cannot take a cached open next to it.
+    pub fn force_passthrough(&self, file: &ModelFile) {
+        self.passthrough
+            .admit(file.source.path(), &file.source.identity(), u64::MAX);
+        file.mode
+            .store(ServeMode::Passthrough as u8, Ordering::Relaxed);
+        self.rebalance();
+    }
+
+    /// A passthrough handle of `file` closed.
+    pub fn close_passthrough(&self, file: &ModelFile) {
+        self.passthrough.release(&file.source.identity());
+        self.rebalance();
+    }
+
+    /// The cache's figures, with `budget_bytes` the mount's budget and `chunk_budget_bytes`
+    /// the chunk cache's share of it.
+    pub fn cache_snapshot(&self) -> crate::stats::CacheSnapshot {
+        let mut snapshot = self.cache.snapshot();
+        snapshot.budget_bytes = self.budget();
+        snapshot
+    }
+
+    /// Bytes the passthrough tier holds (open files' reservations and parked page cache).
+    pub fn passthrough_held_bytes(&self) -> u64 {
+        self.passthrough.held_bytes()
+    }
+
+    pub fn passthrough_snapshot(&self) -> PassthroughSnapshot {
+        self.passthrough.snapshot()
+    }
+
     pub fn counters(&self) -> &Counters {
         self.cache.counters()
     }
@@ -346,12 +498,10 @@ impl ModelStore {
     /// The current version of the model file at `path` (relative to the mount root), whose
     /// source is `abs`: the known one if the source is unchanged, else a freshly indexed one.
     pub fn open(&self, path: &Path, abs: &Path) -> Result<Arc<ModelFile>, OpenError> {
-        let current = std::fs::metadata(abs)
-            .map(|meta| SourceIdentity::of(&meta))
-            .map_err(|source| SourceError::Open {
-                path: abs.to_owned(),
-                source,
-            })?;
+        let current = SourceIdentity::of_path(abs).map_err(|source| SourceError::Open {
+            path: abs.to_owned(),
+            source,
+        })?;
         if let Some(known) = self.lock().get(path) {
             if known.source.identity() == current {
                 return Ok(Arc::clone(known));
@@ -401,6 +551,9 @@ impl ModelStore {
             .filter(|_| in_data)
             .and_then(|plan| plan.chunk_at(offset));
         if let Some(chunk) = chunk {
+            if file.is_probe(chunk, offset, end) && !file.chunk_present(&self.cache, chunk) {
+                return self.read_probe(file, offset, end).map(ReadBytes::Owned);
+            }
             // The common case, a kernel request inside one chunk: no copy here at all.
             let (bytes, range, stop) = self.chunk_slice(file, chunk, offset, end)?;
             if stop == end {
@@ -477,6 +630,18 @@ impl ModelStore {
             (pos - span.start) as usize..(stop - span.start) as usize,
             stop,
         ))
+    }
+
+    /// Serves a probe ([`runs`]): exactly `[offset, end)`, read from the source bypassing the
+    /// page cache, with no chunk cached, no prefetch and no visit of the block recorded.
+    fn read_probe(&self, file: &ModelFile, offset: u64, end: u64) -> Result<Vec<u8>, ReadError> {
+        let bytes = file.source.read_aligned(offset, end)?;
+        let counters = self.counters();
+        Counters::add(&counters.disk_reads, 1);
+        Counters::add(&counters.disk_read_bytes, end - offset);
+        Counters::add(&counters.uncached_bytes, end - offset);
+        Counters::add(&counters.probe_bytes, end - offset);
+        Ok(bytes.as_slice().to_vec())
     }
 
     /// Serves `[pos, stop)` straight from the source, where `stop` is `end` or the start of the

@@ -102,6 +102,10 @@ fn malformed_files_are_served_as_plain_bytes() {
 }
 
 #[test]
+#[cfg_attr(
+    windows,
+    ignore = "Wine 8 cannot rename over a file another handle has open (no POSIX rename semantics)"
+)]
 fn a_changed_file_is_a_new_version_and_old_bytes_are_dropped() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.safetensors");
@@ -156,6 +160,10 @@ fn sequential_readahead_is_not_wasted() {
 }
 
 #[test]
+#[cfg_attr(
+    windows,
+    ignore = "timing: under Wine 8 the waste bound (10 %) was exceeded in 4 of 15 release runs (11-20 %)"
+)]
 fn concurrent_sequential_readers_account_prefetch_exactly() {
     let (_dir, bytes, store, file) = opened(96 << 20, 64 << 20, 1);
     let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -348,4 +356,45 @@ proptest! {
         });
         prop_assert!(peak <= budget, "peak {peak} over budget {budget}");
     }
+}
+
+/// ComfyUI's first pass: one small read at the start of every tensor, in name order. Each is a
+/// probe: served bit-exact from the source, nothing cached, nothing prefetched, no block
+/// visited; then a sequential pass over the file goes through the cache as before.
+#[test]
+fn tensor_touches_are_probes_and_prefetch_nothing() {
+    let (_dir, bytes, store, file) = opened(48 << 20, 12 << 20, 11);
+    let Layout::Indexed { index, .. } = file.layout() else {
+        panic!("malformed")
+    };
+    let mut starts: Vec<(String, u64)> = index
+        .tensors
+        .iter()
+        .map(|t| (t.name.clone(), t.start))
+        .collect();
+    starts.sort();
+    for (_, start) in &starts {
+        let got = store.read(&file, *start, 4096).unwrap();
+        let end = (*start as usize + 4096).min(bytes.len());
+        assert_eq!(&got[..], &bytes[*start as usize..end]);
+    }
+    let c = store.counters();
+    assert!(Counters::get(&c.probe_bytes) > 0);
+    assert_eq!(
+        Counters::get(&c.prefetch_issued_bytes),
+        0,
+        "probes start no prefetch"
+    );
+    assert_eq!(
+        store.cache().snapshot().used_bytes,
+        0,
+        "probes cache nothing"
+    );
+    assert!(
+        Counters::get(&c.disk_read_bytes) <= starts.len() as u64 * 4096,
+        "only the touched bytes were read"
+    );
+    // A reader streaming the file afterwards is served through the cache.
+    assert_eq!(read_all(&store, &file, 1 << 20), bytes);
+    assert!(Counters::get(&c.miss_bytes) + Counters::get(&c.hit_bytes) > bytes.len() as u64 / 2);
 }

@@ -56,6 +56,9 @@ pub struct FileAccess {
     /// The block the reader was in before `current`.
     previous: AtomicUsize,
     epoch: AtomicU64,
+    /// Bumped each time the reader enters a block: chunks read in the current visit of the
+    /// current block are consumed (see `cache::Chunk::distance`).
+    visit: AtomicU64,
     depth: AtomicUsize,
     pub counters: FileCounters,
 }
@@ -82,6 +85,7 @@ impl FileAccess {
             current: AtomicUsize::new(NONE),
             previous: AtomicUsize::new(NONE),
             epoch: AtomicU64::new(0),
+            visit: AtomicU64::new(0),
             depth: AtomicUsize::new(1),
             counters: FileCounters::default(),
         }
@@ -100,6 +104,7 @@ impl FileAccess {
                 .write()
                 .unwrap_or_else(PoisonError::into_inner) = positions(&order);
         }
+        self.visit.fetch_add(1, Ordering::Relaxed);
         let left = self.current.swap(block, Ordering::Relaxed);
         self.previous.store(left, Ordering::Relaxed);
         let predicted = left != NONE && order.next_after(left, 1).first() == Some(&block);
@@ -151,6 +156,23 @@ impl FileAccess {
             return 0;
         };
         (to + position.len() - from) % position.len()
+    }
+
+    /// The current visit: bumped each time the reader enters a block.
+    pub fn visit(&self) -> u64 {
+        self.visit.load(Ordering::Relaxed)
+    }
+
+    /// Whether the reader is in `block`.
+    pub fn is_current(&self, block: usize) -> bool {
+        self.current.load(Ordering::Relaxed) == block
+    }
+
+    /// Whether the reader is in `block` or, following the order, goes there next.
+    pub fn is_expected(&self, block: usize) -> bool {
+        let current = self.current.load(Ordering::Relaxed);
+        current == block
+            || (current != NONE && self.lock().next_after(current, 1).first() == Some(&block))
     }
 
     /// Whether `block` is the one the reader left for its current block (threads of a

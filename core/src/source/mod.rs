@@ -1,5 +1,10 @@
 //! Reading source files without filling the kernel page cache.
 //!
+//! The platform parts live in `linux.rs` (`O_DIRECT`, `posix_fadvise`, anonymous `mmap`) and
+//! `windows.rs` (`FILE_FLAG_NO_BUFFERING`, `VirtualAlloc`); this file holds what both share: the
+//! buffer reuse, the aligned read with its buffered fallback, and the error type. The text below
+//! describes Linux; `windows.rs` says what differs there.
+//!
 //! Every byte tierfs caches is read from the source file exactly once per miss, and the kernel
 //! must not keep a second copy of it in its page cache ("double caching"): on a machine with less
 //! RAM than the model, that second copy is what pushes everything else out. So chunk reads use
@@ -22,16 +27,27 @@
 //! same size reuses one, already faulted in. Every byte a reused buffer exposes is overwritten by
 //! the read first (a short read is an error, not a partly stale buffer).
 
-use std::fs::{File, Metadata, OpenOptions};
+use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use memmap2::MmapMut;
 use thiserror::Error;
+
+#[cfg(target_os = "linux")]
+mod linux;
+#[cfg(target_os = "linux")]
+use linux as platform;
+#[cfg(windows)]
+mod windows;
+#[cfg(windows)]
+use windows as platform;
+#[cfg(not(any(target_os = "linux", windows)))]
+compile_error!("tierfs-core reads sources on Linux and Windows only");
+
+pub use platform::open_direct;
+use platform::ChunkMemory;
 
 /// Alignment of `O_DIRECT` offsets, lengths and buffers. 4 KiB satisfies both 512-byte and
 /// 4 KiB logical-sector devices, and is also what cuFile wants; anonymous mappings are always
@@ -60,6 +76,11 @@ pub enum SourceError {
 }
 
 /// What identifies one version of a file: if any of these change, cached bytes are stale.
+///
+/// On Linux: device, inode, size, mtime and ctime. On Windows: the volume serial number, the
+/// file index (the NTFS file ID), size, last-write time, and creation time in `ctime_ns`
+/// (Windows has no inode change time in `GetFileInformationByHandle`; a replaced file has a new
+/// file index anyway). Times are nanoseconds since the platform's epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SourceIdentity {
     pub dev: u64,
@@ -70,15 +91,20 @@ pub struct SourceIdentity {
 }
 
 impl SourceIdentity {
-    pub fn of(meta: &Metadata) -> Self {
-        let ns = |secs: i64, nsecs: i64| i128::from(secs) * 1_000_000_000 + i128::from(nsecs);
-        SourceIdentity {
-            dev: meta.dev(),
-            ino: meta.ino(),
-            size: meta.size(),
-            mtime_ns: ns(meta.mtime(), meta.mtime_nsec()),
-            ctime_ns: ns(meta.ctime(), meta.ctime_nsec()),
-        }
+    /// The identity of the file `meta` was taken from.
+    #[cfg(target_os = "linux")]
+    pub fn of(meta: &std::fs::Metadata) -> Self {
+        linux::identity_of_metadata(meta)
+    }
+
+    /// The identity of the open file `file`.
+    pub fn of_file(file: &File) -> io::Result<Self> {
+        platform::identity(file)
+    }
+
+    /// The identity of the file `path` names now (following symlinks).
+    pub fn of_path(path: &Path) -> io::Result<Self> {
+        platform::identity_of_path(path)
     }
 }
 
@@ -93,16 +119,16 @@ const SPARE_BUFFERS: usize = 4;
 const SPARE_MIN_BYTES: usize = 1 << 20;
 
 /// The spare mappings, oldest first. Process-wide, like the allocator it stands in front of.
-static SPARE: Mutex<Vec<MmapMut>> = Mutex::new(Vec::new());
+static SPARE: Mutex<Vec<ChunkMemory>> = Mutex::new(Vec::new());
 
 /// A mapping of `len` bytes: a spare one of exactly that size if there is one, else a new one.
-fn map_buffer(len: usize) -> io::Result<MmapMut> {
+fn map_buffer(len: usize) -> io::Result<ChunkMemory> {
     let mut spare = SPARE.lock().unwrap_or_else(PoisonError::into_inner);
     match spare.iter().rposition(|map| map.len() == len) {
         Some(at) => Ok(spare.remove(at)),
         None => {
             drop(spare);
-            MmapMut::map_anon(len)
+            ChunkMemory::new(len)
         }
     }
 }
@@ -114,7 +140,7 @@ pub fn release_spare_buffers() {
 }
 
 /// Keeps `map` as a spare (dropping the oldest spare if there are enough).
-fn keep_spare(map: MmapMut) {
+fn keep_spare(map: ChunkMemory) {
     if map.len() < SPARE_MIN_BYTES {
         return;
     }
@@ -128,7 +154,7 @@ fn keep_spare(map: MmapMut) {
 /// Bytes `[start, end)` of a source file, held in their own page-aligned mapping.
 pub struct AlignedBytes {
     /// Always `Some` until dropped, when the mapping goes back to the spares.
-    map: Option<MmapMut>,
+    map: Option<ChunkMemory>,
     skip: usize,
     len: usize,
 }
@@ -185,7 +211,7 @@ pub trait ReadAt: Send + Sync {
 
 impl ReadAt for File {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        FileExt::read_at(self, buf, offset)
+        platform::read_at(self, buf, offset)
     }
 }
 
@@ -225,11 +251,8 @@ impl SourceFile {
             path: path.to_owned(),
             source,
         };
-        let buffered = File::open(path).map_err(open_err)?;
-        let identity = SourceIdentity::of(&buffered.metadata().map_err(open_err)?);
-        // Random access advice: the cache reads whole chunks itself, kernel readahead on top of
-        // that would only put more pages in the page cache. Advice failing is harmless.
-        fadvise(&buffered, 0, 0, libc::POSIX_FADV_RANDOM);
+        let buffered = platform::open_buffered(path).map_err(open_err)?;
+        let identity = SourceIdentity::of_file(&buffered).map_err(open_err)?;
         let direct = open_direct_twin(path, &identity);
         let reader = |file: File| -> Arc<dyn ReadAt> {
             match wrap {
@@ -254,6 +277,15 @@ impl SourceFile {
 
     pub fn identity(&self) -> SourceIdentity {
         self.identity
+    }
+
+    /// A new descriptor of this very version (not of whatever the path holds now), with its own
+    /// file state: default readahead, unlike the descriptors here, which advise random access.
+    /// For FUSE passthrough, where the kernel reads through the descriptor it is given.
+    #[cfg(target_os = "linux")]
+    pub fn reopen(&self) -> io::Result<File> {
+        use std::os::fd::AsRawFd;
+        File::open(format!("/proc/self/fd/{}", self.advice.as_raw_fd()))
     }
 
     /// Whether reads currently bypass the page cache with `O_DIRECT`.
@@ -309,12 +341,7 @@ impl SourceFile {
     fn fill_buffered(&self, buf: &mut [u8], offset: u64) -> Result<usize, SourceError> {
         let filled = read_full_at(self.buffered.as_ref(), buf, offset)
             .map_err(|(filled, source)| self.read_error(offset + filled as u64, source))?;
-        fadvise(
-            &self.advice,
-            offset,
-            filled as u64,
-            libc::POSIX_FADV_DONTNEED,
-        );
+        platform::drop_cached(&self.advice, offset, filled as u64);
         Ok(filled)
     }
 
@@ -346,7 +373,7 @@ pub fn read_direct(
             Ok(0) => break,
             Ok(n) => filled += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            Err(e) if platform::refuses_direct_io(&e) => {
                 tracing::info!(path = %path.display(), "O_DIRECT refused; reading through the page cache");
                 direct_works.store(false, Ordering::Relaxed);
                 return Ok(filled - filled % DIRECT_IO_ALIGN as usize);
@@ -379,32 +406,13 @@ pub fn read_full_at(
     Ok(filled)
 }
 
-/// Opens `path` with `O_DIRECT` (also what cuFile requires of the descriptors it registers).
-pub fn open_direct(path: &Path) -> io::Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(path)
-}
-
 /// The `O_DIRECT` twin of the file `identity` was taken from: `None` where the filesystem
 /// refuses `O_DIRECT`, or where `path` now names another file (replaced between the two opens).
 pub fn open_direct_twin(path: &Path, identity: &SourceIdentity) -> Option<File> {
     open_direct(path).ok().filter(|direct| {
-        direct
-            .metadata()
-            .is_ok_and(|m| m.dev() == identity.dev && m.ino() == identity.ino)
+        SourceIdentity::of_file(direct)
+            .is_ok_and(|m| m.dev == identity.dev && m.ino == identity.ino)
     })
-}
-
-fn fadvise(file: &File, offset: u64, len: u64, advice: libc::c_int) {
-    let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
-        return;
-    };
-    // SAFETY: posix_fadvise only reads its integer arguments; the descriptor is owned by `file`.
-    unsafe {
-        libc::posix_fadvise(file.as_raw_fd(), offset, len, advice);
-    }
 }
 
 #[cfg(test)]
@@ -490,9 +498,9 @@ mod tests {
     #[test]
     fn identity_changes_when_the_file_is_rewritten() {
         let f = file_with(&pattern(100));
-        let before = SourceIdentity::of(&std::fs::metadata(f.path()).unwrap());
+        let before = SourceIdentity::of_path(f.path()).unwrap();
         std::fs::write(f.path(), pattern(101)).unwrap();
-        let after = SourceIdentity::of(&std::fs::metadata(f.path()).unwrap());
+        let after = SourceIdentity::of_path(f.path()).unwrap();
         assert_ne!(before, after);
     }
 }

@@ -33,7 +33,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crossbeam::channel::Sender;
@@ -42,10 +42,12 @@ use fuser::{
     InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData,
     ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request,
 };
+use tierfs_core::budget::Governor;
 use tierfs_core::control::{self, Command};
 use tierfs_core::kernel_cache::{InodeRange, KernelCacheWindow};
-use tierfs_core::models::{is_model_path, ModelFile, ModelStore, OpenError};
+use tierfs_core::models::{is_model_path, ModelFile, ModelStore, OpenError, ReadBytes, ServeMode};
 use tierfs_core::source::{read_full_at, SourceError};
+use tierfs_core::stats::ops::{Op, OpStats};
 
 use crate::stats_doc::StatsDocument;
 use inodes::Inodes;
@@ -75,16 +77,31 @@ pub struct MountSettings {
     pub source: PathBuf,
     pub mountpoint: PathBuf,
     pub passthrough: bool,
+    /// Whether model files that fit the budget may be served by passthrough.
+    pub model_passthrough: bool,
+    /// Steers the cache budget under memory pressure (`tierfs_core::budget`).
+    pub governor: Arc<Governor>,
 }
 
 enum Handle {
     Model(Arc<ModelFile>),
+    /// A model file served by the kernel from its source ([`tierfs_core::passthrough`]); the
+    /// backing id must live until release, which gives the file's reservation back.
+    ModelPassthrough(Arc<ModelFile>, #[allow(dead_code)] Arc<BackingId>),
     /// Served by the kernel; the backing id must live until release.
     Passthrough(#[allow(dead_code)] Arc<BackingId>),
     Plain(File),
     Stats(Vec<u8>),
     Control,
     Dir(Vec<(u64, FileType, OsString)>),
+}
+
+/// How an `open` is answered.
+enum Opened {
+    /// A handle served by this process, with the open flags to reply.
+    Served(u64, FopenFlags),
+    /// A handle whose reads the kernel serves from the backing file (passthrough).
+    Passthrough(u64, Arc<BackingId>),
 }
 
 /// The `fuser::Filesystem` of a tierfs mount.
@@ -104,6 +121,14 @@ pub struct TierFs {
     /// Per model inode, the file generation its kernel page cache was last opened with (see
     /// `model_open_flags`).
     page_cache_generations: Mutex<HashMap<u64, u64>>,
+    /// Per inode, the backing file of its passthrough opens: the kernel wants one backing id
+    /// per inode for all its open handles (a second id for the same inode fails the open
+    /// with EIO).
+    backings: Mutex<HashMap<u64, Weak<BackingId>>>,
+    /// Per model inode with open handles, the mode they are served in and how many there are:
+    /// the kernel cannot mix cached and passthrough opens of one inode (the second kind fails
+    /// with EIO, `mmap` with ENODEV), so a mode holds until the inode's last handle closes.
+    open_modes: Mutex<HashMap<u64, (ServeMode, usize)>>,
 }
 
 impl TierFs {
@@ -128,11 +153,18 @@ impl TierFs {
             gid,
             direct_io_mmap: false,
             page_cache_generations: Mutex::new(HashMap::new()),
+            backings: Mutex::new(HashMap::new()),
+            open_modes: Mutex::new(HashMap::new()),
         }
     }
 
     fn abs(&self, rel: &Path) -> PathBuf {
         self.settings.source.join(rel)
+    }
+
+    /// The per-operation figures (`ops` in the stats).
+    fn ops(&self) -> &OpStats {
+        &self.store.counters().ops
     }
 
     fn stats_json(&self) -> Vec<u8> {
@@ -143,7 +175,8 @@ impl TierFs {
             &self.settings.mountpoint,
             self.settings.passthrough,
             self.started,
-        );
+        )
+        .with_budget(self.settings.governor.snapshot());
         let mut json = serde_json::to_vec_pretty(&doc).unwrap_or_else(|e| {
             format!("{{\"error\": \"cannot render stats: {e}\"}}").into_bytes()
         });
@@ -239,47 +272,39 @@ impl TierFs {
         self.handles.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn open_source(&self, ino: u64, reply: ReplyOpen) {
+    fn open_source(&self, ino: u64, reply: &ReplyOpen) -> Result<Opened, Errno> {
         let Some(entry) = self.inodes.entry(ino) else {
-            return reply.error(Errno::ENOENT);
+            return Err(Errno::ENOENT);
         };
         let (rel, abs) = (entry.path.clone(), self.abs(&entry.path));
         match present(&abs) {
             // The path holds another object than this inode: the kernel looks it up again.
             Ok((meta, _)) if entry.object.is_some_and(|o| o != object_id(&meta)) => {
-                return reply.error(Errno::ESTALE)
+                return Err(Errno::ESTALE)
             }
             Ok((_, FileType::RegularFile)) => {}
-            Ok((_, FileType::Directory)) => return reply.error(Errno::EISDIR),
-            Ok(_) => return reply.error(Errno::EACCES),
-            Err(e) => return reply.error(errno(e)),
+            Ok((_, FileType::Directory)) => return Err(Errno::EISDIR),
+            Ok(_) => return Err(Errno::EACCES),
+            Err(e) => return Err(errno(e)),
         }
         if is_model_path(&rel) {
             // Malformed model files are served by the read path too (uncached), never with
             // passthrough: the kernel refuses a passthrough open of an inode that is open in
             // cached mode, which a model file's earlier, well-formed version may still be.
-            match self.store.open(&rel, &abs) {
-                Ok(model) => {
-                    let flags = self.model_open_flags(ino, model.generation());
-                    let fh = self.add_handle(Handle::Model(model));
-                    return reply.opened(FileHandle(fh), flags);
-                }
+            return match self.store.open(&rel, &abs) {
+                Ok(model) => self.open_model(ino, model, reply),
                 Err(e) => {
                     tracing::warn!(file = %abs.display(), error = %e, "cannot open model file");
-                    return reply.error(open_errno(&e));
+                    Err(open_errno(&e))
                 }
-            }
+            };
         }
-        let file = match File::open(&abs) {
-            Ok(file) => file,
-            Err(e) => return reply.error(errno(e)),
-        };
+        let file = File::open(&abs).map_err(errno)?;
         if self.settings.passthrough {
-            match reply.open_backing(&file) {
+            match self.backing(ino, reply, || file.try_clone()) {
                 Ok(backing) => {
-                    let backing = Arc::new(backing);
                     let fh = self.add_handle(Handle::Passthrough(Arc::clone(&backing)));
-                    return reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &backing);
+                    return Ok(Opened::Passthrough(fh, backing));
                 }
                 Err(e) => {
                     tracing::debug!(file = %abs.display(), error = %e, "passthrough refused; serving with pread")
@@ -287,52 +312,140 @@ impl TierFs {
             }
         }
         let fh = self.add_handle(Handle::Plain(file));
-        reply.opened(FileHandle(fh), FopenFlags::empty())
+        Ok(Opened::Served(fh, FopenFlags::empty()))
+    }
+
+    /// Opens a model file in the mode its inode is already served in, or, for the inode's
+    /// first open, passthrough if the file fits the budget ([`ModelStore::choose_mode`]).
+    fn open_model(
+        &self,
+        ino: u64,
+        model: Arc<ModelFile>,
+        reply: &ReplyOpen,
+    ) -> Result<Opened, Errno> {
+        let mut modes = lock(&self.open_modes);
+        let mode = match modes.get(&ino) {
+            Some((ServeMode::Passthrough, _)) => {
+                self.store.force_passthrough(&model);
+                ServeMode::Passthrough
+            }
+            Some((ServeMode::Cache, _)) => ServeMode::Cache,
+            None => self.store.choose_mode(
+                &model,
+                self.settings.passthrough && self.settings.model_passthrough,
+            ),
+        };
+        if mode == ServeMode::Passthrough {
+            let backing = self.backing(ino, reply, || {
+                #[cfg(target_os = "linux")]
+                return model.source().reopen();
+                #[cfg(not(target_os = "linux"))]
+                return Err(io::ErrorKind::Unsupported.into());
+            });
+            match backing {
+                Ok(backing) => {
+                    modes.entry(ino).or_insert((mode, 0)).1 += 1;
+                    let handle = Handle::ModelPassthrough(model, Arc::clone(&backing));
+                    let fh = self.add_handle(handle);
+                    return Ok(Opened::Passthrough(fh, backing));
+                }
+                Err(e) => {
+                    tracing::info!(file = %model.path().display(), error = %e, "passthrough refused; serving from the cache");
+                    self.store.close_passthrough(&model);
+                    if modes.contains_key(&ino) {
+                        return Err(Errno::EIO); // its other handles are passthrough
+                    }
+                    self.store.choose_mode(&model, false);
+                }
+            }
+        }
+        modes.entry(ino).or_insert((ServeMode::Cache, 0)).1 += 1;
+        drop(modes);
+        let flags = self.model_open_flags(ino, model.generation());
+        let fh = self.add_handle(Handle::Model(model));
+        Ok(Opened::Served(fh, flags))
+    }
+
+    /// The backing id of inode `ino`'s passthrough opens: the live one, or a new one made from
+    /// the descriptor `open` gives.
+    fn backing(
+        &self,
+        ino: u64,
+        reply: &ReplyOpen,
+        open: impl FnOnce() -> io::Result<File>,
+    ) -> io::Result<Arc<BackingId>> {
+        let mut backings = lock(&self.backings);
+        if let Some(backing) = backings.get(&ino).and_then(Weak::upgrade) {
+            return Ok(backing);
+        }
+        let backing = Arc::new(reply.open_backing(open()?)?);
+        backings.retain(|_, b| b.strong_count() > 0);
+        backings.insert(ino, Arc::downgrade(&backing));
+        Ok(backing)
+    }
+
+    /// A handle of model inode `ino` closed.
+    fn closed_model(&self, ino: u64, handle: &Handle) {
+        if let Handle::ModelPassthrough(model, _) = handle {
+            self.store.close_passthrough(model);
+        }
+        let mut modes = lock(&self.open_modes);
+        if let Some((_, count)) = modes.get_mut(&ino) {
+            *count -= 1;
+            if *count == 0 {
+                modes.remove(&ino);
+            }
+        }
     }
 
     /// Opens the control file: write-only, for the mounting user (or root).
-    fn open_control(&self, req: &Request, flags: OpenFlags, reply: ReplyOpen) {
+    fn open_control(&self, req: &Request, flags: OpenFlags) -> Result<Opened, Errno> {
         if flags.acc_mode() != OpenAccMode::O_WRONLY {
-            return reply.error(Errno::EACCES);
+            return Err(Errno::EACCES);
         }
         if req.uid() != self.uid && req.uid() != 0 {
-            return reply.error(Errno::EACCES);
+            return Err(Errno::EACCES);
         }
         let fh = self.add_handle(Handle::Control);
-        reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO)
+        Ok(Opened::Served(fh, FopenFlags::FOPEN_DIRECT_IO))
+    }
+
+    /// Opens inode `ino` for `open`.
+    fn open_ino(
+        &self,
+        req: &Request,
+        ino: u64,
+        flags: OpenFlags,
+        reply: &ReplyOpen,
+    ) -> Result<Opened, Errno> {
+        if ino == CONTROL_INO {
+            return self.open_control(req, flags);
+        }
+        if flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0 {
+            return Err(Errno::EROFS);
+        }
+        match ino {
+            CONTROL_DIR_INO => Err(Errno::EISDIR),
+            STATS_INO => {
+                let fh = self.add_handle(Handle::Stats(self.stats_json()));
+                Ok(Opened::Served(fh, FopenFlags::FOPEN_DIRECT_IO))
+            }
+            ino => self.open_source(ino, reply),
+        }
     }
 
     /// Carries out one control command; on error nothing has changed.
     fn run_control(&self, data: &[u8]) -> Result<(), String> {
         match control::parse(data).map_err(|e| e.to_string())? {
+            // The budget goes through the governor, which also steers it under memory pressure.
             Command::RamCache(bytes) => {
-                self.store.cache().set_budget(bytes);
+                self.settings.governor.set_configured(bytes);
                 tracing::info!(budget = bytes, "cache budget changed");
+                Ok(())
             }
-            Command::Drop => {
-                self.store.cache().clear();
-                tracing::info!("cache dropped");
-            }
-            Command::Prefetch(rel) => {
-                let abs = self.abs(&rel);
-                match present(&abs) {
-                    Ok((_, FileType::RegularFile)) if is_model_path(&rel) => {}
-                    _ => {
-                        return Err(format!(
-                            "{} is not a model file in the mount",
-                            rel.display()
-                        ))
-                    }
-                }
-                let model = self.store.open(&rel, &abs).map_err(|e| e.to_string())?;
-                if model.is_malformed() {
-                    return Err(format!("{} is malformed", rel.display()));
-                }
-                self.store.warm(&model);
-                tracing::info!(file = %rel.display(), "warming");
-            }
+            command => control::apply(&self.store, &self.settings.source, command)
+                .map_err(|e| e.to_string()),
         }
-        Ok(())
     }
 
     /// Model files are opened with `FOPEN_DIRECT_IO` where the kernel still allows `mmap` of
@@ -368,39 +481,49 @@ impl TierFs {
         flags
     }
 
-    /// Serves a read of a model file. `into_page_cache` says whether the kernel will keep the
-    /// bytes in the mounted file's page cache, which the window then has to account for (see
-    /// `read`).
+    /// The bytes a `read` of handle `fh` answers, and whether they are a model file's (which the
+    /// kernel may keep in the mounted file's page cache: see `read`).
+    fn read_handle(
+        &self,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+    ) -> Result<(ReadBytes, bool), Errno> {
+        match self.handle(fh)?.as_ref() {
+            Handle::Model(model) => Ok((self.read_model(model, offset, size)?, true)),
+            Handle::Plain(file) => Ok((
+                ReadBytes::Owned(pread_full(file, offset, size).map_err(errno)?),
+                false,
+            )),
+            Handle::Stats(json) => {
+                let start = (offset as usize).min(json.len());
+                let end = start.saturating_add(size as usize).min(json.len());
+                Ok((ReadBytes::Owned(json[start..end].to_vec()), false))
+            }
+            Handle::ModelPassthrough(..)
+            | Handle::Passthrough(_)
+            | Handle::Dir(_)
+            | Handle::Control => Err(Errno::EBADF),
+        }
+    }
+
+    /// Reads a model file through the cache.
     fn read_model(
         &self,
-        ino: u64,
         model: &Arc<ModelFile>,
-        (offset, size): (u64, u32),
-        into_page_cache: bool,
-        reply: ReplyData,
-    ) {
+        offset: u64,
+        size: u32,
+    ) -> Result<ReadBytes, Errno> {
         let started = std::time::Instant::now();
         let result = self.store.read(model, offset, size);
         let elapsed = started.elapsed();
         if elapsed > SLOW_READ {
-            tracing::warn!(file = %model.path().display(), ino, offset, size, ms = elapsed.as_millis() as u64, "slow read");
+            tracing::warn!(file = %model.path().display(), offset, size, ms = elapsed.as_millis() as u64, "slow read");
         }
-        match result {
-            Ok(bytes) => {
-                reply.data(&bytes);
-                if !into_page_cache {
-                    return;
-                }
-                for range in self.window.record(ino, offset, bytes.len() as u64) {
-                    // The notifier thread only stops when the mount does.
-                    let _ = self.invalidations.send(range);
-                }
-            }
-            Err(e) => {
-                tracing::warn!(file = %model.path().display(), offset, size, error = %e, "read failed: returning EIO");
-                reply.error(Errno::EIO);
-            }
-        }
+        result.map_err(|e| {
+            tracing::warn!(file = %model.path().display(), offset, size, error = %e, "read failed: returning EIO");
+            Errno::EIO
+        })
     }
 
     /// The SOURCE path behind `ino`, if it is a regular file there ([`SOURCE_XATTR`]).
@@ -464,14 +587,14 @@ impl Filesystem for TierFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.child(parent.0, name) {
+        match self.ops().time(Op::Lookup, || self.child(parent.0, name)) {
             Ok(attr) => reply.entry(&ATTR_TTL, &attr, Generation(0)),
             Err(e) => reply.error(e),
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.attr(ino.0) {
+        match self.ops().time(Op::Getattr, || self.attr(ino.0)) {
             Ok(attr) => reply.attr(&ATTR_TTL, &attr),
             Err(e) => reply.error(e),
         }
@@ -490,19 +613,15 @@ impl Filesystem for TierFs {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        if ino.0 == CONTROL_INO {
-            return self.open_control(req, flags, reply);
-        }
-        if flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0 {
-            return reply.error(Errno::EROFS);
-        }
-        match ino.0 {
-            CONTROL_DIR_INO => reply.error(Errno::EISDIR),
-            STATS_INO => {
-                let fh = self.add_handle(Handle::Stats(self.stats_json()));
-                reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO)
+        match self
+            .ops()
+            .time(Op::Open, || self.open_ino(req, ino.0, flags, &reply))
+        {
+            Ok(Opened::Served(fh, flags)) => reply.opened(FileHandle(fh), flags),
+            Ok(Opened::Passthrough(fh, backing)) => {
+                reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &backing)
             }
-            ino => self.open_source(ino, reply),
+            Err(e) => reply.error(e),
         }
     }
 
@@ -517,10 +636,14 @@ impl Filesystem for TierFs {
         lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let handle = match self.handle(fh) {
-            Ok(handle) => handle,
+        let served = self
+            .ops()
+            .time(Op::Read, || self.read_handle(fh, offset, size));
+        let (bytes, model) = match served {
+            Ok(served) => served,
             Err(e) => return reply.error(e),
         };
+        reply.data(&bytes);
         // Which reads fill the mounted file's page cache: with `FOPEN_DIRECT_IO`, a `read()`
         // goes straight into the reader's buffer, and only `mmap` faults (kernel readahead)
         // land in the page cache. The kernel tells them apart for us: direct reads carry the
@@ -528,34 +651,30 @@ impl Filesystem for TierFs {
         // never do. Recording direct reads in the window would only cost a needless page-cache
         // invalidation per range: about 15 % of warm `read()` throughput when measured.
         let into_page_cache = !(self.direct_io_mmap && lock_owner.is_some());
-        match handle.as_ref() {
-            Handle::Model(model) => {
-                self.read_model(ino.0, model, (offset, size), into_page_cache, reply)
+        if model && into_page_cache {
+            for range in self.window.record(ino.0, offset, bytes.len() as u64) {
+                // The notifier thread only stops when the mount does.
+                let _ = self.invalidations.send(range);
             }
-            Handle::Plain(file) => match pread_full(file, offset, size) {
-                Ok(bytes) => reply.data(&bytes),
-                Err(e) => reply.error(errno(e)),
-            },
-            Handle::Stats(json) => {
-                let start = (offset as usize).min(json.len());
-                let end = start.saturating_add(size as usize).min(json.len());
-                reply.data(&json[start..end])
-            }
-            Handle::Passthrough(_) | Handle::Dir(_) | Handle::Control => reply.error(Errno::EBADF),
         }
     }
 
     fn release(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.lock_handles().remove(&fh.0);
+        let handle = self.lock_handles().remove(&fh.0);
+        if let Some(handle) = handle {
+            if matches!(*handle, Handle::Model(_) | Handle::ModelPassthrough(..)) {
+                self.closed_model(ino.0, &handle);
+            }
+        }
         reply.ok();
     }
 
@@ -596,7 +715,7 @@ impl Filesystem for TierFs {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.list_dir(ino.0) {
+        match self.ops().time(Op::Readdir, || self.list_dir(ino.0)) {
             Ok(entries) => {
                 let fh = self.add_handle(Handle::Dir(entries));
                 reply.opened(FileHandle(fh), FopenFlags::empty())
@@ -927,4 +1046,8 @@ fn errno(e: io::Error) -> Errno {
         Some(code) if code > 0 => Errno::from_i32(code),
         _ => Errno::EIO,
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }

@@ -1,0 +1,129 @@
+//! Telling a reader that streams through a region from one that probes it.
+//!
+//! A loader built on `mmap` (ComfyUI's `load_torch_file` with `safe_open(framework="pt")`,
+//! safetensors, transformers) first takes a view of every tensor in name order, touching the
+//! first page of each, and only then copies the weights in module order. Each touch is a fault
+//! that the kernel turns into one read request around that page; served through the chunk
+//! cache, it loaded a whole chunk and, as the reader seemed to enter the tensor's block, started
+//! prefetching that block. With a budget below the model that read most of the file before a
+//! single weight was copied, and evicted it again before the copies came: the real ComfyUI load
+//! of a 2.1 GB checkpoint through a 256 MiB budget read 2.30× the file (issue 11).
+//!
+//! So each file remembers its recent *runs*: ranges that successive requests extended. A
+//! request that starts a new run, or continues one still shorter than [`STREAM_AFTER`], is a
+//! probe: if its chunk is not already in memory it is read uncached, just the requested
+//! bytes, without prefetch and without counting as a visit of the block. Once a run reaches
+//! [`STREAM_AFTER`], it is a stream and goes through the cache with prefetch as before. A
+//! sequential reader pays for this once per run (its first megabyte is read in requests of
+//! its own size instead of whole chunks), which is nothing next to a block.
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+/// Runs remembered per file: a multi-threaded reader (8 threads reading 2 MiB pieces) keeps
+/// one run per thread, and kernel readahead adds one more; sixteen covers both twice.
+const RUNS: usize = 16;
+
+/// A run has become a stream once it covers this much: a megabyte is eight 128 KiB
+/// `read()` requests, or the kernel's read-around of one `mmap` fault when a mount's readahead
+/// is 1–4 MiB plus the async readahead that follows it when the reader keeps going.
+pub const STREAM_AFTER: u64 = 1 << 20;
+
+/// A request continues a run if it starts at most this far behind the run's start: mmap
+/// read-around centres its window on the faulting page, so the first request of a sequential
+/// mmap reader starts up to half the readahead window (at most 8 MiB here) before it.
+const BACK_SLACK: u64 = 8 << 20;
+
+/// A request continues a run if it starts at most this far past the run's end: readers skip
+/// small gaps (alignment padding between tensors, a page the page cache already had).
+const FORWARD_GAP: u64 = 256 << 10;
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Run {
+    start: u64,
+    end: u64,
+}
+
+/// The recent runs of one file version.
+#[derive(Debug, Default)]
+pub struct Runs {
+    state: Mutex<(Vec<Run>, usize)>,
+}
+
+impl Runs {
+    /// Records the request `[offset, end)` and returns how long the run it continues was
+    /// before it (0 for a new run).
+    pub fn record(&self, offset: u64, end: u64) -> u64 {
+        let mut guard = self.lock();
+        let (runs, next) = &mut *guard;
+        let continues = runs.iter_mut().find(|r| {
+            offset >= r.start.saturating_sub(BACK_SLACK)
+                && offset <= r.end.saturating_add(FORWARD_GAP)
+        });
+        if let Some(run) = continues {
+            let before = run.end - run.start;
+            run.start = run.start.min(offset);
+            run.end = run.end.max(end);
+            return before;
+        }
+        let run = Run { start: offset, end };
+        if runs.len() < RUNS {
+            runs.push(run);
+        } else {
+            runs[*next] = run;
+            *next = (*next + 1) % RUNS;
+        }
+        0
+    }
+
+    fn lock(&self) -> MutexGuard<'_, (Vec<Run>, usize)> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+    const KIB: u64 = 1 << 10;
+
+    #[test]
+    fn a_sequential_reader_becomes_a_stream_after_a_megabyte() {
+        let runs = Runs::default();
+        let before: Vec<u64> = (0..10)
+            .map(|i| runs.record(i * 128 * KIB, (i + 1) * 128 * KIB))
+            .collect();
+        assert_eq!(before[0], 0);
+        assert!(before[..8].iter().all(|&b| b < STREAM_AFTER));
+        assert!(before[8..].iter().all(|&b| b >= STREAM_AFTER));
+    }
+
+    #[test]
+    fn touches_of_distant_tensors_stay_probes() {
+        let runs = Runs::default();
+        for i in 0..100 {
+            let at = i * 40 * MIB;
+            assert_eq!(runs.record(at, at + 4 * KIB), 0, "touch {i}");
+        }
+    }
+
+    #[test]
+    fn mmap_read_around_before_the_fault_continues_the_run() {
+        let runs = Runs::default();
+        runs.record(100 * MIB, 102 * MIB); // read-around of a fault at 101 MiB
+        assert_eq!(runs.record(98 * MIB, 100 * MIB), 2 * MIB);
+        assert_eq!(runs.record(102 * MIB, 104 * MIB), 4 * MIB);
+    }
+
+    #[test]
+    fn threads_keep_their_own_runs() {
+        let runs = Runs::default();
+        let starts: Vec<u64> = (0..8).map(|t| t * 512 * MIB).collect();
+        for &s in &starts {
+            runs.record(s, s + 2 * MIB);
+        }
+        for &s in &starts {
+            assert_eq!(runs.record(s + 2 * MIB, s + 4 * MIB), 2 * MIB);
+        }
+    }
+}

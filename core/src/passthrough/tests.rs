@@ -1,0 +1,128 @@
+//! Tests of the passthrough tier's budget bookkeeping, on real files (their page cache is
+//! what the tier measures and drops). Files live under /var/tmp: tmpfs has no droppable page
+//! cache.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+
+use super::*;
+
+const MIB: u64 = 1 << 20;
+
+struct TempFile {
+    path: PathBuf,
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn temp_file(name: &str, size: u64) -> (TempFile, SourceIdentity) {
+    let path = PathBuf::from("/var/tmp").join(format!("tierfs-pt-{}-{name}", std::process::id()));
+    let mut file = std::fs::File::create(&path).expect("create");
+    file.write_all(&vec![7u8; size as usize]).expect("write");
+    file.sync_all().expect("sync");
+    let identity = SourceIdentity::of(&file.metadata().expect("stat"));
+    (TempFile { path }, identity)
+}
+
+fn read_all(path: &Path) {
+    let mut buf = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_to_end(&mut buf))
+        .expect("read");
+}
+
+#[test]
+fn admits_what_fits_and_counts_each_file_once() {
+    let tier = PassthroughTier::default();
+    let (a, id_a) = temp_file("a", 4 * MIB);
+    let (b, id_b) = temp_file("b", 4 * MIB);
+    assert!(tier.admit(&a.path, &id_a, 6 * MIB));
+    assert!(
+        tier.admit(&a.path, &id_a, 6 * MIB),
+        "second handle of an open file"
+    );
+    assert_eq!(tier.held_bytes(), 4 * MIB);
+    assert!(!tier.admit(&b.path, &id_b, 6 * MIB), "4 + 4 MiB > 6 MiB");
+    let snap = tier.snapshot();
+    assert_eq!((snap.open_files, snap.admitted, snap.refused), (1, 2, 1));
+}
+
+#[test]
+fn last_release_parks_the_measured_page_cache() {
+    let tier = PassthroughTier::default();
+    let (a, id_a) = temp_file("park", 8 * MIB);
+    read_all(&a.path);
+    assert!(tier.admit(&a.path, &id_a, 64 * MIB));
+    tier.release(&id_a);
+    let snap = tier.snapshot();
+    assert_eq!(snap.open_files, 0);
+    assert_eq!(snap.parked_files, 1);
+    assert!(
+        snap.parked_bytes > 0 && snap.parked_bytes <= 8 * MIB,
+        "{snap:?}"
+    );
+    assert_eq!(tier.held_bytes(), snap.parked_bytes);
+}
+
+#[test]
+fn make_room_drops_parked_page_cache() {
+    let tier = PassthroughTier::default();
+    let (a, id_a) = temp_file("room", 8 * MIB);
+    read_all(&a.path);
+    assert!(tier.admit(&a.path, &id_a, 64 * MIB));
+    tier.release(&id_a);
+    assert!(tier.held_bytes() > 0);
+    let freed = tier.make_room(16 * MIB, 16 * MIB);
+    assert!(freed > 0);
+    assert_eq!(tier.held_bytes(), 0);
+    let file = std::fs::File::open(&a.path).expect("open");
+    assert_eq!(residency::cached_pages(&file).expect("cachestat"), 0);
+}
+
+#[test]
+fn admission_drops_parked_files_it_needs_room_from() {
+    let tier = PassthroughTier::default();
+    let (a, id_a) = temp_file("old", 6 * MIB);
+    let (b, id_b) = temp_file("new", 6 * MIB);
+    read_all(&a.path);
+    assert!(tier.admit(&a.path, &id_a, 8 * MIB));
+    tier.release(&id_a);
+    assert!(
+        tier.admit(&b.path, &id_b, 8 * MIB),
+        "parked bytes do not block admission"
+    );
+    let snap = tier.snapshot();
+    assert_eq!((snap.open_files, snap.parked_files), (1, 0));
+    assert_eq!(tier.held_bytes(), 6 * MIB);
+}
+
+#[test]
+fn reopening_a_parked_file_moves_it_back() {
+    let tier = PassthroughTier::default();
+    let (a, id_a) = temp_file("reopen", 4 * MIB);
+    read_all(&a.path);
+    assert!(tier.admit(&a.path, &id_a, 8 * MIB));
+    tier.release(&id_a);
+    assert!(tier.admit(&a.path, &id_a, 8 * MIB));
+    let snap = tier.snapshot();
+    assert_eq!(
+        (snap.open_files, snap.parked_files, snap.open_bytes),
+        (1, 0, 4 * MIB)
+    );
+    assert_eq!(snap.dropped_bytes, 0, "its own page cache is not dropped");
+}
+
+#[test]
+fn a_replaced_file_is_neither_measured_nor_dropped() {
+    let (a, id_a) = temp_file("replaced", 4 * MIB);
+    let stale = SourceIdentity {
+        size: id_a.size + 1,
+        ..id_a
+    };
+    assert!(residency::resident_bytes(&a.path, &stale).is_err());
+    assert!(residency::drop_page_cache(&a.path, &stale).is_err());
+}

@@ -1,0 +1,264 @@
+//! Per-operation counts, errors and latency of a front end's requests (`ops` in the stats).
+//!
+//! A front end (the FUSE adapter) wraps the work of each request in [`OpStats::time`]; a
+//! snapshot turns the figures into count, errors, mean, p50 and p99 per operation.
+//!
+//! **Histogram.** Latencies go into fixed log-linear buckets: four per power of two of
+//! nanoseconds (the scheme of HdrHistogram with two significant bits), so a bucket spans 25 % of
+//! its lower bound and a quantile read from it is at most 25 % above the true value; the
+//! snapshot reports the bucket's upper bound, never an underestimate. 4 × 64 buckets cover every
+//! `u64` of nanoseconds in 2 KiB per operation. Recording is two relaxed `fetch_add`s (the bucket
+//! and the nanosecond sum), plus one for an error: lock-free, no allocation, nothing to
+//! configure, and a snapshot can read it while requests go on. The `hdrhistogram` crate would
+//! need `&mut` to record (a lock, or per-thread histograms merged by a reader thread) for
+//! precision that a p99 shown with two digits does not use.
+//!
+//! **Cost.** Measured on the warm read path (model cached in RAM, 1 MiB `read()`s through the
+//! mount, 8 request threads): see the README ("Stats") for the figure and its command.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+/// The operations that are recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Lookup,
+    Getattr,
+    Open,
+    Read,
+    /// Listing a directory (the FUSE adapter lists it at `opendir`; `readdir` pages through it).
+    Readdir,
+}
+
+impl Op {
+    pub const ALL: [Op; 5] = [Op::Lookup, Op::Getattr, Op::Open, Op::Read, Op::Readdir];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Lookup => "lookup",
+            Op::Getattr => "getattr",
+            Op::Open => "open",
+            Op::Read => "read",
+            Op::Readdir => "readdir",
+        }
+    }
+}
+
+/// Sub-buckets per power of two: 2 bits, so a bucket is 25 % of its lower bound wide.
+const SUB_BITS: u32 = 2;
+const SUB: usize = 1 << SUB_BITS;
+const BUCKETS: usize = SUB * 64;
+
+/// The bucket of a latency of `ns` nanoseconds.
+fn bucket(ns: u64) -> usize {
+    if ns < SUB as u64 {
+        return ns as usize;
+    }
+    let exp = 63 - ns.leading_zeros(); // >= SUB_BITS
+    let sub = (ns >> (exp - SUB_BITS)) as usize & (SUB - 1);
+    SUB + (exp - SUB_BITS) as usize * SUB + sub
+}
+
+/// The largest latency, in nanoseconds, that falls into `index`.
+fn bucket_upper(index: usize) -> u64 {
+    if index < SUB {
+        return index as u64;
+    }
+    let exp = (index - SUB) / SUB + SUB_BITS as usize;
+    let sub = ((index - SUB) % SUB) as u64;
+    let width = 1u64 << (exp - SUB_BITS as usize);
+    ((SUB as u64 + sub) * width).saturating_add(width - 1)
+}
+
+/// Counts and latency histogram of one operation.
+#[derive(Debug)]
+struct OpRecord {
+    buckets: [AtomicU64; BUCKETS],
+    errors: AtomicU64,
+    total_ns: AtomicU64,
+}
+
+impl Default for OpRecord {
+    fn default() -> Self {
+        OpRecord {
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+            errors: AtomicU64::new(0),
+            total_ns: AtomicU64::new(0),
+        }
+    }
+}
+
+impl OpRecord {
+    fn record(&self, elapsed: Duration, failed: bool) {
+        let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        self.buckets[bucket(ns)].fetch_add(1, Ordering::Relaxed);
+        self.total_ns.fetch_add(ns, Ordering::Relaxed);
+        if failed {
+            self.errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn snapshot(&self) -> OpSnapshot {
+        let counts: Vec<u64> = self
+            .buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect();
+        let count: u64 = counts.iter().sum();
+        let quantile = |q: f64| -> f64 {
+            if count == 0 {
+                return 0.0;
+            }
+            // The smallest bucket holding at least ceil(q * count) of the samples.
+            let rank = ((q * count as f64).ceil() as u64).clamp(1, count);
+            let mut seen = 0;
+            for (index, n) in counts.iter().enumerate() {
+                seen += n;
+                if seen >= rank {
+                    return bucket_upper(index) as f64 / 1e3;
+                }
+            }
+            0.0
+        };
+        let total_ns = self.total_ns.load(Ordering::Relaxed);
+        OpSnapshot {
+            count,
+            errors: self.errors.load(Ordering::Relaxed),
+            mean_us: if count == 0 {
+                0.0
+            } else {
+                total_ns as f64 / count as f64 / 1e3
+            },
+            p50_us: quantile(0.50),
+            p99_us: quantile(0.99),
+        }
+    }
+}
+
+/// The figures of every [`Op`].
+#[derive(Debug, Default)]
+pub struct OpStats {
+    records: [OpRecord; Op::ALL.len()],
+}
+
+impl OpStats {
+    /// Runs `work`, the whole of one `op` request, and records its latency, and an error if it
+    /// returned one. The caller replies to the request after this returns, so the figures
+    /// are the daemon's own time, without the kernel's queueing or the reply's copy.
+    pub fn time<T, E>(&self, op: Op, work: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
+        let started = Instant::now();
+        let result = work();
+        self.record(op, started.elapsed(), result.is_err());
+        result
+    }
+
+    pub fn record(&self, op: Op, elapsed: Duration, failed: bool) {
+        self.records[op as usize].record(elapsed, failed);
+    }
+
+    pub fn snapshot(&self) -> OpsSnapshot {
+        let get = |op: Op| self.records[op as usize].snapshot();
+        OpsSnapshot {
+            lookup: get(Op::Lookup),
+            getattr: get(Op::Getattr),
+            open: get(Op::Open),
+            read: get(Op::Read),
+            readdir: get(Op::Readdir),
+        }
+    }
+}
+
+/// One operation in the `ops` section of the stats document.
+#[derive(Debug, Clone, Serialize)]
+pub struct OpSnapshot {
+    /// Requests handled.
+    pub count: u64,
+    /// Of those, answered with an error.
+    pub errors: u64,
+    /// Mean latency in microseconds (exact).
+    pub mean_us: f64,
+    /// Median and 99th percentile in microseconds: the upper bound of the histogram bucket the
+    /// quantile falls in, so at most 25 % above the true value.
+    pub p50_us: f64,
+    pub p99_us: f64,
+}
+
+/// `ops` section of the stats document.
+#[derive(Debug, Clone, Serialize)]
+pub struct OpsSnapshot {
+    pub lookup: OpSnapshot,
+    pub getattr: OpSnapshot,
+    pub open: OpSnapshot,
+    pub read: OpSnapshot,
+    pub readdir: OpSnapshot,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_value_lands_in_a_bucket_whose_bounds_hold_it() {
+        let mut values = vec![0, 1, 2, 3, 4, 5, 7, 8, 9, 1000, 1023, 1024, 1025, u64::MAX];
+        values.extend((0..64).map(|shift| 1u64 << shift));
+        values.extend((1..64).map(|shift| (1u64 << shift) - 1));
+        for v in values {
+            let index = bucket(v);
+            assert!(index < BUCKETS, "{v}");
+            assert!(v <= bucket_upper(index), "{v} above its bucket {index}");
+            if index > 0 {
+                assert!(v > bucket_upper(index - 1), "{v} below its bucket {index}");
+            }
+            // The bucket is at most 25 % wider than its lower bound.
+            let lower = if index == 0 {
+                0
+            } else {
+                bucket_upper(index - 1) + 1
+            };
+            assert!(bucket_upper(index) - lower <= lower / 4, "{v}");
+        }
+    }
+
+    #[test]
+    fn quantiles_counts_and_errors() {
+        let stats = OpStats::default();
+        for us in 1..=100u64 {
+            stats.record(Op::Read, Duration::from_micros(us), false);
+        }
+        let _ = stats.time(Op::Lookup, || Err::<(), _>("nope"));
+        let _ = stats.time(Op::Lookup, || Ok::<_, ()>(1));
+        let s = stats.snapshot();
+        assert_eq!((s.read.count, s.read.errors), (100, 0));
+        assert!((s.read.mean_us - 50.5).abs() < 1e-9);
+        // True p50 is 50 µs, p99 99 µs: reported as bucket upper bounds, within 25 % above.
+        assert!(
+            s.read.p50_us >= 50.0 && s.read.p50_us <= 50.0 * 1.25,
+            "{s:?}"
+        );
+        assert!(
+            s.read.p99_us >= 99.0 && s.read.p99_us <= 99.0 * 1.25,
+            "{s:?}"
+        );
+        assert_eq!((s.lookup.count, s.lookup.errors), (2, 1));
+        assert_eq!((s.open.count, s.open.p50_us, s.open.p99_us), (0, 0.0, 0.0));
+    }
+
+    #[test]
+    fn recording_from_many_threads_loses_nothing() {
+        let stats = OpStats::default();
+        std::thread::scope(|scope| {
+            for t in 0..4u64 {
+                let stats = &stats;
+                scope.spawn(move || {
+                    for i in 0..10_000u64 {
+                        stats.record(Op::Getattr, Duration::from_nanos(i * t), i % 10 == 0);
+                    }
+                });
+            }
+        });
+        let s = stats.snapshot().getattr;
+        assert_eq!((s.count, s.errors), (40_000, 4_000));
+    }
+}

@@ -1,0 +1,102 @@
+//! The JSON document served at `MOUNTPOINT/.tierfs/stats` (schema in the README, "Stats"), by
+//! both front ends (FUSE, WinFsp). A front end adds its own sections next to these (the FUSE
+//! front end: `modes` and `budget`) by flattening this document into its own.
+
+use std::path::Path;
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+
+use crate::kernel_cache::KernelCacheWindow;
+use crate::models::ModelStore;
+use crate::passthrough::PassthroughSnapshot;
+use crate::stats::ops::OpsSnapshot;
+use crate::stats::{
+    CacheSnapshot, Counters, DiskSnapshot, FileSnapshot, KernelCacheSnapshot, PrefetchSnapshot,
+};
+
+/// Version of the document's schema; bumped when a key changes meaning or disappears.
+pub const SCHEMA_VERSION: u32 = 1;
+
+#[derive(Debug, Serialize)]
+pub struct StatsDocument {
+    pub version: u32,
+    pub mount: MountInfo,
+    pub cache: CacheSnapshot,
+    pub disk: DiskSnapshot,
+    pub prefetch: PrefetchSnapshot,
+    pub kernel_page_cache: KernelCacheSnapshot,
+    /// Per-operation counts, errors and latency of the front end's requests.
+    pub ops: OpsSnapshot,
+    pub passthrough: PassthroughSection,
+    pub files: Vec<FileSnapshot>,
+}
+
+/// `passthrough` section: model files that fit the budget, served by the kernel from their
+/// source ([`crate::passthrough`]). `available` is false when the daemon is not root or the
+/// kernel lacks FUSE passthrough (and always on Windows): every model file is then served from
+/// the cache.
+#[derive(Debug, Serialize)]
+pub struct PassthroughSection {
+    pub available: bool,
+    #[serde(flatten)]
+    pub tier: PassthroughSnapshot,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct MountInfo {
+    pub source: String,
+    pub mountpoint: String,
+    pub pid: u32,
+    pub uptime_seconds: f64,
+    pub passthrough: bool,
+    /// The mount's budget: the chunk cache (`cache.chunk_budget_bytes`) gets what passthrough
+    /// files do not hold (`passthrough.open_bytes + passthrough.parked_bytes`).
+    #[serde(default)]
+    pub budget_bytes: u64,
+}
+
+impl StatsDocument {
+    pub fn collect(
+        store: &ModelStore,
+        window: &KernelCacheWindow,
+        (source, mountpoint): (&Path, &Path),
+        passthrough: bool,
+        started: SystemTime,
+    ) -> StatsDocument {
+        let c = store.counters();
+        StatsDocument {
+            version: SCHEMA_VERSION,
+            mount: MountInfo {
+                source: source.display().to_string(),
+                mountpoint: mountpoint.display().to_string(),
+                pid: std::process::id(),
+                uptime_seconds: started.elapsed().map_or(0.0, |d| d.as_secs_f64()),
+                passthrough,
+                budget_bytes: store.budget(),
+            },
+            cache: store.cache_snapshot(),
+            disk: DiskSnapshot {
+                read_bytes: Counters::get(&c.disk_read_bytes),
+                reads: Counters::get(&c.disk_reads),
+                errors: Counters::get(&c.disk_errors),
+                probe_bytes: Counters::get(&c.probe_bytes),
+            },
+            prefetch: PrefetchSnapshot {
+                issued_bytes: Counters::get(&c.prefetch_issued_bytes),
+                used_bytes: Counters::get(&c.prefetch_used_bytes),
+                wasted_bytes: Counters::get(&c.prefetch_wasted_bytes),
+            },
+            kernel_page_cache: KernelCacheSnapshot {
+                window_bytes: window.limit(),
+                invalidated_bytes: Counters::get(&c.kernel_cache_invalidated_bytes),
+            },
+            ops: c.ops.snapshot(),
+            passthrough: PassthroughSection {
+                available: passthrough,
+                tier: store.passthrough_snapshot(),
+            },
+            files: store.files_snapshot(),
+        }
+    }
+}

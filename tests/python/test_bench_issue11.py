@@ -1,0 +1,77 @@
+"""The pure helpers of tests/bench/issue11.py and sources.py: parsing, goals, ratios.
+
+No devices, mounts or cgroups are created: the benchmark itself is not run here (it needs a
+quiet machine and ~25 minutes; see tests/bench/RESULTS.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import issue11  # noqa: E402
+import sources  # noqa: E402
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def test_parse_only():
+    assert issue11.parse_only("3,1, 3") == [1, 3]
+    for bad in ("", "6", "0,1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            issue11.parse_only(bad)
+
+
+def test_judge_and_ratio():
+    assert issue11.judge(1.0, ">=", 1.0) == "PASS"
+    assert issue11.judge(0.99, ">=", 1.0) == "FAIL"
+    assert issue11.judge(1.15, "<=", 1.15) == "PASS"
+    assert issue11.judge(1.16, "<=", 1.15) == "FAIL"
+    assert issue11.judge(float("nan"), "<=", 1.15) == "FAIL"
+    assert issue11.judge(float("nan"), ">=", 0.8) == "FAIL"
+    # baseline seconds / tierfs seconds: a mount twice as fast is 2.0
+    assert issue11.time_ratio(2.0, 1.0) == 2.0
+    assert issue11.time_ratio(1.0, 0.0) != issue11.time_ratio(1.0, 0.0)  # NaN, never a pass
+
+
+def test_memory_goal():
+    mib = 1 << 20
+    assert issue11.memory_goal(1000 * mib) == 1100 * mib + 64 * mib
+
+
+def test_find_key():
+    assert issue11.find_key({"cache": {"pinned_bytes": 5}}, "pinned_bytes") == 5
+    assert issue11.find_key({"files": [{"a": 1}, {"pinned_bytes": 0}]}, "pinned_bytes") == 0
+    assert issue11.find_key({"cache": {}}, "pinned_bytes") is None
+
+
+def test_parse_status_and_io():
+    status = "Name:\ttierfs\nVmRSS:\t  2048 kB\nRssAnon:\t  1024 kB\nRssFile:\t 512 kB\nRssShmem:\t 0 kB\nThreads: 9\n"
+    st = issue11.parse_status(status)
+    assert st == {"VmRSS": 2 << 20, "RssAnon": 1 << 20, "RssFile": 512 << 10, "RssShmem": 0}
+    io = "rchar: 10\nwchar: 0\nsyscr: 1\nsyscw: 0\nread_bytes: 4096\nwrite_bytes: 0\n"
+    assert issue11.parse_io_read_bytes(io) == 4096
+    assert issue11.parse_io_read_bytes("") == 0
+
+
+def test_file_modes():
+    stats = {"files": [{"path": "a/model.safetensors", "mode": "passthrough"},
+                       {"path": "other.safetensors", "mode": "fuse"},
+                       {"path": "model.safetensors.bak", "mode": "x"},
+                       {"path": "model.safetensors"}]}
+    assert issue11.file_modes(stats, "model.safetensors") == ["passthrough"]
+    assert issue11.file_modes({"files": []}, "m") == []
+    assert issue11.file_modes({}, "m") == []
+
+
+def test_blkio_service_bytes_and_throttle_verdict():
+    text = "253:1 Read 1258291200\n253:1 Write 0\n253:1 Sync 1258291200\n7:0 Read 5\nTotal 1258291205\n"
+    assert sources.parse_service_bytes(text, "253:1") == 1258291200
+    assert sources.parse_service_bytes(text, "7:0") == 5
+    assert sources.parse_service_bytes(text, "8:0") == 0
+    assert sources.throttle_verdict(1.04, 1.0) == "ok"
+    assert sources.throttle_verdict(2.9, 1.0) == "fast"
+    assert sources.throttle_verdict(0.5, 1.0) == "starved"

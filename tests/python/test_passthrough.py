@@ -1,0 +1,153 @@
+"""Model files that fit the budget are served by FUSE passthrough (core/src/passthrough).
+
+What is checked, each through a real mount against the source bytes:
+- the mode each file is served in (`files[].mode`, `tierfs stats`), and the fallback with
+  `--no-model-passthrough` and for a file larger than the budget;
+- bytes through `read()` and `mmap`, with several processes opening the same model at once
+  (the kernel wants one backing id per inode: a second one failed such opens with EIO);
+- the budget holds for the source page cache passthrough fills: a second model that needs the
+  room drops the first one's page cache once it is closed, and `drop` drops it too;
+- a model replaced while a passthrough handle is open: the old handle keeps the old bytes, a
+  new open gets the new ones.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import gen  # noqa: E402
+from conftest import MiB, TIERFS_BIN, drop_caches, page_cache_bytes  # noqa: E402
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _model(path: Path, blocks: int, seed: int) -> bytes:
+    gen.write_small(path, gen.dit_specs(1024, 2048, blocks, ("F32",)), seed=seed)
+    return path.read_bytes()
+
+
+@pytest.fixture
+def src(workdir):
+    root = workdir / "src"
+    root.mkdir()
+    return root
+
+
+def _file_stats(m, rel: str) -> dict:
+    for f in m.stats()["files"]:
+        if f["path"] == rel:
+            return f
+    raise AssertionError(f"{rel} not in stats: {m.stats()['files']}")
+
+
+def _passthrough_available(m) -> bool:
+    return m.stats()["passthrough"]["available"]
+
+
+def test_fitting_model_is_served_by_passthrough_bit_exact(mount, src):
+    want = _model(src / "a.safetensors", 6, 1)  # ~300 MiB
+    m = mount(src, "512MiB")
+    if not _passthrough_available(m):
+        pytest.fail("this kernel/daemon offers no FUSE passthrough: the mode cannot be tested here")
+    with open(m.mnt / "a.safetensors", "rb") as f:
+        st = m.stats()
+        assert st["passthrough"]["open_files"] == 1, st["passthrough"]
+        assert st["passthrough"]["open_bytes"] == len(want), st["passthrough"]
+        assert st["cache"]["chunk_budget_bytes"] == 512 * MiB - len(want), st["cache"]
+        assert f.read() == want
+    with open(m.mnt / "a.safetensors", "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mm:
+        assert mm[:] == want
+    info = _file_stats(m, "a.safetensors")
+    assert info["mode"] == "passthrough", info
+    st = m.stats()
+    assert st["passthrough"]["open_files"] == 0 and st["passthrough"]["parked_files"] == 1, st["passthrough"]
+    assert 0 < st["passthrough"]["parked_bytes"] <= len(want) + 4096, st["passthrough"]
+    assert st["cache"]["used_bytes"] == 0, "nothing went through the chunk cache"
+    human = subprocess.run([str(TIERFS_BIN), "stats", str(m.mnt)], capture_output=True, text=True, timeout=30)
+    assert human.returncode == 0 and "passthrough" in human.stdout, human.stdout + human.stderr
+
+
+def test_concurrent_opens_of_one_model_share_the_backing_file(mount, src):
+    want = _model(src / "a.safetensors", 4, 2)
+    (src / "notes.bin").write_bytes(os.urandom(5 * MiB))
+    m = mount(src, "512MiB")
+    code = (
+        "import mmap, sys\n"
+        "f = open(sys.argv[1], 'rb')\n"
+        "mm = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)\n"
+        "sys.stdout.buffer.write(mm[:])\n"
+    )
+    for rel in ("a.safetensors", "notes.bin"):
+        held = [open(m.mnt / rel, "rb") for _ in range(3)]  # opens stay concurrent
+        try:
+            procs = [subprocess.Popen([sys.executable, "-c", code, str(m.mnt / rel)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(3)]
+            outs = [p.communicate(timeout=120) for p in procs]
+            expected = (src / rel).read_bytes()
+            for (out, err), p in zip(outs, procs):
+                assert p.returncode == 0, err.decode()[-2000:]
+                assert out == expected, f"{rel}: a concurrent mmap reader got wrong bytes"
+            for h in held:
+                assert h.read() == expected, f"{rel}: a concurrent read() got wrong bytes"
+        finally:
+            for h in held:
+                h.close()
+    assert _file_stats(m, "a.safetensors")["mode"] == "passthrough"
+    assert len(want) > 0
+
+
+def test_larger_than_budget_and_opt_out_use_the_cache(mount, src):
+    want = _model(src / "a.safetensors", 6, 3)
+    m = mount(src, "64MiB")
+    assert (m.mnt / "a.safetensors").read_bytes() == want
+    assert _file_stats(m, "a.safetensors")["mode"] == "cache"
+    assert m.stats()["passthrough"]["refused"] >= 1
+    m2 = mount(src, "512MiB", ("--no-model-passthrough",))
+    assert (m2.mnt / "a.safetensors").read_bytes() == want
+    assert _file_stats(m2, "a.safetensors")["mode"] == "cache"
+    assert m2.stats()["passthrough"]["admitted"] == 0
+
+
+def test_page_cache_of_passthrough_files_stays_within_the_budget(mount, src):
+    a = _model(src / "a.safetensors", 4, 4)  # ~200 MiB each
+    b = _model(src / "b.safetensors", 4, 5)
+    budget = 256 * MiB
+    assert len(a) + len(b) > budget and max(len(a), len(b)) < budget
+    drop_caches()
+    m = mount(src, f"{budget // MiB}MiB")
+    assert (m.mnt / "a.safetensors").read_bytes() == a
+    assert page_cache_bytes(src / "a.safetensors") > len(a) // 2, "a's page cache was kept for a reload"
+    assert (m.mnt / "b.safetensors").read_bytes() == b
+    total = page_cache_bytes(src / "a.safetensors") + page_cache_bytes(src / "b.safetensors")
+    st = m.stats()
+    assert total <= budget, f"source page cache {total / MiB:.1f} MiB > budget; {st['passthrough']}"
+    assert st["passthrough"]["dropped_bytes"] > 0, st["passthrough"]
+    assert _file_stats(m, "b.safetensors")["mode"] == "passthrough"
+    # drop gives back the page cache of closed files
+    with open(m.mnt / ".tierfs/control", "w") as ctl:
+        ctl.write("drop\n")
+    assert page_cache_bytes(src / "b.safetensors") < 4 * MiB
+    assert m.stats()["passthrough"]["parked_bytes"] == 0
+
+
+def test_replaced_model_old_handle_old_bytes_new_open_new_bytes(mount, src):
+    old = _model(src / "a.safetensors", 3, 6)
+    m = mount(src, "512MiB")
+    with open(m.mnt / "a.safetensors", "rb") as held:
+        assert held.read(4096) == old[:4096]
+        assert _file_stats(m, "a.safetensors")["mode"] == "passthrough"
+        tmp = src / "a.safetensors.tmp"
+        new = _model(tmp, 4, 7)
+        os.replace(tmp, src / "a.safetensors")
+        time.sleep(1.1)  # past the attribute timeout (ATTR_TTL 0.5 s)
+        assert os.pread(held.fileno(), len(old), 0) == old, "the old handle must keep the old bytes"
+        assert (m.mnt / "a.safetensors").read_bytes() == new, "a new open must see the new file"
+        assert os.pread(held.fileno(), len(old), 0) == old
