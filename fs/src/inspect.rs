@@ -1,5 +1,6 @@
 //! `tierfs inspect FILE [--json]`: a file's tensor index and block grouping, without mounting.
-//! The format follows the extension (`.gguf`, else safetensors), as in the mount.
+//! The format follows the extension (`.gguf`, else safetensors), as in the mount; a sharded
+//! model's `*.index.json` is shown as one model ([`crate::inspect_shards`]).
 
 use std::fs::File;
 use std::path::Path;
@@ -9,6 +10,9 @@ use tierfs_core::index::{Format, TensorIndex};
 use tierfs_core::size::format_size;
 
 pub fn run(path: &Path, json: bool) -> Result<()> {
+    if crate::inspect_shards::is_index(path) {
+        return crate::inspect_shards::run(path, json);
+    }
     let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let format = Format::of_path(path).unwrap_or_default();
     let index = TensorIndex::read_format(&file, format)
