@@ -588,6 +588,15 @@ def test_sharded_safe_open_index_order_and_block_order(mount, gguf_models):
     """safe_open(numpy) over a sharded model through the mount: shard by shard in index order,
     then across all shards in block order (every shard open at once), bit-exact."""
     shard_dir, weight_map = shard_index(gguf_models)
+    # `tierfs inspect` takes the index.json: the three shards as one model, blocks over all.
+    import subprocess
+    from conftest import TIERFS_BIN
+    doc = json.loads(subprocess.run(
+        [str(TIERFS_BIN), "inspect", "--json", str(shard_dir / "diffusion_pytorch_model.safetensors.index.json")],
+        capture_output=True, text=True, timeout=30, check=True).stdout)
+    assert [s["file"] for s in doc["shards"]] == sorted(set(weight_map.values())), doc["shards"]
+    assert sum(s["tensors"] for s in doc["shards"]) == len(weight_map)
+    assert [b["name"] for b in doc["blocks"]] == ["(other)"] + [f"blocks.{i}" for i in range(10)]
     m = mount(gguf_models, GGUF_BUDGET)
     mnt_dir = m.mnt / shard_dir.relative_to(gguf_models)
     shards = sorted(set(weight_map.values()))
