@@ -21,8 +21,8 @@
 //! bound stays hard: the mounted files' page cache never exceeds window + headroom, so with the
 //! tierfs cache it stays within 1.1 × budget + 64 MiB.
 
+use crate::sync::{lock, Mutex};
 use std::collections::VecDeque;
-use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// A byte range of one inode of the mount.
@@ -92,7 +92,7 @@ impl KernelCacheWindow {
     }
 
     fn record_at(&self, ino: u64, offset: u64, len: u64, now: Instant) -> Vec<InodeRange> {
-        let mut guard = self.ranges.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut guard = lock(&self.ranges);
         let (ranges, total) = &mut *guard;
         match ranges.back_mut() {
             Some(last)

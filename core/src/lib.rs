@@ -16,6 +16,7 @@
 //! - [`control`]: the commands of `.tierfs/control`.
 //! - [`synth`]: deterministic synthetic checkpoints (demo, tests, benchmarks).
 //! - [`size`]: human byte sizes.
+//! - [`sync`]: the locks of the core (swapped for loom's in model-checked tests).
 pub mod budget;
 pub mod cache;
 pub mod control;
@@ -28,4 +29,5 @@ pub mod size;
 pub mod source;
 pub mod stats;
 pub mod stats_doc;
+pub mod sync;
 pub mod synth;

@@ -22,13 +22,15 @@
 //! Return codes: 0 success, -1 failure (message in the buffer). No call panics across the
 //! boundary: every body runs under `catch_unwind`, and a panic becomes an error message.
 //! One [`Loader`] per GPU is kept for the life of the process (its pinned staging buffers and
-//! the cuFile driver are reused), behind a mutex: concurrent loads to one GPU take turns.
+//! the cuFile driver are reused), each behind its own mutex ([`GpuSlots`]): concurrent loads to
+//! one GPU take turns, loads to different GPUs run side by side (the table of GPUs is locked
+//! only to find a GPU's slot, never during a load).
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::load::{self, GdsMode, LoadOptions, Loader};
 use crate::plan::{LoadPlan, Selection, DEFAULT_CHUNK_BYTES};
@@ -41,7 +43,52 @@ pub struct Handle {
     plan_json: CString,
 }
 
-static LOADERS: Mutex<Option<HashMap<usize, Loader>>> = Mutex::new(None);
+/// One slot per GPU ordinal, each with its own lock, created on first use: `T` is a
+/// [`Loader`] in the library, anything in the tests (which need no GPU).
+struct GpuSlots<T> {
+    slots: Mutex<Option<HashMap<usize, Arc<Mutex<Option<T>>>>>>,
+}
+
+impl<T> GpuSlots<T> {
+    const fn new() -> Self {
+        GpuSlots {
+            slots: Mutex::new(None),
+        }
+    }
+
+    /// Runs `f` on GPU `ordinal`'s value (made by `make` the first time), holding that GPU's
+    /// lock only: the table lock is released before `make` or `f` run.
+    fn with<R>(
+        &self,
+        ordinal: usize,
+        make: impl FnOnce() -> Result<T, String>,
+        f: impl FnOnce(&mut T) -> Result<R, String>,
+    ) -> Result<R, String> {
+        let slot = {
+            let mut table = lock(&self.slots);
+            Arc::clone(
+                table
+                    .get_or_insert_with(HashMap::new)
+                    .entry(ordinal)
+                    .or_default(),
+            )
+        };
+        let mut value = lock(&slot);
+        if value.is_none() {
+            *value = Some(make()?);
+        }
+        match value.as_mut() {
+            Some(value) => f(value),
+            None => Err("internal error: GPU slot empty after creation".into()),
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+static LOADERS: GpuSlots<Loader> = GpuSlots::new();
 
 /// Writes `text` into the caller's buffer, truncated at a character boundary, NUL-terminated.
 fn write_text(buf: *mut c_char, len: usize, text: &str) {
@@ -186,16 +233,14 @@ fn with_loader(
     options: LoadOptions,
     f: impl FnOnce(&mut Loader) -> Result<String, String>,
 ) -> Result<String, String> {
-    let mut guard = LOADERS.lock().unwrap_or_else(|e| e.into_inner());
-    let loaders = guard.get_or_insert_with(HashMap::new);
-    let loader = match loaders.entry(ordinal) {
-        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-        std::collections::hash_map::Entry::Vacant(v) => {
-            v.insert(Loader::new(ordinal, options).map_err(|e| e.to_string())?)
-        }
-    };
-    loader.set_options(options);
-    f(loader)
+    LOADERS.with(
+        ordinal,
+        || Loader::new(ordinal, options).map_err(|e| e.to_string()),
+        |loader| {
+            loader.set_options(options);
+            f(loader)
+        },
+    )
 }
 
 /// Loads the planned tensors into `dst` (`dst_len` bytes, 4096-aligned): device memory of GPU
@@ -305,6 +350,9 @@ mod tests {
     use super::*;
     use crate::testutil::{file_bytes, temp_file};
     use std::ffi::CString;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{mpsc, Barrier};
+    use std::time::Duration;
 
     fn buf() -> Vec<c_char> {
         vec![0; 4096]
@@ -436,5 +484,73 @@ mod tests {
         assert_eq!(text(&small), "abcé");
         write_text(small.as_mut_ptr(), 1, "abc");
         assert_eq!(text(&small), "");
+    }
+
+    /// A load to GPU 1 runs to completion while a load to GPU 0 is in progress (the old
+    /// process-wide lock made it wait); loads to one GPU still take turns.
+    #[test]
+    fn loads_to_different_gpus_do_not_wait_for_each_other() {
+        let slots: Arc<GpuSlots<u32>> = Arc::new(GpuSlots::new());
+        let (inside, other_done) = (Arc::new(Barrier::new(2)), mpsc::channel::<()>());
+        let (done_tx, done_rx) = other_done;
+        let first = {
+            let (slots, inside) = (Arc::clone(&slots), Arc::clone(&inside));
+            std::thread::spawn(move || {
+                slots.with(
+                    0,
+                    || Ok(0),
+                    |_| {
+                        inside.wait();
+                        // Holds GPU 0 until the load to GPU 1 has finished (or gives up, failing).
+                        done_rx
+                            .recv_timeout(Duration::from_secs(30))
+                            .map_err(|_| "the load to GPU 1 waited for GPU 0's".to_string())
+                    },
+                )
+            })
+        };
+        inside.wait();
+        slots.with(1, || Ok(0), |n| Ok(*n += 1)).unwrap();
+        done_tx.send(()).unwrap();
+        first.join().unwrap().unwrap();
+
+        // Same GPU: never two at once.
+        let busy = Arc::new(AtomicBool::new(false));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let (slots, busy) = (Arc::clone(&slots), Arc::clone(&busy));
+                std::thread::spawn(move || {
+                    for _ in 0..100 {
+                        slots
+                            .with(
+                                0,
+                                || Ok(0),
+                                |n| {
+                                    assert!(
+                                        !busy.swap(true, Ordering::SeqCst),
+                                        "two loads at once"
+                                    );
+                                    *n += 1;
+                                    busy.store(false, Ordering::SeqCst);
+                                    Ok(())
+                                },
+                            )
+                            .unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(slots.with(0, || Ok(0), |n| Ok(*n)).unwrap(), 400);
+    }
+
+    /// A slot whose creation failed is retried on the next use.
+    #[test]
+    fn a_failed_creation_is_retried() {
+        let slots: GpuSlots<u32> = GpuSlots::new();
+        assert!(slots.with(3, || Err("no GPU".into()), |_| Ok(())).is_err());
+        assert_eq!(slots.with(3, || Ok(7), |n| Ok(*n)).unwrap(), 7);
     }
 }

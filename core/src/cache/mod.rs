@@ -8,7 +8,8 @@
 //! - **Eviction is order-aware**: the victim is the chunk whose block is needed furthest in the
 //!   future by its file's reader ([`FileAccess::distance`]: blocks just behind the reader come
 //!   last in cyclic order), ties and chunks of unknown files going least-recently-used first
-//!   (the `lru` crate keeps recency; the byte bound is enforced here). For a reader making
+//!   ([`resident`] keeps the chunks grouped by block, so finding the victim is one step per
+//!   resident block, not per chunk). For a reader making
 //!   repeated passes over a file larger than the budget, this is Belady's rule for a cyclic
 //!   pattern: the blocks at the start of the order stay resident, the rest streams through, and
 //!   each pass reads about (file − budget) from disk instead of the whole file, which is what
@@ -29,24 +30,47 @@
 //! - A chunk bigger than the whole budget (or one that cannot get room because everything else
 //!   is reserved by reads in flight) is read and handed to the caller without being cached.
 //! - Failed reads cache nothing: the error goes to the readers waiting on that read, and the
-//!   next request retries the disk.
+//!   next request retries the disk. A read that *panics* is treated the same way (the
+//!   [`InFlight`] guard): its single-flight entry is removed, its reservation returned and every
+//!   waiter woken with [`CacheError::LoadPanicked`], so no reader of that chunk waits forever.
+//! - **Memory is unmapped outside the lock.** Evicting a chunk removes it from the cache under
+//!   the lock; the chunk's mapping is dropped (unmapped, or kept as a spare) only after the lock
+//!   is released, so `drop`, a budget shrink or a miss that evicts never makes other readers
+//!   wait for `munmap` of gigabytes (`cache_lock_bench` measures the lock hold of a 16 GiB drop).
+//!
+//! **Locks**, all through [`crate::sync`] (model-checked with loom: `loom_tests.rs`), in the
+//! order they may be taken:
+//! 1. `ChunkCache::state`: budget, `used`/`in_flight` accounting, the resident set and the
+//!    single-flight table. Held only for bookkeeping: never during a disk read, a wait for a
+//!    read, or an unmap. `ChunkCache::room` waits on it.
+//! 2. Under it, read locks of [`FileAccess`] (its block positions, for eviction distance).
+//!
+//! `Loading::result` (one per read in flight) is never taken with `state` held: a waiter takes
+//! it after releasing `state`, and the loader publishes its result after releasing `state`. The
+//! spare-buffer lock in [`crate::source`] is a leaf taken outside all of these.
 //!
 //! The cache knows chunks by [`ChunkKey`] only; which bytes a chunk holds is the caller's
 //! business ([`crate::models`]), which keeps this module testable without files.
 
 pub mod plan;
+mod resident;
+
+#[cfg(all(test, loom))]
+mod loom_tests;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::Instant;
 
-use lru::LruCache;
 use thiserror::Error;
+
+use resident::{Resident, VictimQueue};
 
 use crate::prefetch::access::FileAccess;
 use crate::source::{self, AlignedBytes, SourceError};
 use crate::stats::{CacheSnapshot, Counters};
+use crate::sync::{lock, wait, Condvar, Mutex, MutexGuard};
 
 /// How long after a reader got a chunk it is spared from eviction while other candidates exist
 /// (see [`ChunkCache::victim`]). The eight 2 MiB reads a loader issues at a block boundary finish
@@ -88,6 +112,10 @@ pub enum CacheError {
     /// A prefetch found no room that is not needed sooner: nothing was read.
     #[error("no room for a prefetched chunk")]
     NoRoom,
+    /// The read of this chunk panicked (a bug); readers that waited for it get this error and
+    /// the next request reads the disk again.
+    #[error("internal error: the read of this chunk panicked")]
+    LoadPanicked,
 }
 
 /// The file and block a chunk belongs to, for order-aware eviction and per-file figures.
@@ -153,6 +181,11 @@ impl Chunk {
         owner.distance()
     }
 
+    /// Whether a reader has got this chunk (it was read for one, or hit by one since).
+    fn was_read(&self) -> bool {
+        self.last_read.load(Ordering::Relaxed) != 0
+    }
+
     /// Whether threads of a reader that just moved on may still be reading this chunk: it is in
     /// the block the reader left, and a reader got it since `recent`.
     fn may_be_in_use(&self, recent: u64) -> bool {
@@ -187,10 +220,7 @@ impl Loading {
             if let Some(result) = result.as_ref() {
                 return result.clone();
             }
-            result = self
-                .done
-                .wait(result)
-                .unwrap_or_else(PoisonError::into_inner);
+            result = wait(&self.done, result);
         }
     }
 
@@ -206,7 +236,7 @@ struct State {
     used: u64,
     /// Footprints of reads in flight, cached or not.
     in_flight: u64,
-    resident: LruCache<ChunkKey, Arc<Chunk>>,
+    resident: Resident,
     loading: HashMap<ChunkKey, Arc<Loading>>,
     /// Resident file bytes per file generation (without alignment slack), for the stats.
     per_file: HashMap<u64, u64>,
@@ -229,6 +259,37 @@ enum Plan {
     Load { loading: Arc<Loading>, cached: bool },
 }
 
+/// Chunks taken out of the cache under the lock, dropped (unmapped) after it is released.
+type Evicted = Vec<Arc<Chunk>>;
+
+/// One read in flight, registered in the single-flight table with its reservation. However the
+/// read ends, [`InFlight::finish`] or, if the read panicked, `Drop` removes the entry, returns
+/// the reservation and wakes every waiter.
+struct InFlight<'a> {
+    cache: &'a ChunkCache,
+    key: ChunkKey,
+    footprint: u64,
+    cached: bool,
+    loading: Arc<Loading>,
+    finished: bool,
+}
+
+impl InFlight<'_> {
+    fn finish(mut self, result: Result<Arc<Chunk>, CacheError>) -> Result<Arc<Chunk>, CacheError> {
+        self.finished = true;
+        self.cache.complete(&self, result)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            tracing::error!(chunk = ?self.key, "a chunk read panicked; its readers get an error");
+            let _ = self.cache.complete(self, Err(CacheError::LoadPanicked));
+        }
+    }
+}
+
 impl ChunkCache {
     pub fn new(budget: u64, counters: Arc<Counters>) -> ChunkCache {
         ChunkCache {
@@ -236,7 +297,7 @@ impl ChunkCache {
                 budget,
                 used: 0,
                 in_flight: 0,
-                resident: LruCache::unbounded(),
+                resident: Resident::default(),
                 loading: HashMap::new(),
                 per_file: HashMap::new(),
             }),
@@ -266,13 +327,23 @@ impl ChunkCache {
         load: impl FnOnce() -> Result<AlignedBytes, SourceError>,
     ) -> Result<(Arc<Chunk>, Outcome), CacheError> {
         let started = Instant::now();
-        let plan = self.plan(key, footprint, want, owner);
+        let (plan, evicted) = self.plan(key, footprint, want, owner);
+        // Unmapped (or kept as spares for this very load) with no lock held.
+        drop(evicted);
         let result = match plan {
             Plan::Hit(chunk) => return Ok((chunk, Outcome::Hit)),
             Plan::Skip => return Err(CacheError::NoRoom),
             Plan::Wait(loading) => loading.wait(),
             Plan::Load { loading, cached } => {
-                self.load(key, footprint, (want, owner), cached, &loading, load)
+                let in_flight = InFlight {
+                    cache: self,
+                    key,
+                    footprint,
+                    cached,
+                    loading,
+                    finished: false,
+                };
+                self.load(in_flight, (want, owner), load)
             }
         };
         if want == Want::Read {
@@ -294,18 +365,16 @@ impl ChunkCache {
     /// Drops every resident chunk of file generation `file` (a file that changed on disk).
     pub fn forget_file(&self, file: u64) {
         let mut state = self.lock();
-        let stale: Vec<ChunkKey> = state
-            .resident
-            .iter()
-            .filter(|(key, _)| key.file == file)
-            .map(|(key, _)| *key)
-            .collect();
-        for key in stale {
+        let mut evicted = Evicted::new();
+        for key in state.resident.keys_of_file(file) {
             if let Some(chunk) = state.resident.pop(&key) {
                 self.release(&mut state, key, &chunk);
+                evicted.push(chunk);
             }
         }
         state.per_file.remove(&file);
+        drop(state);
+        drop(evicted);
     }
 
     /// Changes the budget; shrinking evicts at once.
@@ -313,9 +382,11 @@ impl ChunkCache {
         let mut state = self.lock();
         let shrinking = budget < state.budget;
         state.budget = budget;
-        self.evict_until_fits(&mut state, 0, None);
+        let mut evicted = Evicted::new();
+        self.evict_until_fits(&mut state, 0, None, &mut evicted);
         self.room.notify_all();
         drop(state);
+        drop(evicted);
         if shrinking {
             source::release_spare_buffers();
         }
@@ -324,10 +395,12 @@ impl ChunkCache {
     /// Drops every resident chunk.
     pub fn clear(&self) {
         let mut state = self.lock();
-        while let Some((key, chunk)) = state.resident.pop_lru() {
-            self.release(&mut state, key, &chunk);
+        let evicted = state.resident.drain();
+        for (key, chunk) in &evicted {
+            self.release(&mut state, *key, chunk);
         }
         drop(state);
+        drop(evicted);
         source::release_spare_buffers();
     }
 
@@ -380,19 +453,25 @@ impl ChunkCache {
 
     /// Decides, under the lock, how a request is answered; a reader's miss may first wait for
     /// room among the reads in flight.
-    fn plan(&self, key: ChunkKey, footprint: u64, want: Want, owner: Option<&ChunkOwner>) -> Plan {
+    fn plan(
+        &self,
+        key: ChunkKey,
+        footprint: u64,
+        want: Want,
+        owner: Option<&ChunkOwner>,
+    ) -> (Plan, Evicted) {
+        let mut evicted = Evicted::new();
         let mut state = self.lock();
         loop {
-            if let Some(chunk) = state.resident.get(&key) {
-                let chunk = Arc::clone(chunk);
+            if let Some(chunk) = state.resident.get(&key, want == Want::Read) {
                 if want == Want::Read {
                     Counters::add(&self.counters.hits, 1);
                     self.note_read(&chunk);
                 }
-                return Plan::Hit(chunk);
+                return (Plan::Hit(chunk), evicted);
             }
             if let Some(loading) = state.loading.get(&key) {
-                return Plan::Wait(Arc::clone(loading));
+                return (Plan::Wait(Arc::clone(loading)), evicted);
             }
             let share = match want {
                 Want::Read => READ_IN_FLIGHT_SHARE,
@@ -404,12 +483,9 @@ impl ChunkCache {
                 break;
             }
             if want == Want::Prefetch {
-                return Plan::Skip;
+                return (Plan::Skip, evicted);
             }
-            state = self
-                .room
-                .wait(state)
-                .unwrap_or_else(PoisonError::into_inner);
+            state = wait(&self.room, state);
         }
         // A reader's chunk is needed now and may evict anything; a prefetched one only what is
         // needed later than itself.
@@ -417,9 +493,9 @@ impl ChunkCache {
             Want::Read => None,
             Want::Prefetch => Some(owner.map_or(0, ChunkOwner::distance)),
         };
-        let cached = self.evict_until_fits(&mut state, footprint, needed_in);
+        let cached = self.evict_until_fits(&mut state, footprint, needed_in, &mut evicted);
         if !cached && want == Want::Prefetch {
-            return Plan::Skip;
+            return (Plan::Skip, evicted);
         }
         if cached {
             state.used += footprint;
@@ -430,16 +506,15 @@ impl ChunkCache {
             done: Condvar::new(),
         });
         state.loading.insert(key, Arc::clone(&loading));
-        Plan::Load { loading, cached }
+        (Plan::Load { loading, cached }, evicted)
     }
 
+    /// Runs `load` for the read registered as `in_flight` (no lock held) and publishes the
+    /// result; if `load` panics, `in_flight`'s drop publishes an error instead.
     fn load(
         &self,
-        key: ChunkKey,
-        footprint: u64,
+        in_flight: InFlight<'_>,
         (want, owner): (Want, Option<&ChunkOwner>),
-        cached: bool,
-        loading: &Loading,
         load: impl FnOnce() -> Result<AlignedBytes, SourceError>,
     ) -> Result<Arc<Chunk>, CacheError> {
         let result = load()
@@ -470,35 +545,63 @@ impl ChunkCache {
                 Counters::add(&self.counters.disk_errors, 1);
                 CacheError::Source(Arc::new(e))
             });
+        in_flight.finish(result)
+    }
+
+    /// Ends the read `read`: removes its single-flight entry, settles its reservation (the
+    /// chunk becomes resident if it was to be cached and was read), wakes its waiters.
+    fn complete(
+        &self,
+        read: &InFlight<'_>,
+        result: Result<Arc<Chunk>, CacheError>,
+    ) -> Result<Arc<Chunk>, CacheError> {
+        let (key, footprint) = (read.key, read.footprint);
+        let mut evicted = Evicted::new();
         let mut state = self.lock();
         state.loading.remove(&key);
         state.in_flight -= footprint;
         self.room.notify_all();
         match &result {
-            Ok(chunk) if cached => {
+            Ok(chunk) if read.cached => {
                 // The reservation was `footprint`; the buffer may differ by alignment slack.
                 state.used = state.used - footprint + chunk.footprint();
                 *state.per_file.entry(key.file).or_default() += chunk.len();
-                state.resident.put(key, Arc::clone(chunk));
+                if let Some(old) = state.resident.put(key, Arc::clone(chunk)) {
+                    self.release(&mut state, key, &old);
+                    evicted.push(old);
+                }
+                // The budget may have shrunk while the read was in flight: restore the bound
+                // (this may evict the chunk just read; the caller still gets it).
+                self.evict_until_fits(&mut state, 0, None, &mut evicted);
             }
             Ok(_) => Counters::add(&self.counters.uncached_bytes, footprint),
-            Err(_) if cached => state.used -= footprint,
+            Err(_) if read.cached => state.used -= footprint,
             Err(_) => {}
         }
         drop(state);
-        loading.finish(result.clone());
+        drop(evicted);
+        read.loading.finish(result.clone());
         result
     }
 
     /// Evicts chunks until `extra` more bytes fit, victims chosen by [`Self::victim`]. Returns
     /// false (evicting nothing more) when they cannot fit: over the budget, room held by reads
     /// in flight, or (for a chunk needed in `needed_in` blocks) only sooner-needed chunks left.
-    fn evict_until_fits(&self, state: &mut State, extra: u64, needed_in: Option<usize>) -> bool {
+    /// The victims go to `evicted`, to be dropped once the lock is released.
+    fn evict_until_fits(
+        &self,
+        state: &mut State,
+        extra: u64,
+        needed_in: Option<usize>,
+        evicted: &mut Evicted,
+    ) -> bool {
         if extra > state.budget {
             return false;
         }
+        let mut victims = None;
         while state.used + extra > state.budget {
-            let Some(key) = self.victim(state, needed_in) else {
+            let victims = victims.get_or_insert_with(|| state.resident.victims(self.recent()));
+            let Some(key) = Self::victim(victims, &state.resident, needed_in) else {
                 return false;
             };
             let Some(chunk) = state.resident.pop(&key) else {
@@ -506,6 +609,7 @@ impl ChunkCache {
             };
             Counters::add(&self.counters.evicted_bytes, chunk.footprint());
             self.release(state, key, &chunk);
+            evicted.push(chunk);
         }
         true
     }
@@ -516,22 +620,22 @@ impl ChunkCache {
     /// any other candidate: a multi-threaded reader that moved on to the next block may still
     /// have threads finishing the last pieces of the one it left, which is otherwise exactly the
     /// block needed furthest ahead.
-    /// One pass over the resident chunks: a 16 GiB budget is 4096 chunks, microseconds per
-    /// eviction next to the milliseconds of disk time each eviction makes room for.
-    fn victim(&self, state: &State, needed_in: Option<usize>) -> Option<ChunkKey> {
-        let recent = self.now().saturating_sub(RECENTLY_READ.as_nanos() as u64);
-        let mut best: Option<(bool, usize, ChunkKey)> = None;
-        for (key, chunk) in state.resident.iter().rev() {
-            let rank = (!chunk.may_be_in_use(recent), chunk.distance(recent), *key);
-            if best.is_none_or(|(old, d, _)| (rank.0, rank.1) > (old, d)) {
-                best = Some(rank);
-            }
-        }
-        let (idle, distance, key) = best?;
+    /// Ranking is one step per resident block, then `log(blocks)` per victim ([`resident`]).
+    fn victim(
+        victims: &mut VictimQueue,
+        resident: &Resident,
+        needed_in: Option<usize>,
+    ) -> Option<ChunkKey> {
+        let (key, idle, distance) = victims.next(resident)?;
         match needed_in {
             Some(incoming) if distance <= incoming || !idle => None,
             _ => Some(key),
         }
+    }
+
+    /// Reads since this instant count as recent for the recency guard.
+    fn recent(&self) -> u64 {
+        self.now().saturating_sub(RECENTLY_READ.as_nanos() as u64)
     }
 
     fn release(&self, state: &mut State, key: ChunkKey, chunk: &Chunk) {
@@ -554,12 +658,33 @@ impl ChunkCache {
     fn lock(&self) -> MutexGuard<'_, State> {
         lock(&self.state)
     }
-}
 
-/// Locks a mutex, ignoring poisoning: every critical section here leaves the state consistent
-/// before any call that could panic, so a panicking thread cannot leave it half-updated.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+    /// Checks the accounting against the resident set (tests): `used` is the resident
+    /// footprints plus the reservations of cached reads in flight, and with nothing in flight,
+    /// never more than the budget.
+    #[cfg(test)]
+    pub(crate) fn check_accounting(&self) {
+        let state = self.lock();
+        let resident = state.resident.footprint();
+        assert!(
+            state.used >= resident,
+            "used {} < resident {resident}",
+            state.used
+        );
+        if state.loading.is_empty() {
+            assert_eq!(state.in_flight, 0, "in-flight bytes with nothing loading");
+            assert_eq!(
+                state.used, resident,
+                "reservations left with nothing loading"
+            );
+            assert!(
+                state.used <= state.budget,
+                "{} over budget {}",
+                state.used,
+                state.budget
+            );
+        }
+    }
 }
 
 #[cfg(test)]

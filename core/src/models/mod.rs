@@ -26,7 +26,7 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::Instant;
 
 use thiserror::Error;
@@ -38,9 +38,10 @@ use crate::passthrough::{PassthroughSnapshot, PassthroughTier};
 use crate::prefetch::access::FileCounters;
 use crate::prefetch::access::{FileAccess, Step};
 use crate::prefetch::saved::SavedOrders;
-use crate::prefetch::Prefetcher;
+use crate::prefetch::{Executor, PrefetchTarget, Prefetcher};
 use crate::source::{aligned_footprint, ReadWrapper, SourceError, SourceFile, SourceIdentity};
 use crate::stats::{Counters, FileSnapshot, PrefetchSnapshot};
+use crate::sync::{lock, Mutex, MutexGuard};
 
 /// Bytes read at first open in the hope that they hold the whole header. Most checkpoint headers
 /// are 10–200 KiB; when one is larger, exactly what it needs is read in a second request.
@@ -325,6 +326,28 @@ impl ModelFile {
     }
 }
 
+impl PrefetchTarget for ModelFile {
+    fn access(&self) -> Option<&Arc<FileAccess>> {
+        self.access.as_ref()
+    }
+
+    fn plan(&self) -> Option<&ChunkPlan> {
+        ModelFile::plan(self)
+    }
+
+    fn chunk_key(&self, chunk: usize) -> ChunkKey {
+        self.key(chunk)
+    }
+
+    fn prefetch_chunk(&self, cache: &ChunkCache, chunk: usize) -> Result<(), CacheError> {
+        self.fetch_chunk(cache, chunk, Want::Prefetch).map(|_| ())
+    }
+
+    fn display_path(&self) -> &Path {
+        &self.path
+    }
+}
+
 enum HeaderError {
     Malformed(IndexError),
     Source(SourceError),
@@ -372,8 +395,30 @@ impl ModelStore {
     /// A store with `budget` bytes of cache, keeping learned orders in `saved`.
     pub fn new(budget: u64, saved: SavedOrders) -> ModelStore {
         let cache = Arc::new(ChunkCache::new(budget, Arc::new(Counters::default())));
+        let prefetcher = Prefetcher::new(Arc::clone(&cache));
+        ModelStore::with_prefetcher(cache, prefetcher, saved)
+    }
+
+    /// [`Self::new`] with prefetches run by `executor` (tests: a
+    /// [`crate::prefetch::ManualExecutor`]).
+    pub fn with_executor(
+        budget: u64,
+        saved: SavedOrders,
+        executor: Arc<dyn Executor>,
+    ) -> ModelStore {
+        let cache = Arc::new(ChunkCache::new(budget, Arc::new(Counters::default())));
+        let prefetcher = Prefetcher::with_executor(Arc::clone(&cache), executor);
+        ModelStore::with_prefetcher(cache, prefetcher, saved)
+    }
+
+    fn with_prefetcher(
+        cache: Arc<ChunkCache>,
+        prefetcher: Prefetcher,
+        saved: SavedOrders,
+    ) -> ModelStore {
+        let budget = cache.budget();
         ModelStore {
-            prefetcher: Prefetcher::new(Arc::clone(&cache)),
+            prefetcher,
             cache,
             budget: AtomicU64::new(budget),
             passthrough: PassthroughTier::default(),
@@ -489,6 +534,11 @@ impl ModelStore {
 
     pub fn passthrough_snapshot(&self) -> PassthroughSnapshot {
         self.passthrough.snapshot()
+    }
+
+    /// Returns once every prefetch queued so far has run (tests, instead of sleeping).
+    pub fn wait_prefetch_idle(&self) {
+        self.prefetcher.wait_idle();
     }
 
     pub fn counters(&self) -> &Counters {
@@ -705,7 +755,7 @@ impl ModelStore {
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<PathBuf, Arc<ModelFile>>> {
-        self.files.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.files)
     }
 }
 

@@ -22,8 +22,8 @@
 //! straggling threads are still reading are protected by the cache's recency guard, which asks
 //! [`FileAccess::is_previous`].)
 
+use crate::sync::{lock, read, write, Mutex, MutexGuard, RwLock};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError, RwLock};
 
 use crate::prefetch::order::{AccessOrder, Touch};
 
@@ -99,10 +99,7 @@ impl FileAccess {
             return Step::Stay;
         }
         if touch == Touch::NewPass {
-            *self
-                .position
-                .write()
-                .unwrap_or_else(PoisonError::into_inner) = positions(&order);
+            *write(&self.position) = positions(&order);
         }
         self.visit.fetch_add(1, Ordering::Relaxed);
         let left = self.current.swap(block, Ordering::Relaxed);
@@ -151,7 +148,7 @@ impl FileAccess {
         if current == NONE {
             return 0;
         }
-        let position = self.position.read().unwrap_or_else(PoisonError::into_inner);
+        let position = read(&self.position);
         let (Some(&to), Some(&from)) = (position.get(block), position.get(current)) else {
             return 0;
         };
@@ -193,7 +190,7 @@ impl FileAccess {
     }
 
     fn lock(&self) -> MutexGuard<'_, AccessOrder> {
-        self.order.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.order)
     }
 }
 

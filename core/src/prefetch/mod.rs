@@ -16,22 +16,50 @@
 //!
 //! Workers read with `O_DIRECT`, several reads in flight. A reader never waits behind the queue:
 //! its own misses are read on its own thread (and if a worker is already reading that chunk,
-//! it waits for that read rather than issuing a second one). Requests go through a bounded
-//! `crossbeam` channel with `try_send`: when the workers are behind, new requests are dropped
-//! rather than queued, since a reader that outruns the disk fetches those chunks itself.
+//! it waits for that read rather than issuing a second one). Requests go to an [`Executor`]
+//! that refuses work when it is behind (the daemon's [`WorkerPool`]: a bounded `crossbeam`
+//! queue with `try_send`); refused requests are dropped rather than queued, since a reader that
+//! outruns the disk fetches those chunks itself.
+//!
+//! **Interfaces.** The prefetcher knows files only through [`PrefetchTarget`] (their chunk
+//! plan, access state, and how to fetch one chunk), which [`crate::models::ModelFile`]
+//! implements, so this module does not depend on [`crate::models`]. Where the work runs is
+//! injected ([`Prefetcher::with_executor`]): tests use a [`ManualExecutor`] and run queued
+//! prefetches at the step they choose, so no sleep decides what a test sees.
 
 pub mod access;
+pub mod executor;
 pub mod order;
 pub mod saved;
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::thread;
+use std::path::Path;
+use std::sync::Arc;
 
-use crossbeam::channel::{bounded, Receiver, Sender, TrySendError};
+use crate::cache::plan::ChunkPlan;
+use crate::cache::{CacheError, ChunkCache, ChunkKey};
+use crate::sync::{lock, Mutex};
+use access::FileAccess;
+pub use executor::{Executor, ManualExecutor, WorkerPool};
 
-use crate::cache::{ChunkCache, ChunkKey, Want};
-use crate::models::ModelFile;
+/// What the prefetcher needs of a file (implemented by [`crate::models::ModelFile`]).
+pub trait PrefetchTarget: Send + Sync + 'static {
+    /// How readers walk the file's blocks (well-formed files only).
+    fn access(&self) -> Option<&Arc<FileAccess>>;
+    /// The file's chunks (well-formed files only).
+    fn plan(&self) -> Option<&ChunkPlan>;
+    /// The cache key of chunk `chunk`.
+    fn chunk_key(&self, chunk: usize) -> ChunkKey;
+    /// Reads chunk `chunk` into `cache` as a prefetch.
+    fn prefetch_chunk(&self, cache: &ChunkCache, chunk: usize) -> Result<(), CacheError>;
+    /// For logs.
+    fn display_path(&self) -> &Path;
+
+    /// Whether chunk `chunk` is cached or being read.
+    fn chunk_present(&self, cache: &ChunkCache, chunk: usize) -> bool {
+        cache.is_present(self.chunk_key(chunk))
+    }
+}
 
 /// Bytes read ahead of a sequential reader: 16 MiB is four chunks, about 16 ms of disk time at
 /// 1 GB/s — enough to cover the gap between a reader finishing one chunk and asking for the
@@ -56,13 +84,6 @@ const WORKERS: usize = 4;
 /// of the largest models, and a job is a few words of memory.
 const QUEUE_DEPTH: usize = 1024;
 
-struct Job {
-    file: Arc<ModelFile>,
-    chunk: usize,
-    /// For block prefetches: the file's epoch when queued (stale after a jump).
-    epoch: Option<u64>,
-}
-
 /// Chunks queued and not yet picked up by a worker: a reader issues many small reads per chunk,
 /// and each would otherwise queue the same chunks again.
 type Queued = Arc<Mutex<HashSet<ChunkKey>>>;
@@ -70,35 +91,34 @@ type Queued = Arc<Mutex<HashSet<ChunkKey>>>;
 /// The prefetch worker pool of a mount.
 pub struct Prefetcher {
     cache: Arc<ChunkCache>,
-    jobs: Sender<Job>,
+    executor: Arc<dyn Executor>,
     queued: Queued,
 }
 
 impl Prefetcher {
+    /// A prefetcher with the daemon's pool of [`WORKERS`] threads.
     pub fn new(cache: Arc<ChunkCache>) -> Prefetcher {
-        let (jobs, queue) = bounded(QUEUE_DEPTH);
-        let queued = Queued::default();
-        for worker in 0..WORKERS {
-            let cache = Arc::clone(&cache);
-            let queue: Receiver<Job> = queue.clone();
-            let queued = Arc::clone(&queued);
-            let spawned = thread::Builder::new()
-                .name(format!("tierfs-prefetch-{worker}"))
-                .spawn(move || run_worker(&cache, &queue, &queued));
-            if let Err(e) = spawned {
-                tracing::warn!(error = %e, "cannot start a prefetch worker; reading ahead with fewer");
-            }
-        }
+        let pool = WorkerPool::new("tierfs-prefetch", WORKERS, QUEUE_DEPTH);
+        Prefetcher::with_executor(cache, Arc::new(pool))
+    }
+
+    /// A prefetcher running its reads on `executor`.
+    pub fn with_executor(cache: Arc<ChunkCache>, executor: Arc<dyn Executor>) -> Prefetcher {
         Prefetcher {
             cache,
-            jobs,
-            queued,
+            executor,
+            queued: Queued::default(),
         }
+    }
+
+    /// Returns once every prefetch queued so far has run (tests).
+    pub fn wait_idle(&self) {
+        self.executor.wait_idle();
     }
 
     /// A reader entered `block` of `file`: queue the rest of it and, if the reader follows the
     /// order, the next blocks.
-    pub fn entered_block(&self, file: &Arc<ModelFile>, block: usize, predicted: bool) {
+    pub fn entered_block<F: PrefetchTarget>(&self, file: &Arc<F>, block: usize, predicted: bool) {
         let (Some(access), Some(plan)) = (file.access(), file.plan()) else {
             return;
         };
@@ -139,7 +159,7 @@ impl Prefetcher {
     }
 
     /// A reader just read chunk `chunk` of `file`: queue what follows it in the file.
-    pub fn after_read(&self, file: &Arc<ModelFile>, chunk: usize) {
+    pub fn after_read<F: PrefetchTarget>(&self, file: &Arc<F>, chunk: usize) {
         let (Some(plan), Some(span)) = (file.plan(), file.plan().and_then(|p| p.get(chunk))) else {
             return;
         };
@@ -161,7 +181,7 @@ impl Prefetcher {
     }
 
     /// Queues every block of `file`, in its order, until the budget's worth is queued.
-    pub fn warm(&self, file: &Arc<ModelFile>) {
+    pub fn warm<F: PrefetchTarget>(&self, file: &Arc<F>) {
         let (Some(access), Some(plan)) = (file.access(), file.plan()) else {
             return;
         };
@@ -177,42 +197,51 @@ impl Prefetcher {
         }
     }
 
-    /// Queues one chunk unless it is cached, loading or queued. Returns false when the queue is
-    /// full (the caller stops queueing).
-    pub(crate) fn queue(&self, file: &Arc<ModelFile>, chunk: usize, epoch: Option<u64>) -> bool {
-        if file.chunk_present(&self.cache, chunk) || !lock(&self.queued).insert(file.key(chunk)) {
+    /// Queues one chunk unless it is cached, loading or queued. Returns false when the
+    /// executor is full (the caller stops queueing).
+    pub(crate) fn queue<F: PrefetchTarget>(
+        &self,
+        file: &Arc<F>,
+        chunk: usize,
+        epoch: Option<u64>,
+    ) -> bool {
+        let key = file.chunk_key(chunk);
+        if file.chunk_present(&self.cache, chunk) || !lock(&self.queued).insert(key) {
             return true;
         }
-        let job = Job {
-            file: Arc::clone(file),
-            chunk,
-            epoch,
+        let task = {
+            let (file, cache, queued) = (
+                Arc::clone(file),
+                Arc::clone(&self.cache),
+                Arc::clone(&self.queued),
+            );
+            Box::new(move || run(&*file, &cache, &queued, chunk, epoch))
         };
-        match self.jobs.try_send(job) {
+        match self.executor.submit(task) {
             Ok(()) => true,
-            Err(TrySendError::Full(job)) | Err(TrySendError::Disconnected(job)) => {
-                lock(&self.queued).remove(&job.file.key(job.chunk));
+            Err(_) => {
+                lock(&self.queued).remove(&key);
                 false
             }
         }
     }
 }
 
-fn run_worker(cache: &ChunkCache, queue: &Receiver<Job>, queued: &Mutex<HashSet<ChunkKey>>) {
-    for job in queue {
-        lock(queued).remove(&job.file.key(job.chunk));
-        let stale = job
-            .epoch
-            .is_some_and(|epoch| job.file.access().is_some_and(|a| a.epoch() != epoch));
-        if stale || job.file.chunk_present(cache, job.chunk) {
-            continue;
-        }
-        if let Err(e) = job.file.fetch_chunk(cache, job.chunk, Want::Prefetch) {
-            tracing::trace!(file = %job.file.path().display(), chunk = job.chunk, error = %e, "prefetch not done; the reader will fetch it if needed");
-        }
+/// One queued prefetch: reads chunk `chunk` unless a jump made it stale (`epoch`, for block
+/// prefetches) or someone read it meanwhile.
+fn run(
+    file: &dyn PrefetchTarget,
+    cache: &ChunkCache,
+    queued: &Mutex<HashSet<ChunkKey>>,
+    chunk: usize,
+    epoch: Option<u64>,
+) {
+    lock(queued).remove(&file.chunk_key(chunk));
+    let stale = epoch.is_some_and(|epoch| file.access().is_some_and(|a| a.epoch() != epoch));
+    if stale || file.chunk_present(cache, chunk) {
+        return;
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+    if let Err(e) = file.prefetch_chunk(cache, chunk) {
+        tracing::trace!(file = %file.display_path().display(), chunk, error = %e, "prefetch not done; the reader will fetch it if needed");
+    }
 }

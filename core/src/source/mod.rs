@@ -31,7 +31,7 @@ use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, PoisonError};
 
 use thiserror::Error;
 
@@ -46,6 +46,7 @@ use windows as platform;
 #[cfg(not(any(target_os = "linux", windows)))]
 compile_error!("tierfs-core reads sources on Linux and Windows only");
 
+use crate::sync::StaticMutex;
 pub use platform::open_direct;
 use platform::ChunkMemory;
 
@@ -119,7 +120,7 @@ const SPARE_BUFFERS: usize = 4;
 const SPARE_MIN_BYTES: usize = 1 << 20;
 
 /// The spare mappings, oldest first. Process-wide, like the allocator it stands in front of.
-static SPARE: Mutex<Vec<ChunkMemory>> = Mutex::new(Vec::new());
+static SPARE: StaticMutex<Vec<ChunkMemory>> = StaticMutex::new(Vec::new());
 
 /// A mapping of `len` bytes: a spare one of exactly that size if there is one, else a new one.
 fn map_buffer(len: usize) -> io::Result<ChunkMemory> {
@@ -160,6 +161,30 @@ pub struct AlignedBytes {
 }
 
 impl AlignedBytes {
+    /// `len` zero bytes in a fresh anonymous mapping, untouched (so costing no memory until
+    /// written): for tests and benchmarks of the cache without files.
+    #[doc(hidden)]
+    pub fn anonymous(len: usize) -> io::Result<AlignedBytes> {
+        Ok(AlignedBytes {
+            map: Some(ChunkMemory::new(align_up(len.max(1) as u64) as usize)?),
+            skip: 0,
+            len,
+        })
+    }
+
+    /// A copy of `bytes` in its own (page-rounded) mapping: for tests of the cache without
+    /// files.
+    #[doc(hidden)]
+    pub fn copy_of(bytes: &[u8]) -> io::Result<AlignedBytes> {
+        let mut map = ChunkMemory::new(align_up(bytes.len().max(1) as u64) as usize)?;
+        map[..bytes.len()].copy_from_slice(bytes);
+        Ok(AlignedBytes {
+            map: Some(map),
+            skip: 0,
+            len: bytes.len(),
+        })
+    }
+
     pub fn as_slice(&self) -> &[u8] {
         self.map
             .as_deref()

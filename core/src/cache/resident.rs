@@ -1,0 +1,195 @@
+//! The resident chunks of the cache, indexed for eviction.
+//!
+//! The cache evicts the chunk whose block is needed furthest in the future, least recently
+//! used among equals ([`super::ChunkCache`]). How far ahead a block is needed moves with its
+//! file's reader, so no order over chunks can be kept up to date; but every chunk of one block
+//! of one file version is needed at the same distance. Chunks are therefore grouped by
+//! (file version, block), each group keeping its chunks in recency order, and a victim is found
+//! by looking at the *least recently used chunk of each group*: one step per resident block
+//! (tens to a few hundred for the models this is for) instead of one per resident chunk (4 096
+//! for a 16 GiB budget), and a large shrink is no longer quadratic in the number of chunks.
+//!
+//! Recency is a counter stamped on each chunk when it is put or hit (the `lru` crate did this
+//! before, but cannot be grouped).
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::sync::Arc;
+
+use super::{Chunk, ChunkKey};
+
+/// Chunks of one block of one file version; `block` is `None` for chunks of unknown owner.
+/// `read` splits a block's chunks that a reader has got from those it has not (prefetched,
+/// unread): in the block a reader is in, the read ones are *consumed* and go first (see
+/// `Chunk::distance`), oldest read first, while the unread ones are still needed. One group
+/// would only show its least recently used chunk, which there is an unread one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct GroupKey {
+    file: u64,
+    block: Option<usize>,
+    read: bool,
+}
+
+struct Entry {
+    chunk: Arc<Chunk>,
+    stamp: u64,
+    group: GroupKey,
+}
+
+/// The resident chunks.
+#[derive(Default)]
+pub(super) struct Resident {
+    chunks: HashMap<ChunkKey, Entry>,
+    /// Per group, its chunks by recency stamp (oldest first).
+    groups: HashMap<GroupKey, BTreeMap<u64, ChunkKey>>,
+    /// The last recency stamp handed out.
+    tick: u64,
+}
+
+impl Resident {
+    pub(super) fn len(&self) -> usize {
+        self.chunks.len()
+    }
+
+    pub(super) fn contains(&self, key: &ChunkKey) -> bool {
+        self.chunks.contains_key(key)
+    }
+
+    /// The chunk `key`, made the most recently used of its group; `by_reader` moves it to its
+    /// block's group of read chunks.
+    pub(super) fn get(&mut self, key: &ChunkKey, by_reader: bool) -> Option<Arc<Chunk>> {
+        let entry = self.chunks.get_mut(key)?;
+        self.tick += 1;
+        if let Some(group) = self.groups.get_mut(&entry.group) {
+            group.remove(&entry.stamp);
+            if group.is_empty() {
+                self.groups.remove(&entry.group);
+            }
+        }
+        entry.group.read |= by_reader;
+        entry.stamp = self.tick;
+        self.groups
+            .entry(entry.group)
+            .or_default()
+            .insert(self.tick, *key);
+        Some(Arc::clone(&entry.chunk))
+    }
+
+    /// Adds `chunk` as the most recently used; returns the chunk it replaced, if any.
+    pub(super) fn put(&mut self, key: ChunkKey, chunk: Arc<Chunk>) -> Option<Arc<Chunk>> {
+        let replaced = self.pop(&key);
+        self.tick += 1;
+        let group = GroupKey {
+            file: key.file,
+            block: chunk.owner.as_ref().map(|o| o.block),
+            read: chunk.was_read(),
+        };
+        self.groups.entry(group).or_default().insert(self.tick, key);
+        self.chunks.insert(
+            key,
+            Entry {
+                chunk,
+                stamp: self.tick,
+                group,
+            },
+        );
+        replaced
+    }
+
+    pub(super) fn pop(&mut self, key: &ChunkKey) -> Option<Arc<Chunk>> {
+        let entry = self.chunks.remove(key)?;
+        if let Some(group) = self.groups.get_mut(&entry.group) {
+            group.remove(&entry.stamp);
+            if group.is_empty() {
+                self.groups.remove(&entry.group);
+            }
+        }
+        Some(entry.chunk)
+    }
+
+    /// Removes every chunk.
+    pub(super) fn drain(&mut self) -> Vec<(ChunkKey, Arc<Chunk>)> {
+        self.groups.clear();
+        self.chunks.drain().map(|(k, e)| (k, e.chunk)).collect()
+    }
+
+    /// The keys of file version `file`'s chunks.
+    pub(super) fn keys_of_file(&self, file: u64) -> Vec<ChunkKey> {
+        self.groups
+            .iter()
+            .filter(|(group, _)| group.file == file)
+            .flat_map(|(_, chunks)| chunks.values().copied())
+            .collect()
+    }
+
+    /// The eviction order as of now, for one eviction or a batch of them (a shrink): ranks
+    /// every group once (its distance is asked once per batch; readers moving meanwhile do not
+    /// change a decision taken under one hold of the cache lock), then yields chunks in rank
+    /// order at `log(groups)` each. See [`VictimQueue`].
+    pub(super) fn victims(&self, recent: u64) -> VictimQueue {
+        let heap = self
+            .groups
+            .iter()
+            .filter_map(|(&group, chunks)| {
+                let (&stamp, key) = chunks.first_key_value()?;
+                let chunk = &self.chunks.get(key)?.chunk;
+                let distance = chunk.distance(recent);
+                Some((
+                    (!chunk.may_be_in_use(recent), distance, Reverse(stamp)),
+                    group,
+                ))
+            })
+            .collect();
+        VictimQueue { heap, recent }
+    }
+
+    /// Every resident chunk's footprint summed (for invariant checks in tests).
+    #[cfg(test)]
+    pub(super) fn footprint(&self) -> u64 {
+        self.chunks.values().map(|e| e.chunk.footprint()).sum()
+    }
+}
+
+/// (idle, distance, older first): the highest is evicted first.
+type Rank = (bool, usize, Reverse<u64>);
+
+/// Groups by the rank of their least recently used chunk ([`Resident::victims`]).
+///
+/// The victim is, among the least recently used chunk of each group, the one ranked highest by
+/// `(idle, distance, older)`, where `idle` is `!may_be_in_use(recent)`. Only a group's oldest
+/// chunk is asked whether it may still be in use: in the block a reader just left, the oldest
+/// chunk is the one its stragglers finished with first, so if it is busy the group waits its
+/// turn (at worst a less distant chunk goes first).
+pub(super) struct VictimQueue {
+    heap: BinaryHeap<(Rank, GroupKey)>,
+    recent: u64,
+}
+
+impl VictimQueue {
+    /// The next victim, with its idleness and distance; the caller removes it from `resident`
+    /// before asking for the next one.
+    pub(super) fn next(&mut self, resident: &Resident) -> Option<(ChunkKey, bool, usize)> {
+        while let Some(((idle, distance, Reverse(stamp)), group)) = self.heap.pop() {
+            let Some((&oldest, &key)) = resident
+                .groups
+                .get(&group)
+                .and_then(|c| c.first_key_value())
+            else {
+                continue; // the group is gone
+            };
+            let Some(entry) = resident.chunks.get(&key) else {
+                continue;
+            };
+            if oldest != stamp {
+                // Its ranked chunk was evicted (or used) since: rank its oldest one now.
+                let idle = !entry.chunk.may_be_in_use(self.recent);
+                self.heap.push(((idle, distance, Reverse(oldest)), group));
+                continue;
+            }
+            // Back in the queue: once `key` is evicted, the group's next chunk is ranked.
+            self.heap.push(((idle, distance, Reverse(stamp)), group));
+            return Some((key, idle, distance));
+        }
+        None
+    }
+}
