@@ -1,16 +1,22 @@
 //! `tierfs inspect FILE [--json]`: a file's tensor index and block grouping, without mounting.
+//! The format follows the extension (`.gguf`, else safetensors), as in the mount; a sharded
+//! model's `*.index.json` is shown as one model ([`crate::inspect_shards`]).
 
 use std::fs::File;
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use tierfs_core::index::TensorIndex;
+use tierfs_core::index::{Format, TensorIndex};
 use tierfs_core::size::format_size;
 
 pub fn run(path: &Path, json: bool) -> Result<()> {
+    if crate::inspect_shards::is_index(path) {
+        return crate::inspect_shards::run(path, json);
+    }
     let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let index = TensorIndex::read_from(&file)
-        .with_context(|| format!("{} is not a valid safetensors file", path.display()))?;
+    let format = Format::of_path(path).unwrap_or_default();
+    let index = TensorIndex::read_format(&file, format)
+        .with_context(|| format!("{} is not a valid {format:?} file", path.display()))?;
     if json {
         println!("{}", serde_json::to_string_pretty(&index)?);
     } else {

@@ -7,6 +7,7 @@ mod daemon;
 mod demo;
 mod fuse;
 mod inspect;
+mod inspect_shards;
 mod mount;
 mod privilege;
 mod stats_cmd;

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Loader speed through tierfs: real loaders, cold and warm, against the same loader on the source.
 
-    sudo .venv/bin/python tests/bench/loaders.py [--loaders 1,2,3,4,5] [--reps 3] [--budget 3GiB]
+    sudo .venv/bin/python tests/bench/loaders.py [--loaders 1,2,3,4,5,6,7] [--reps 3] [--budget 3GiB]
                                                  [--small-budget 512MiB] [--data DIR] [--out FILE]
 
 The loaders are those of tests/python/test_loaders.py (which checks their bytes; here only time
@@ -16,7 +16,13 @@ norms, tensors in name order like real writers, so model order is not file order
    the GPU does with its pages);
 4. ComfyUI's dynamic-VRAM re-read: per tensor in model order, 2 MiB chunks preadv'd by 8
    threads into a staging buffer, posix_fadvise(DONTNEED) after each chunk;
-5. runai_model_streamer.SafetensorsStreamer, default concurrency, every tensor iterated.
+5. runai_model_streamer.SafetensorsStreamer, default concurrency, every tensor iterated;
+6. gguf-py's GGUFReader (np.memmap of the file) on a ~2 GiB Flux-shaped GGUF (Q8_0/Q4_K/Q5_K
+   weights, F16/F32 others; tests/python/gen_gguf.py), every tensor's data copied in file order
+   into a staging buffer;
+7. ComfyUI-GGUF's loader (`gguf_sd_loader`, its calls replicated as in test_loaders.py:
+   GGUFReader, torch.from_numpy per tensor) on the same GGUF, each tensor copied in model order
+   (what moving a layer to the GPU reads).
 
 Rows, per loader (each figure the median of --reps passes; ratio = source s / tierfs s):
   cold  - page cache dropped, a fresh `tierfs mount` (empty cache, --budget >= the file) vs the
@@ -63,12 +69,16 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "tests" / "python"))
 sys.path.insert(0, str(HERE))
 import gen  # noqa: E402
+import gen_gguf  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
 CHUNK, THREADS = 2 * MiB, 8
 COLD_GOAL, WARM_FLOOR = 0.9, 0.5
 NAMES = {1: "safe_open (numpy)", 2: "safetensors.torch.load_file", 3: "ComfyUI ModelMMAP + frombuffer",
-         4: "ComfyUI re-read, 8 x 2 MiB pread", 5: "runai SafetensorsStreamer"}
+         4: "ComfyUI re-read, 8 x 2 MiB pread", 5: "runai SafetensorsStreamer",
+         6: "GGUF: gguf-py GGUFReader", 7: "GGUF: ComfyUI-GGUF gguf_sd_loader"}
+GGUF_LOADERS = (6, 7)
+GGUF_ORDER: list[str] = []  # model order of the GGUF, from its header, computed before the timing
 
 
 # ----------------------------------------------------------------------------- the loaders (child)
@@ -137,9 +147,45 @@ def load_runai(path: Path) -> int:
     return n
 
 
-LOADERS = {1: load_safe_open, 2: load_torch_file, 3: load_aimdo, 4: load_reread, 5: load_runai}
+def load_gguf_reader(path: Path) -> int:
+    import gguf
+    import numpy as np
+    r = gguf.GGUFReader(str(path))
+    stage = np.empty(max(int(t.n_bytes) for t in r.tensors), dtype=np.uint8)
+    n = 0
+    for t in r.tensors:
+        flat = np.asarray(t.data).reshape(-1).view(np.uint8)
+        stage[: flat.size] = flat
+        n += flat.size
+    return n
+
+
+def load_comfy_gguf(path: Path) -> int:
+    import warnings
+    import gguf
+    import torch
+    reader = gguf.GGUFReader(str(path))
+    sd = {}
+    for tensor in reader.tensors:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            t = torch.from_numpy(tensor.data)
+        if tensor.tensor_type in {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16}:
+            t = t.view(*tuple(int(v) for v in reversed(tensor.shape)))
+        sd[tensor.name] = t
+    stage = torch.empty(max(t.nbytes for t in sd.values()), dtype=torch.uint8)
+    n = 0
+    for name in GGUF_ORDER:
+        flat = sd[name].reshape(-1).view(torch.uint8)
+        stage[: flat.numel()].copy_(flat)
+        n += flat.numel()
+    return n
+
+
+LOADERS = {1: load_safe_open, 2: load_torch_file, 3: load_aimdo, 4: load_reread, 5: load_runai,
+           6: load_gguf_reader, 7: load_comfy_gguf}
 IMPORTS = {1: ("safetensors",), 2: ("torch", "safetensors.torch"), 3: ("torch", "comfy_aimdo.model_mmap"),
-           4: (), 5: ("torch", "runai_model_streamer")}
+           4: (), 5: ("torch", "runai_model_streamer"), 6: ("gguf",), 7: ("torch", "gguf")}
 
 
 def one_pass(loader: int, path: Path) -> None:
@@ -147,7 +193,10 @@ def one_pass(loader: int, path: Path) -> None:
     import importlib
     for mod in IMPORTS[loader]:
         importlib.import_module(mod)
-    gen.tensor_ranges(path)  # (the loaders' own model-order plans come from the header; cached)
+    if loader in GGUF_LOADERS:
+        GGUF_ORDER[:] = [t[0] for t in gen_gguf.gguf_model_order(path)]
+    else:
+        gen.tensor_ranges(path)  # (the loaders' own model-order plans come from the header; cached)
     r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     n = LOADERS[loader](path)
     dt = time.perf_counter() - t0
@@ -177,6 +226,10 @@ class Run:
         self.src.mkdir(parents=True, exist_ok=True)
         self.ckpt = gen.make_big_dit(self.src / "dit_2gib_sorted.safetensors", 2 * GiB, seed=2026, sort_names=True)
         self.size = self.ckpt.stat().st_size
+        self.safetensors = self.ckpt
+        self.gguf = None
+        if set(args.loaders) & set(GGUF_LOADERS):
+            self.gguf = gen_gguf.make_dit_gguf(self.src / "flux_2gib.gguf", dim=3072, n_double=4, n_single=8)
         self.passes: dict[str, list[float]] = {}
         self.cpu: dict[str, list[float]] = {}
         self.details: list[str] = []
@@ -216,6 +269,8 @@ class Run:
 
     def loader(self, loader: int) -> None:
         print(f"loader {loader}: {NAMES[loader]}", flush=True)
+        self.ckpt = self.gguf if loader in GGUF_LOADERS else self.safetensors
+        self.size = self.ckpt.stat().st_size
         a = self.args
         for _ in range(a.reps):
             self.b.drop_caches()
@@ -250,7 +305,7 @@ class Run:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pass", dest="one", nargs=2, metavar=("LOADER", "PATH"), help=argparse.SUPPRESS)
-    ap.add_argument("--loaders", default="1,2,3,4,5")
+    ap.add_argument("--loaders", default="1,2,3,4,5,6,7")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--budget", default="3GiB", help="--ram-cache of the cold/warm mounts (>= the file)")
     ap.add_argument("--small-budget", default="512MiB", help="--ram-cache of the budget < file row (0: skip)")
@@ -267,7 +322,7 @@ def main() -> int:
         raise SystemExit(f"--loaders: unknown loader in {args.loaders}")
     if os.geteuid() != 0:
         raise SystemExit("loaders.py needs root (drop_caches, mount)")
-    full = args.loaders == [1, 2, 3, 4, 5] and args.reps >= 3
+    full = args.loaders == [1, 2, 3, 4, 5, 6, 7] and args.reps >= 3
     out = args.out or (str(HERE / "loader-results.md") if full else None)
 
     def on_signal(signum, _frame):
@@ -299,7 +354,7 @@ def main() -> int:
         bench.cleanup(root)
     elapsed = time.monotonic() - t0
     table = run.table()
-    n_tensors = len(gen.tensor_ranges(run.ckpt))
+    n_tensors = len(gen.tensor_ranges(run.safetensors))
     cmd = "sudo .venv/bin/python tests/bench/loaders.py " + " ".join(shlex.quote(x) for x in sys.argv[1:])
     lines = [
         "# tierfs loader speed",
@@ -307,9 +362,11 @@ def main() -> int:
         f"- command: `{cmd.strip()}` (loaders {','.join(map(str, args.loaders))}; {elapsed:.0f} s)",
         f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
         *facts,
-        f"- file: {run.ckpt.name}, {run.size / GiB:.2f} GiB, {n_tensors} tensors (bf16/fp16/fp8 blocks, fp32 "
+        f"- file: {run.safetensors.name}, {run.safetensors.stat().st_size / GiB:.2f} GiB, {n_tensors} tensors (bf16/fp16/fp8 blocks, fp32 "
         f"norms; name order); --ram-cache {args.budget / GiB:g} GiB (>= file) for cold and warm, "
-        f"{args.small_budget / MiB:.0f} MiB (< file) for the last row of each loader",
+        f"{args.small_budget / MiB:.0f} MiB (< file) for the last row of each loader"
+        + (f"; loaders 6-7: {run.gguf.name}, {run.gguf.stat().st_size / GiB:.2f} GiB, "
+           f"{len(gen_gguf.gguf_tensors(run.gguf))} tensors (Q8_0/Q4_K/Q5_K, F16/F32)" if run.gguf else ""),
         f"- median of {args.reps} passes, each in a fresh process; peak daemon RSS (VmHWM, max over mounts): "
         f"{max(run.hwms, default=0) / MiB:.0f} MiB",
         "",

@@ -439,3 +439,194 @@ def test_discovery_exact_header_reads(mount, models):
 
 def test_discovery_comfyui_header_reads(mount, models):
     check_discovery(mount, models, header_comfyui)
+
+
+# ----------------------------------------------------------------------------- GGUF and shards (issue 12)
+#
+# GGUF: gguf-py's GGUFReader (np.memmap of the file, a view per tensor) reading every tensor, and
+# ComfyUI-GGUF's loader (`loader.py: gguf_sd_loader`).  ComfyUI-GGUF is a ComfyUI custom-node
+# repository, not a package: its loader imports ComfyUI's `comfy` modules, so it cannot be
+# installed here; `comfy_gguf_sd_loader` below makes the same calls it makes (GGUFReader, the
+# architecture check, `torch.from_numpy(tensor.data)` on the memory map, `.view(*shape)` for
+# F32/F16), then touches each tensor in model order as ComfyUI does when it moves a layer to the
+# GPU (a copy of its bytes).  Tensor bytes are compared with the source's, read with pread at the
+# offsets gguf-py finds in the *source* file.
+#
+# Shards: a diffusers-style checkpoint of three `.safetensors` shards plus its index.json, read
+# with safe_open shard by shard in index order, and across shards in block order.
+
+import json  # noqa: E402
+
+import gguf  # noqa: E402  (.ci/run installs it)
+
+import gen_gguf  # noqa: E402
+
+GGUF_BUDGET = "128MiB"        # < each model's data: every loader streams through evictions
+
+
+@pytest.fixture(scope="module")
+def gguf_models(data_dir) -> Path:
+    """unet/flux.gguf (Flux-shaped, ~300 MiB: Q8_0/Q4_K/Q5_K/F16/F32) and
+    text_encoders/llama.gguf (llama-shaped, ~150 MiB: Q4_K/Q6_K/F32, a vocabulary in the header),
+    and diffusion_models/sharded/ (a Wan-style DiT of ~300 MiB in three shards + index.json)."""
+    root = data_dir / "gguf-models"
+    gen_gguf.make_dit_gguf(root / "unet" / "flux.gguf", dim=1536, n_double=4, n_single=6)
+    gen_gguf.make_llama_gguf(root / "text_encoders" / "llama.gguf", dim=2048, ffn=5632, n_blocks=6,
+                             vocab=16384)
+    gen_gguf.make_sharded(root / "diffusion_models" / "sharded", "diffusion_pytorch_model",
+                          gen.dit_specs(1536, 4096, 10), 3, seed=41)
+    return root
+
+
+GGUF_RELS = ("unet/flux.gguf", "text_encoders/llama.gguf")
+
+
+class GgufSource:
+    """A source GGUF's tensors as gguf-py reads them from the source file, and their raw bytes."""
+
+    def __init__(self, path: Path):
+        self.meta = {n: (ty, dims, s, e) for n, ty, dims, s, e in gen_gguf.gguf_tensors(path)}
+        self.fd = os.open(path, os.O_RDONLY)
+
+    def check(self, name: str, ty: str, dims: tuple[int, ...], raw: np.ndarray) -> str | None:
+        want = self.meta.get(name)
+        if want is None:
+            return f"unknown tensor {name}"
+        if (ty, tuple(dims)) != want[:2]:
+            return f"{name}: {ty}{dims}, source {want[0]}{want[1]}"
+        if not np.array_equal(raw, np.frombuffer(os.pread(self.fd, want[3] - want[2], want[2]), np.uint8)):
+            return f"{name}: bytes differ from the source"
+        return None
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def gguf_reader_all(mnt_path: Path, _src: Path):
+    """gguf-py's GGUFReader over the mount: every tensor's data view, in file order."""
+    r = gguf.GGUFReader(str(mnt_path))
+    for t in r.tensors:
+        yield t.name, t.tensor_type.name, tuple(int(d) for d in t.shape), _np_raw(np.asarray(t.data)).copy()
+
+
+IMG_ARCHS = {"flux", "sd1", "sdxl", "sd3", "aura", "hidream", "cosmos", "ltxv", "hyvid", "wan", "lumina2", "qwen_image"}
+TXT_ARCHS = {"t5", "t5encoder", "llama", "qwen2vl", "qwen3", "qwen3vl"}
+
+
+def comfy_gguf_sd_loader(mnt_path: Path, src: Path):
+    """ComfyUI-GGUF's `gguf_sd_loader`, its calls replicated (see the section comment), then
+    each tensor's bytes copied in model order."""
+    import torch
+    import warnings
+    reader = gguf.GGUFReader(str(mnt_path))
+    field = reader.get_field("general.architecture")
+    assert field is not None and field.types == [gguf.GGUFValueType.STRING]
+    arch = str(field.parts[field.data[-1]], encoding="utf-8")
+    assert arch in IMG_ARCHS | TXT_ARCHS, arch
+    state_dict = {}
+    for tensor in reader.tensors:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            t = torch.from_numpy(tensor.data)  # the memory map, no copy
+        shape = torch.Size(tuple(int(v) for v in reversed(tensor.shape)))
+        if tensor.tensor_type in {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16}:
+            t = t.view(*shape)
+        state_dict[tensor.name] = (t, tensor)
+    for name, *_ in gen_gguf.gguf_model_order(src):
+        t, tensor = state_dict[name]
+        copy = t.clone()  # what `.to(device)` reads when ComfyUI loads the layer
+        yield name, tensor.tensor_type.name, tuple(int(d) for d in tensor.shape), _torch_raw(copy)
+
+
+def run_gguf_loader(mount, root: Path, load, label: str) -> None:
+    m = mount(root, GGUF_BUDGET)
+    problems, data = [], 0
+    for rel in GGUF_RELS:
+        src = GgufSource(root / rel)
+        try:
+            seen = []
+            for name, ty, dims, raw in load(m.mnt / rel, root / rel):
+                seen.append(name)
+                if (p := src.check(name, ty, dims, raw)) is not None:
+                    problems.append(f"{label} {rel}: {p}")
+            if sorted(seen) != sorted(src.meta):
+                problems.append(f"{label} {rel}: loaded {len(seen)} tensors, source has {len(src.meta)}")
+            data += sum(e - s for _, _, s, e in src.meta.values())
+        finally:
+            src.close()
+    assert not problems, f"{len(problems)} problems: {problems[:8]}"
+    st = quiesce(m)
+    budget = parse_size(GGUF_BUDGET)
+    files = {f["path"]: f for f in st["files"]}
+    for rel in GGUF_RELS:
+        f = files.get(rel)
+        assert f and not f["malformed"] and f["tensors"] > 0 and f["blocks"] > 1, f
+    assert st["cache"]["used_bytes"] <= budget, st["cache"]
+    assert st["disk"]["read_bytes"] >= data, (st["disk"], data)
+    assert st["cache"]["evicted_bytes"] > 0, st["cache"]
+    assert st["disk"]["errors"] == 0 and m.alive(), m.log_tail()
+
+
+@pytest.mark.timeout(300)
+def test_gguf_loader_gguf_py_reader(mount, gguf_models):
+    run_gguf_loader(mount, gguf_models, gguf_reader_all, "GGUFReader")
+
+
+@pytest.mark.timeout(300)
+def test_gguf_loader_comfyui_gguf(mount, gguf_models):
+    _torch()
+    run_gguf_loader(mount, gguf_models, comfy_gguf_sd_loader, "ComfyUI-GGUF gguf_sd_loader")
+
+
+def shard_index(root: Path) -> tuple[Path, dict[str, str]]:
+    index = root / "diffusion_models" / "sharded" / "diffusion_pytorch_model.safetensors.index.json"
+    return index.parent, json.loads(index.read_text())["weight_map"]
+
+
+@pytest.mark.timeout(300)
+def test_sharded_safe_open_index_order_and_block_order(mount, gguf_models):
+    """safe_open(numpy) over a sharded model through the mount: shard by shard in index order,
+    then across all shards in block order (every shard open at once), bit-exact."""
+    shard_dir, weight_map = shard_index(gguf_models)
+    # `tierfs inspect` takes the index.json: the three shards as one model, blocks over all.
+    import subprocess
+    from conftest import TIERFS_BIN
+    doc = json.loads(subprocess.run(
+        [str(TIERFS_BIN), "inspect", "--json", str(shard_dir / "diffusion_pytorch_model.safetensors.index.json")],
+        capture_output=True, text=True, timeout=30, check=True).stdout)
+    assert [s["file"] for s in doc["shards"]] == sorted(set(weight_map.values())), doc["shards"]
+    assert sum(s["tensors"] for s in doc["shards"]) == len(weight_map)
+    assert [b["name"] for b in doc["blocks"]] == ["(other)"] + [f"blocks.{i}" for i in range(10)]
+    m = mount(gguf_models, GGUF_BUDGET)
+    mnt_dir = m.mnt / shard_dir.relative_to(gguf_models)
+    shards = sorted(set(weight_map.values()))
+    assert len(shards) == 3, shards
+    srcs = {s: SourceTensors(shard_dir / s) for s in shards}
+    problems = []
+    try:
+        # 1. index order: each shard in turn, its tensors in weight_map order.
+        for shard in shards:
+            chk = Checker(srcs[shard], f"index order {shard}")
+            with safe_open(str(mnt_dir / shard), framework="numpy") as f:
+                for name in (n for n, s in weight_map.items() if s == shard):
+                    a = f.get_tensor(name)
+                    chk.check(name, _np_dtype_name(a), a.shape, _np_raw(a))
+            problems += chk.problems()
+        # 2. block order across shards.
+        handles = {s: safe_open(str(mnt_dir / s), framework="numpy") for s in shards}
+        order = sorted(weight_map, key=lambda n: (gen.block_of(n)[0], shards.index(weight_map[n]),
+                                                  srcs[weight_map[n]].meta[n][2]))
+        chks = {s: Checker(srcs[s], f"block order {s}") for s in shards}
+        for name in order:
+            a = handles[weight_map[name]].get_tensor(name)
+            chks[weight_map[name]].check(name, _np_dtype_name(a), a.shape, _np_raw(a))
+        problems += [p for c in chks.values() for p in c.problems()]
+    finally:
+        for s in srcs.values():
+            s.close()
+    assert not problems, f"{len(problems)} problems: {problems[:8]}"
+    st = quiesce(m)
+    total = sum(data_bytes(shard_dir / s) for s in shards)
+    assert st["cache"]["used_bytes"] <= parse_size(GGUF_BUDGET), st["cache"]
+    assert st["disk"]["read_bytes"] >= total and st["cache"]["evicted_bytes"] > 0, (st["disk"], st["cache"])
+    assert m.alive(), m.log_tail()

@@ -194,6 +194,7 @@ mod tests {
             })
             .collect();
         TensorIndex {
+            format: Default::default(),
             file_size: start,
             header_bytes,
             data_end: start,

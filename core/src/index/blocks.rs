@@ -22,6 +22,7 @@
 //! | `layers` | yes | CLIP, Llama-style text encoders |
 //! | `encoder.block` / `decoder.block` | yes | T5 |
 //! | `h` | yes | GPT-2 |
+//! | `blk` | yes | llama.cpp-family GGUF files (`blk.N.attn_q.weight`) |
 //!
 //! The name may carry any prefix (`model.diffusion_model.`, `transformer.`, `text_model.encoder.`);
 //! the prefix becomes part of the family, so two sub-models in one file never share blocks.
@@ -98,11 +99,13 @@ pub enum FamilyKind {
     DecoderBlock,
     /// `h.N`
     H,
+    /// `blk.N` (GGUF)
+    Blk,
 }
 
 impl FamilyKind {
     /// Single-segment family words and their kinds.
-    const WORDS: [(&'static str, FamilyKind); 13] = [
+    const WORDS: [(&'static str, FamilyKind); 14] = [
         ("blocks", FamilyKind::Blocks),
         ("transformer_blocks", FamilyKind::TransformerBlocks),
         (
@@ -119,6 +122,7 @@ impl FamilyKind {
         ("mid_block", FamilyKind::MidBlock),
         ("up_blocks", FamilyKind::UpBlocks),
         ("h", FamilyKind::H),
+        ("blk", FamilyKind::Blk),
     ];
 
     /// The family word(s) as they appear in tensor names.
@@ -154,7 +158,7 @@ impl FamilyKind {
             UpBlocks => Some((3, 2)),
             EncoderBlock => Some((4, 0)),
             DecoderBlock => Some((4, 1)),
-            Blocks | Layers | H => None,
+            Blocks | Layers | H | Blk => None,
         }
     }
 

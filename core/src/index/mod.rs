@@ -39,6 +39,7 @@
 //! Nothing here panics on any input; see the proptest `parse_never_panics`.
 
 pub mod blocks;
+pub mod gguf;
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
@@ -146,6 +147,9 @@ pub enum IndexError {
     /// The safetensors crate's own validation rejected a header we accepted.
     #[error("rejected by safetensors validation: {0}")]
     Rejected(#[source] SafeTensorError),
+    /// The file is not a usable GGUF file.
+    #[error(transparent)]
+    Gguf(#[from] gguf::GgufError),
     /// Reading the file failed.
     #[error("{context}: {source}")]
     Io {
@@ -199,20 +203,57 @@ pub struct BlockInfo {
     pub bytes: u64,
 }
 
-/// Parsed and validated header of a safetensors file.
+/// The checkpoint formats tierfs indexes, recognised by file name extension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    /// `.safetensors`, `.sft`
+    #[default]
+    Safetensors,
+    /// `.gguf` ([`gguf`])
+    Gguf,
+}
+
+impl Format {
+    /// The format of a file named `path`, any letter case; `None` for other files.
+    pub fn of_path(path: &std::path::Path) -> Option<Format> {
+        let ext = path.extension()?.to_str()?;
+        if ext.eq_ignore_ascii_case("safetensors") || ext.eq_ignore_ascii_case("sft") {
+            Some(Format::Safetensors)
+        } else if ext.eq_ignore_ascii_case("gguf") {
+            Some(Format::Gguf)
+        } else {
+            None
+        }
+    }
+
+    /// Parses a header of this format; see [`TensorIndex::parse`] and [`gguf::parse`].
+    pub fn parse(self, prefix: &[u8], file_size: u64) -> Result<TensorIndex, IndexError> {
+        match self {
+            Format::Safetensors => TensorIndex::parse(prefix, file_size),
+            Format::Gguf => gguf::parse(prefix, file_size),
+        }
+    }
+}
+
+/// Parsed and validated header of a safetensors or GGUF file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct TensorIndex {
+    /// Which format the header was parsed as.
+    pub format: Format,
     /// File size the header was validated against.
     pub file_size: u64,
-    /// `8 + n`: absolute offset where tensor data starts.
+    /// Absolute offset where tensor data starts: `8 + n` for safetensors, the aligned end of
+    /// the tensor infos for GGUF.
     pub header_bytes: u64,
     /// Absolute offset where tensor data ends; bytes from here to `file_size` are trailing data.
     pub data_end: u64,
-    /// Tensors sorted by `start` (ties between empty tensors broken by name).
+    /// Tensors sorted by `start` (ties between empty tensors broken by name). Safetensors data is
+    /// contiguous; GGUF tensors may have gaps (alignment padding) but never overlap.
     pub tensors: Vec<TensorInfo>,
     /// Blocks in default model order (see [`blocks`]).
     pub blocks: Vec<BlockInfo>,
-    /// The `__metadata__` map, if present.
+    /// The `__metadata__` map, if present; for GGUF, the key/values (arrays summarised).
     pub metadata: Option<BTreeMap<String, String>>,
 }
 
@@ -232,8 +273,14 @@ impl TensorIndex {
         Ok(Self::assemble(file_size, header_bytes, tensors, metadata))
     }
 
-    /// Reads and parses the header of `file` with positioned reads (the file offset is untouched).
+    /// Reads and parses the safetensors header of `file` with positioned reads (the file offset
+    /// is untouched).
     pub fn read_from(file: &File) -> Result<TensorIndex, IndexError> {
+        Self::read_format(file, Format::Safetensors)
+    }
+
+    /// Reads and parses the header of `file` as `format`.
+    pub fn read_format(file: &File, format: Format) -> Result<TensorIndex, IndexError> {
         let file_size = file
             .metadata()
             .map_err(|source| IndexError::Io {
@@ -243,7 +290,7 @@ impl TensorIndex {
             .len();
         let mut buf = read_prefix(file, LEN_PREFIX.min(file_size), file_size)?;
         loop {
-            match Self::parse(&buf, file_size) {
+            match format.parse(&buf, file_size) {
                 Err(IndexError::NeedMore { header_bytes }) if header_bytes as usize > buf.len() => {
                     buf = read_prefix(file, header_bytes, file_size)?;
                 }
@@ -254,9 +301,9 @@ impl TensorIndex {
 
     /// Index of the tensor containing absolute file offset `offset`, if any.
     ///
-    /// Empty tensors contain no offset; the header and trailing bytes belong to no tensor.
+    /// Empty tensors contain no offset; the header, gaps and trailing bytes belong to no tensor.
     pub fn tensor_at(&self, offset: u64) -> Option<usize> {
-        // Tensors are contiguous and sorted, so `end` is non-decreasing.
+        // Tensors are sorted and never overlap, so `end` is non-decreasing.
         let i = self.tensors.partition_point(|t| t.end <= offset);
         let t = self.tensors.get(i)?;
         (t.start <= offset).then_some(i)
@@ -267,7 +314,7 @@ impl TensorIndex {
         self.tensors.iter().filter(move |t| t.block == block)
     }
 
-    fn assemble(
+    pub(crate) fn assemble(
         file_size: u64,
         header_bytes: u64,
         mut tensors: Vec<TensorInfo>,
@@ -279,6 +326,7 @@ impl TensorIndex {
         }
         let data_end = tensors.last().map_or(header_bytes, |t| t.end);
         TensorIndex {
+            format: Format::Safetensors,
             file_size,
             header_bytes,
             data_end,
@@ -294,7 +342,7 @@ fn read_prefix(file: &File, len: u64, file_size: u64) -> Result<Vec<u8>, IndexEr
     let mut buf = vec![0u8; len as usize];
     let filled =
         crate::source::read_full_at(file, &mut buf, 0).map_err(|(_, source)| IndexError::Io {
-            context: "reading safetensors header",
+            context: "reading the header",
             source,
         })?;
     if filled < buf.len() {

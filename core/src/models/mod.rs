@@ -1,5 +1,6 @@
-//! The model files of a mount: one [`ModelFile`] per version of each `.safetensors`/`.sft` file
-//! opened, and the read path that serves their bytes.
+//! The model files of a mount: one [`ModelFile`] per version of each `.safetensors`/`.sft`/`.gguf`
+//! file opened, and the read path that serves their bytes. Both formats are served alike: only
+//! the header parser differs ([`Format`]).
 //!
 //! A file's bytes fall in three regions, each served its own way:
 //! - the header (`[0, header_bytes)`): parsed once at first open and kept in memory, so header
@@ -23,7 +24,6 @@
 
 mod runs;
 
-use std::ffi::OsStr;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -34,7 +34,7 @@ use thiserror::Error;
 
 use crate::cache::plan::ChunkPlan;
 use crate::cache::{CacheError, Chunk, ChunkCache, ChunkKey, ChunkOwner, Outcome, Want};
-use crate::index::{IndexError, TensorIndex};
+use crate::index::{Format, IndexError, TensorIndex};
 use crate::passthrough::{PassthroughSnapshot, PassthroughTier};
 use crate::prefetch::access::FileCounters;
 use crate::prefetch::access::{FileAccess, Step};
@@ -57,11 +57,10 @@ const HEADER_PROBE_BYTES: u64 = 256 << 10;
 /// fetch and without starting prefetch.
 const HEADER_TAIL_BYTES: usize = 64 << 10;
 
-/// Whether tierfs caches a file with this name: `.safetensors` and `.sft`, any letter case.
+/// Whether tierfs caches a file with this name: `.safetensors`, `.sft` and `.gguf`, any letter
+/// case.
 pub fn is_model_path(path: &Path) -> bool {
-    path.extension().and_then(OsStr::to_str).is_some_and(|ext| {
-        ext.eq_ignore_ascii_case("safetensors") || ext.eq_ignore_ascii_case("sft")
-    })
+    Format::of_path(path).is_some()
 }
 
 /// A model file could not be opened.
@@ -159,13 +158,14 @@ impl ModelFile {
     ) -> Result<ModelFile, OpenError> {
         let source = SourceFile::open_with(abs, wrap)?;
         let order_key = SavedOrders::key(abs, &source.identity());
-        let (header, layout) = match read_header(&source) {
+        let format = Format::of_path(path).unwrap_or_default();
+        let (header, layout) = match read_header(&source, format) {
             Ok((header, index)) => {
                 let plan = ChunkPlan::for_index(&index);
                 (header, Layout::Indexed { index, plan })
             }
             Err(HeaderError::Malformed(e)) => {
-                tracing::warn!(file = %abs.display(), reason = %e, "malformed safetensors header: serving the file as plain bytes, uncached");
+                tracing::warn!(file = %abs.display(), ?format, reason = %e, "malformed header: serving the file as plain bytes, uncached");
                 (
                     Vec::new(),
                     Layout::Malformed {
@@ -367,14 +367,14 @@ enum HeaderError {
 }
 
 /// Reads and parses the header: one probe read, and a second exact read if the header is larger.
-fn read_header(source: &SourceFile) -> Result<(Vec<u8>, TensorIndex), HeaderError> {
+fn read_header(source: &SourceFile, format: Format) -> Result<(Vec<u8>, TensorIndex), HeaderError> {
     let size = source.identity().size;
     let mut wanted = size.min(HEADER_PROBE_BYTES);
     loop {
         let mut buf = vec![0u8; wanted as usize];
         let got = source.read_at(&mut buf, 0).map_err(HeaderError::Source)?;
         buf.truncate(got);
-        match TensorIndex::parse(&buf, size) {
+        match format.parse(&buf, size) {
             Ok(index) => {
                 buf.truncate(index.header_bytes as usize + HEADER_TAIL_BYTES);
                 return Ok((buf, index));
@@ -813,3 +813,6 @@ mod tests;
 
 #[cfg(test)]
 mod fault_tests;
+
+#[cfg(test)]
+mod gguf_tests;

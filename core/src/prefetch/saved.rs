@@ -293,7 +293,6 @@ mod tests {
     #[test]
     #[cfg(unix)]
     fn puts_return_while_the_file_is_locked_by_another_writer() {
-        use std::os::unix::io::AsRawFd;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("orders.json");
         let saved = SavedOrders::load(Some(path.clone()));
