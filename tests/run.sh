@@ -16,14 +16,14 @@ cargo build --release --workspace
 echo "== cargo test --workspace --release"
 cargo test --workspace --release
 
+# Windows: core tests under wine64, the WinFsp front end type-checked (README, "Windows").
+bash tests/windows/check.sh
 # Model-checked tests of the cache's locks (core/src/cache/loom_tests.rs). Own target dir: the
 # `--cfg loom` flags would otherwise invalidate the release build above. Runs in well under a
 # second once built; the timeout only guards against a model that stops terminating.
 echo "== loom: RUSTFLAGS=\"--cfg loom\" cargo test -p tierfs-core --release loom"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom timeout 900 \
     cargo test -p tierfs-core --release loom
-# Windows: core tests under wine64, the WinFsp front end type-checked (README, "Windows").
-bash tests/windows/check.sh
 
 if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
 

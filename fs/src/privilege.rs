@@ -10,8 +10,9 @@
 //!
 //! Two modes need root and fall back without it, saying so in the log and in the `modes`
 //! section of the stats ([`ModesSnapshot`]):
-//! - **FUSE passthrough** of non-model files: the kernel requires `CAP_SYS_ADMIN` to register a
-//!   backing file, so without it those files are served by the daemon with `pread`.
+//! - **FUSE passthrough** (non-model files, and model files that fit the budget): the kernel
+//!   requires `CAP_SYS_ADMIN` to register a backing file, so without it every file is served by
+//!   the daemon (non-model files with `pread`, model files from the chunk cache).
 //! - **Mount readahead** (`--readahead`): raised through `/sys/class/bdi/*/read_ahead_kb`, which
 //!   only root may write; without it the kernel's 128 KiB stays (smaller requests for `mmap` and
 //!   page-cache readers; correct, somewhat slower).
@@ -159,7 +160,7 @@ pub fn passthrough_mode(requested: bool) -> bool {
     modes().passthrough_requested = requested;
     if requested && !can_passthrough() {
         tracing::info!(
-            "FUSE passthrough needs root (CAP_SYS_ADMIN): non-model files are served by the daemon with pread"
+            "FUSE passthrough needs root (CAP_SYS_ADMIN): every file is served by the daemon (non-model files with pread, models from the cache)"
         );
         return false;
     }
@@ -178,7 +179,8 @@ pub fn record_readahead(requested: u64, actual: Option<u64>, failure: Option<Str
 pub struct ModesSnapshot {
     /// Whether the daemon runs as root.
     pub root: bool,
-    /// Whether non-model files use FUSE passthrough, and if not, why.
+    /// Whether FUSE passthrough is in use (non-model files; model files that fit the budget),
+    /// and if not, why.
     pub passthrough: bool,
     pub passthrough_note: String,
     /// The mount's kernel readahead, and if it is not what `--readahead` asked, why.
@@ -194,7 +196,7 @@ pub fn snapshot(passthrough: bool) -> ModesSnapshot {
     } else if !modes.passthrough_requested {
         "off: --no-passthrough".to_string()
     } else if !can_passthrough() {
-        "off: needs root (CAP_SYS_ADMIN); non-model files are served by the daemon".to_string()
+        "off: needs root (CAP_SYS_ADMIN); every file is served by the daemon".to_string()
     } else {
         "off: the kernel does not offer FUSE passthrough (Linux 6.9 or later)".to_string()
     };

@@ -309,7 +309,7 @@ def test_per_operation_stats(tierfs_bin, mount, workdir):
     src = workdir / "src"
     (src / "sub").mkdir(parents=True)
     gen.write_small(src / "m.safetensors", gen.dit_specs(256, 1024, 4), seed=6)
-    m = mount(src, "64MiB")
+    m = mount(src, "64MiB", ("--no-model-passthrough",))  # reads must reach the daemon
     before = m.stats()["ops"]
     for name in ("missing-1", "missing-2", "missing-3"):
         assert not (m.mnt / name).exists()

@@ -88,7 +88,7 @@ const READ_IN_FLIGHT_SHARE: u64 = 2;
 const PREFETCH_IN_FLIGHT_SHARE: u64 = 4;
 
 /// A chunk of one version of one file: `file` is the version's generation number.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ChunkKey {
     pub file: u64,
     pub chunk: u32,
@@ -181,21 +181,9 @@ impl Chunk {
         owner.distance()
     }
 
-    /// Whether a reader is in this chunk's block now (its chunks are ranked one by one for
-    /// eviction, see [`resident`]).
-    fn in_current_block(&self) -> bool {
-        self.owner
-            .as_ref()
-            .is_some_and(|o| o.access.is_current(o.block))
-    }
-
-    /// The chunk's eviction rank given its recency `stamp` (highest goes first).
-    fn rank(&self, recent: u64, stamp: u64) -> (bool, usize, std::cmp::Reverse<u64>) {
-        (
-            !self.may_be_in_use(recent),
-            self.distance(recent),
-            std::cmp::Reverse(stamp),
-        )
+    /// Whether a reader has got this chunk (it was read for one, or hit by one since).
+    fn was_read(&self) -> bool {
+        self.last_read.load(Ordering::Relaxed) != 0
     }
 
     /// Whether threads of a reader that just moved on may still be reading this chunk: it is in
@@ -475,7 +463,7 @@ impl ChunkCache {
         let mut evicted = Evicted::new();
         let mut state = self.lock();
         loop {
-            if let Some(chunk) = state.resident.get(&key) {
+            if let Some(chunk) = state.resident.get(&key, want == Want::Read) {
                 if want == Want::Read {
                     Counters::add(&self.counters.hits, 1);
                     self.note_read(&chunk);

@@ -19,10 +19,15 @@ use std::sync::Arc;
 use super::{Chunk, ChunkKey};
 
 /// Chunks of one block of one file version; `block` is `None` for chunks of unknown owner.
+/// `read` splits a block's chunks that a reader has got from those it has not (prefetched,
+/// unread): in the block a reader is in, the read ones are *consumed* and go first (see
+/// `Chunk::distance`), oldest read first, while the unread ones are still needed. One group
+/// would only show its least recently used chunk, which there is an unread one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct GroupKey {
     file: u64,
     block: Option<usize>,
+    read: bool,
 }
 
 struct Entry {
@@ -50,15 +55,23 @@ impl Resident {
         self.chunks.contains_key(key)
     }
 
-    /// The chunk `key`, made the most recently used of its group.
-    pub(super) fn get(&mut self, key: &ChunkKey) -> Option<Arc<Chunk>> {
+    /// The chunk `key`, made the most recently used of its group; `by_reader` moves it to its
+    /// block's group of read chunks.
+    pub(super) fn get(&mut self, key: &ChunkKey, by_reader: bool) -> Option<Arc<Chunk>> {
         let entry = self.chunks.get_mut(key)?;
         self.tick += 1;
         if let Some(group) = self.groups.get_mut(&entry.group) {
             group.remove(&entry.stamp);
-            group.insert(self.tick, *key);
+            if group.is_empty() {
+                self.groups.remove(&entry.group);
+            }
         }
+        entry.group.read |= by_reader;
         entry.stamp = self.tick;
+        self.groups
+            .entry(entry.group)
+            .or_default()
+            .insert(self.tick, *key);
         Some(Arc::clone(&entry.chunk))
     }
 
@@ -69,6 +82,7 @@ impl Resident {
         let group = GroupKey {
             file: key.file,
             block: chunk.owner.as_ref().map(|o| o.block),
+            read: chunk.was_read(),
         };
         self.groups.entry(group).or_default().insert(self.tick, key);
         self.chunks.insert(
@@ -113,28 +127,19 @@ impl Resident {
     /// change a decision taken under one hold of the cache lock), then yields chunks in rank
     /// order at `log(groups)` each. See [`VictimQueue`].
     pub(super) fn victims(&self, recent: u64) -> VictimQueue {
-        let mut heap = BinaryHeap::new();
-        for (&group, chunks) in &self.groups {
-            let Some((&stamp, key)) = chunks.first_key_value() else {
-                continue;
-            };
-            let Some(entry) = self.chunks.get(key) else {
-                continue;
-            };
-            if entry.chunk.in_current_block() {
-                // The block a reader is in mixes chunks it has consumed (needed last) with
-                // chunks it has yet to read (needed now): ranked one by one. One block's
-                // chunks, not the cache's.
-                for (&stamp, key) in chunks {
-                    if let Some(entry) = self.chunks.get(key) {
-                        let rank = entry.chunk.rank(recent, stamp);
-                        heap.push((rank, Candidate::Chunk(*key)));
-                    }
-                }
-                continue;
-            }
-            heap.push((entry.chunk.rank(recent, stamp), Candidate::Group(group)));
-        }
+        let heap = self
+            .groups
+            .iter()
+            .filter_map(|(&group, chunks)| {
+                let (&stamp, key) = chunks.first_key_value()?;
+                let chunk = &self.chunks.get(key)?.chunk;
+                let distance = chunk.distance(recent);
+                Some((
+                    (!chunk.may_be_in_use(recent), distance, Reverse(stamp)),
+                    group,
+                ))
+            })
+            .collect();
         VictimQueue { heap, recent }
     }
 
@@ -148,25 +153,15 @@ impl Resident {
 /// (idle, distance, older first): the highest is evicted first.
 type Rank = (bool, usize, Reverse<u64>);
 
-/// What the eviction queue ranks: a group by its least recently used chunk, or (in a block a
-/// reader is in) one chunk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Candidate {
-    Group(GroupKey),
-    Chunk(ChunkKey),
-}
-
 /// Groups by the rank of their least recently used chunk ([`Resident::victims`]).
 ///
 /// The victim is, among the least recently used chunk of each group, the one ranked highest by
-/// `(idle, distance, older)`, where `idle` is `!may_be_in_use(recent)`. Every chunk of a block
-/// the reader is not in is needed at the same distance; only a group's oldest chunk is asked
-/// whether it may still be in use: in the block a reader just left, the oldest chunk is the one
-/// its stragglers finished with first, so if it is busy the group waits its turn (at worst a
-/// less distant chunk goes first). Chunks of the block a reader is in are ranked one by one
-/// ([`super::Chunk::distance`]: consumed ones go first).
+/// `(idle, distance, older)`, where `idle` is `!may_be_in_use(recent)`. Only a group's oldest
+/// chunk is asked whether it may still be in use: in the block a reader just left, the oldest
+/// chunk is the one its stragglers finished with first, so if it is busy the group waits its
+/// turn (at worst a less distant chunk goes first).
 pub(super) struct VictimQueue {
-    heap: BinaryHeap<(Rank, Candidate)>,
+    heap: BinaryHeap<(Rank, GroupKey)>,
     recent: u64,
 }
 
@@ -174,15 +169,7 @@ impl VictimQueue {
     /// The next victim, with its idleness and distance; the caller removes it from `resident`
     /// before asking for the next one.
     pub(super) fn next(&mut self, resident: &Resident) -> Option<(ChunkKey, bool, usize)> {
-        while let Some((rank, candidate)) = self.heap.pop() {
-            let (idle, distance, Reverse(stamp)) = rank;
-            let group = match candidate {
-                Candidate::Chunk(key) if resident.contains(&key) => {
-                    return Some((key, idle, distance));
-                }
-                Candidate::Chunk(_) => continue,
-                Candidate::Group(group) => group,
-            };
+        while let Some(((idle, distance, Reverse(stamp)), group)) = self.heap.pop() {
             let Some((&oldest, &key)) = resident
                 .groups
                 .get(&group)
@@ -194,14 +181,13 @@ impl VictimQueue {
                 continue;
             };
             if oldest != stamp {
-                // Its ranked chunk was evicted since: rank its oldest one now.
+                // Its ranked chunk was evicted (or used) since: rank its oldest one now.
                 let idle = !entry.chunk.may_be_in_use(self.recent);
-                self.heap
-                    .push(((idle, distance, Reverse(oldest)), Candidate::Group(group)));
+                self.heap.push(((idle, distance, Reverse(oldest)), group));
                 continue;
             }
             // Back in the queue: once `key` is evicted, the group's next chunk is ranked.
-            self.heap.push((rank, Candidate::Group(group)));
+            self.heap.push(((idle, distance, Reverse(stamp)), group));
             return Some((key, idle, distance));
         }
         None

@@ -217,15 +217,14 @@ fn reads_in_flight_never_reserve_more_than_half_the_budget() {
 fn a_prefetch_is_skipped_while_reads_in_flight_fill_a_quarter_of_the_budget() {
     let fx = Arc::new(fixture(4));
     let cache = Arc::new(ChunkCache::new(4 * CHUNK, Arc::new(Counters::default())));
-    let (started, release) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
+    let started = Arc::new(Barrier::new(2));
     let reader = {
-        let (fx, cache) = (fx.clone(), cache.clone());
-        let (started, release) = (started.clone(), release.clone());
+        let (fx, cache, started) = (fx.clone(), cache.clone(), started.clone());
         thread::spawn(move || {
             cache
                 .get_or_load(key(0), CHUNK, Want::Read, None, || {
                     started.wait();
-                    release.wait(); // in flight until the prefetch below was tried
+                    thread::sleep(Duration::from_millis(100));
                     fx.source.read_aligned(0, CHUNK)
                 })
                 .map(|_| ())
@@ -235,7 +234,6 @@ fn a_prefetch_is_skipped_while_reads_in_flight_fill_a_quarter_of_the_budget() {
     let prefetch = cache.get_or_load(key(1), CHUNK, Want::Prefetch, None, || {
         fx.source.read_aligned(CHUNK, 2 * CHUNK)
     });
-    release.wait();
     assert!(matches!(prefetch, Err(CacheError::NoRoom)), "{prefetch:?}");
     reader.join().unwrap().unwrap();
     // With nothing in flight, the same prefetch goes ahead.
@@ -243,61 +241,6 @@ fn a_prefetch_is_skipped_while_reads_in_flight_fill_a_quarter_of_the_budget() {
         fx.source.read_aligned(CHUNK, 2 * CHUNK)
     });
     assert!(prefetch.is_ok());
-}
-
-/// A read that panics must not leave its single-flight entry behind: the readers waiting for
-/// it get an error instead of waiting forever, its reservation is returned, and the next
-/// request reads the disk.
-#[test]
-fn a_panicking_read_wakes_its_waiters_and_returns_its_reservation() {
-    let fx = Arc::new(fixture(1));
-    let cache = Arc::new(ChunkCache::new(4 * CHUNK, Arc::new(Counters::default())));
-    let (registered, release) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
-    let loader = {
-        let (cache, registered, release) = (cache.clone(), registered.clone(), release.clone());
-        thread::spawn(move || {
-            let _ = cache.get_or_load(key(0), CHUNK, Want::Read, None, || {
-                registered.wait();
-                release.wait();
-                panic!("injected: a read that panics");
-            });
-        })
-    };
-    registered.wait(); // the read is registered as in flight
-    let waiter = {
-        let cache = cache.clone();
-        thread::spawn(move || {
-            cache
-                .get_or_load(key(0), CHUNK, Want::Read, None, || {
-                    unreachable!("a waiter must not read: the read is in flight")
-                })
-                .map(|_| ())
-        })
-    };
-    // The waiter is waiting on the loader's read (or, at worst, finds it over and reads
-    // itself: then it fails the test through `unreachable!`).
-    while cache
-        .lock()
-        .loading
-        .get(&key(0))
-        .is_some_and(|l| Arc::strong_count(l) < 3)
-    {
-        thread::yield_now();
-    }
-    release.wait();
-    assert!(
-        loader.join().is_err(),
-        "the loader's panic propagates to its caller"
-    );
-    let waited = waiter.join().expect("the waiter does not panic");
-    assert!(
-        matches!(waited, Err(CacheError::LoadPanicked)),
-        "{waited:?}"
-    );
-    cache.check_accounting();
-    assert_eq!(cache.snapshot().used_bytes, 0);
-    let (chunk, outcome) = get(&cache, &fx, 0).unwrap();
-    assert_eq!((chunk.as_slice(), outcome), (&fx.data[..], Outcome::Miss));
 }
 
 fn get_owned(
@@ -368,4 +311,59 @@ fn unread_chunks_of_the_current_block_are_kept_from_prefetch() {
         get_owned(&cache, &fx, 3, Want::Prefetch, &owner(1)),
         Err(CacheError::NoRoom)
     ));
+}
+
+/// A read that panics must not leave its single-flight entry behind: the readers waiting for
+/// it get an error instead of waiting forever, its reservation is returned, and the next
+/// request reads the disk.
+#[test]
+fn a_panicking_read_wakes_its_waiters_and_returns_its_reservation() {
+    let fx = Arc::new(fixture(1));
+    let cache = Arc::new(ChunkCache::new(4 * CHUNK, Arc::new(Counters::default())));
+    let (registered, release) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
+    let loader = {
+        let (cache, registered, release) = (cache.clone(), registered.clone(), release.clone());
+        thread::spawn(move || {
+            let _ = cache.get_or_load(key(0), CHUNK, Want::Read, None, || {
+                registered.wait();
+                release.wait();
+                panic!("injected: a read that panics");
+            });
+        })
+    };
+    registered.wait(); // the read is registered as in flight
+    let waiter = {
+        let cache = cache.clone();
+        thread::spawn(move || {
+            cache
+                .get_or_load(key(0), CHUNK, Want::Read, None, || {
+                    unreachable!("a waiter must not read: the read is in flight")
+                })
+                .map(|_| ())
+        })
+    };
+    // The waiter is waiting on the loader's read (or, at worst, finds it over and reads
+    // itself: then it fails the test through `unreachable!`).
+    while cache
+        .lock()
+        .loading
+        .get(&key(0))
+        .is_some_and(|l| Arc::strong_count(l) < 3)
+    {
+        thread::yield_now();
+    }
+    release.wait();
+    assert!(
+        loader.join().is_err(),
+        "the loader's panic propagates to its caller"
+    );
+    let waited = waiter.join().expect("the waiter does not panic");
+    assert!(
+        matches!(waited, Err(CacheError::LoadPanicked)),
+        "{waited:?}"
+    );
+    cache.check_accounting();
+    assert_eq!(cache.snapshot().used_bytes, 0);
+    let (chunk, outcome) = get(&cache, &fx, 0).unwrap();
+    assert_eq!((chunk.as_slice(), outcome), (&fx.data[..], Outcome::Miss));
 }

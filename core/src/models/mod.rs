@@ -416,10 +416,11 @@ impl ModelStore {
         prefetcher: Prefetcher,
         saved: SavedOrders,
     ) -> ModelStore {
+        let budget = cache.budget();
         ModelStore {
             prefetcher,
-            budget: AtomicU64::new(cache.budget()),
             cache,
+            budget: AtomicU64::new(budget),
             passthrough: PassthroughTier::default(),
             files: Mutex::new(HashMap::new()),
             next_generation: AtomicU64::new(1),
@@ -443,11 +444,6 @@ impl ModelStore {
 
     pub fn cache(&self) -> &ChunkCache {
         &self.cache
-    }
-
-    /// Returns once every prefetch queued so far has run (tests, instead of sleeping).
-    pub fn wait_prefetch_idle(&self) {
-        self.prefetcher.wait_idle();
     }
 
     /// The mount's budget (chunk cache and passthrough tier together).
@@ -538,6 +534,11 @@ impl ModelStore {
 
     pub fn passthrough_snapshot(&self) -> PassthroughSnapshot {
         self.passthrough.snapshot()
+    }
+
+    /// Returns once every prefetch queued so far has run (tests, instead of sleeping).
+    pub fn wait_prefetch_idle(&self) {
+        self.prefetcher.wait_idle();
     }
 
     pub fn counters(&self) -> &Counters {

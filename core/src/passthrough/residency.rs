@@ -36,7 +36,7 @@ struct Cachestat {
 
 fn open_version(path: &Path, identity: &SourceIdentity) -> io::Result<File> {
     let file = File::open(path)?;
-    if SourceIdentity::of(&file.metadata()?) != *identity {
+    if SourceIdentity::of_file(&file)? != *identity {
         return Err(io::Error::new(
             io::ErrorKind::NotFound,
             "the file changed since it was opened",

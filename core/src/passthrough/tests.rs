@@ -24,7 +24,7 @@ fn temp_file(name: &str, size: u64) -> (TempFile, SourceIdentity) {
     let mut file = std::fs::File::create(&path).expect("create");
     file.write_all(&vec![7u8; size as usize]).expect("write");
     file.sync_all().expect("sync");
-    let identity = SourceIdentity::of(&file.metadata().expect("stat"));
+    let identity = SourceIdentity::of_file(&file).expect("stat");
     (TempFile { path }, identity)
 }
 

@@ -215,30 +215,14 @@ fn merge_and_write(path: &Path, ours: &Orders) -> std::io::Result<()> {
         .truncate(false)
         .write(true)
         .open(sibling(path, "lock"))?;
-    lock_exclusive(&lock_file)?;
+    // std's lock: flock(LOCK_EX) on Unix, LockFileEx on Windows; released when `lock_file`
+    // is closed.
+    lock_file.lock()?;
     let mut merged = read_orders(path);
     merged.extend(ours.iter().map(|(k, v)| (k.clone(), v.clone())));
     trim(&mut merged);
     let json = serde_json::to_vec(&merged).map_err(std::io::Error::other)?;
     write_atomically(dir, path, &json)
-}
-
-/// Takes an exclusive lock on `file` for as long as it is open.
-#[cfg(unix)]
-fn lock_exclusive(file: &File) -> std::io::Result<()> {
-    use std::os::unix::io::AsRawFd;
-    // SAFETY: flock on a descriptor we own; it is released when `file` is closed.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// On Windows the state file is not shared-locked yet (no daemon there shares a state
-/// directory with another so far); writes are still atomic (unique temp name, rename).
-#[cfg(not(unix))]
-fn lock_exclusive(_file: &File) -> std::io::Result<()> {
-    Ok(())
 }
 
 /// Process-wide counter making temporary names unique among the writers of one process.
@@ -307,15 +291,12 @@ mod tests {
     /// `put` never writes on the caller's thread: with another writer holding the state file's
     /// lock, it returns at once, and the file appears once the lock is released.
     #[test]
-    #[cfg(unix)]
     fn puts_return_while_the_file_is_locked_by_another_writer() {
-        use std::os::unix::io::AsRawFd;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("orders.json");
         let saved = SavedOrders::load(Some(path.clone()));
         let held = File::create(sibling(&path, "lock")).unwrap();
-        // SAFETY: flock on a descriptor owned by this test.
-        assert_eq!(unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX) }, 0);
+        held.lock().unwrap();
         saved.put("m|1".into(), learned(2));
         assert!(!path.exists());
         drop(held);

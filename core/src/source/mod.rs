@@ -35,8 +35,6 @@ use std::sync::{Arc, PoisonError};
 
 use thiserror::Error;
 
-use crate::sync::StaticMutex;
-
 #[cfg(target_os = "linux")]
 mod linux;
 #[cfg(target_os = "linux")]
@@ -48,6 +46,7 @@ use windows as platform;
 #[cfg(not(any(target_os = "linux", windows)))]
 compile_error!("tierfs-core reads sources on Linux and Windows only");
 
+use crate::sync::StaticMutex;
 pub use platform::open_direct;
 use platform::ChunkMemory;
 
