@@ -57,7 +57,7 @@ pub fn run(size: u64, budget: u64) -> Result<()> {
         budget,
         floor: None,
         threads: 8,
-        readahead: 4 << 20,
+        readahead: 128 << 10,
         passthrough: true,
         model_passthrough: true,
         allow_other: false,
