@@ -18,6 +18,9 @@
 //! - [`size`]: human byte sizes.
 //! - [`sync`]: the locks of the core (swapped for loom's in model-checked tests).
 //! - [`access`]: who may see what through a shared mount (per-request credentials).
+// Per-request credentials (fsuid, supplementary groups, /proc): Linux only; WinFsp has its own
+// access checks.
+#[cfg(target_os = "linux")]
 pub mod access;
 pub mod budget;
 pub mod cache;

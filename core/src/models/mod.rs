@@ -615,7 +615,7 @@ impl ModelStore {
     /// [`table::TRIM_AFTER_EVICTED_BYTES`]).
     fn trim_after_evictions(&self) {
         if self.lock().take_trim_due() {
-            #[cfg(target_env = "gnu")]
+            #[cfg(all(target_os = "linux", target_env = "gnu"))]
             // SAFETY: malloc_trim only returns free heap pages to the OS.
             unsafe {
                 libc::malloc_trim(0);
