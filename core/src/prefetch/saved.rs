@@ -325,13 +325,18 @@ mod tests {
             let (path, done) = (path.clone(), Arc::clone(&done));
             std::thread::spawn(move || {
                 let mut reads = 0;
-                while !done.load(Ordering::SeqCst) {
+                // Reads while the writers run, and once more after they flushed, so that at
+                // least one read happens even when this thread is scheduled late.
+                loop {
+                    let finished = done.load(Ordering::SeqCst);
                     if let Ok(bytes) = std::fs::read(&path) {
                         serde_json::from_slice::<Orders>(&bytes).expect("a whole file");
                         reads += 1;
                     }
+                    if finished {
+                        break reads;
+                    }
                 }
-                reads
             })
         };
         let writers: Vec<_> = (0..4)
