@@ -490,10 +490,13 @@ impl ModelStore {
     }
 
     /// Gives the chunk cache whatever part of the budget the passthrough tier does not hold.
+    /// Called on every model open and close: a budget that did not change is left alone
+    /// (`set_budget` takes the cache lock and wakes every waiting reader).
     fn rebalance(&self) {
-        let budget = self.budget();
-        self.cache
-            .set_budget(budget.saturating_sub(self.passthrough.held_bytes()));
+        let chunk_budget = self.budget().saturating_sub(self.passthrough.held_bytes());
+        if chunk_budget != self.cache.budget() {
+            self.cache.set_budget(chunk_budget);
+        }
     }
 
     /// Decides how a new open of `file` is served: passthrough if the caller can offer it and

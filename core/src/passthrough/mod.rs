@@ -2,10 +2,12 @@
 //!
 //! A model file no larger than what is left of the budget is best served by not serving it:
 //! the FUSE adapter opens it with FUSE passthrough (`FOPEN_PASSTHROUGH`, Linux ≥ 6.9, root), so
-//! the reader's `read()` and `mmap` go straight to the source file's page cache. Measured here
-//! (issue 11, 1.2 GiB DiT): warm `read()` 0.15 s through the mount against 0.15 s from the plain
-//! file, `safetensors.torch.load_file` 0.10 s against 0.08 s, where the chunk path took 0.30 s and
-//! 0.95 s. Cold reads get the source's own readahead, so they run at the disk's speed too.
+//! the reader's `read()` and `mmap` go straight to the source file's page cache, and cold reads
+//! get the source's own readahead. Measured with the issue 11 benchmark
+//! (`tests/bench/issue11-results.md`, 1.5 GiB DiT, nine loaders): cold 1.00–1.08× the plain
+//! file's speed on a 1 GB/s source and 0.90–3.09× on a 4 GB/s one, warm 0.79–1.09×; the chunk
+//! path served the same loaders warm at 0.09–0.54× from its own RAM
+//! (`tests/bench/loader-results.md`), held back by the FUSE page cache's 4 KiB folios.
 //!
 //! What this module adds is the *budget* for that page cache, which the kernel would otherwise
 //! grow without bound:
