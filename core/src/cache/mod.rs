@@ -368,6 +368,15 @@ impl ChunkCache {
         result.map(|chunk| (chunk, Outcome::Miss))
     }
 
+    /// The chunk `key` if it is resident, for a probe ([`crate::models`]): counted as a hit,
+    /// but neither made recent nor marked read, so a loader touching one page of each tensor
+    /// neither keeps chunks resident nor makes them look consumed (which evicts them first).
+    pub fn peek(&self, key: ChunkKey) -> Option<Arc<Chunk>> {
+        let chunk = self.lock().resident.peek(&key)?;
+        Counters::add(&self.counters.hits, 1);
+        Some(chunk)
+    }
+
     /// Whether `key` is resident or being read (a prefetch of it would be redundant).
     pub fn is_present(&self, key: ChunkKey) -> bool {
         let state = self.lock();

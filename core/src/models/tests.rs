@@ -429,3 +429,53 @@ fn tensor_touches_are_probes_and_prefetch_nothing() {
     assert_eq!(read_all(&store, &file, 1 << 20), bytes);
     assert!(Counters::get(&c.miss_bytes) + Counters::get(&c.hit_bytes) > bytes.len() as u64 / 2);
 }
+
+/// ComfyUI loading a checkpoint again: the previous load streamed the file and left chunks
+/// resident (the start of the next pass, prefetched). The new load's tensor touches are still
+/// probes: those that find their chunk resident are served from it, and none enters a block
+/// or starts a prefetch (which swept the whole file ahead of the touches: issue 11, point 2).
+#[test]
+fn a_reload_touching_resident_chunks_prefetches_nothing() {
+    let (dir, bytes, exec, store, file) = opened_manual(48 << 20, 24 << 20, 12);
+    let mut offset = 0;
+    while offset < bytes.len() as u64 {
+        offset += store.read(&file, offset, 128 << 10).unwrap().len() as u64;
+        exec.run_pending();
+    }
+    assert!(
+        store.cache().snapshot().used_bytes > 0,
+        "the load left chunks resident"
+    );
+    let reopened = store
+        .open(
+            Path::new("m.safetensors"),
+            &dir.path().join("m.safetensors"),
+        )
+        .unwrap();
+    let Layout::Indexed { index, .. } = reopened.layout() else {
+        panic!("malformed")
+    };
+    let mut starts: Vec<(String, u64)> = index
+        .tensors
+        .iter()
+        .map(|t| (t.name.clone(), t.start))
+        .collect();
+    starts.sort();
+    let c = store.counters();
+    let (hits, disk) = (Counters::get(&c.hits), Counters::get(&c.disk_read_bytes));
+    for (_, start) in &starts {
+        let got = store.read(&reopened, *start, 4096).unwrap();
+        let end = (*start as usize + 4096).min(bytes.len());
+        assert_eq!(&got[..], &bytes[*start as usize..end]);
+    }
+    assert!(exec.is_empty(), "touches queued {} prefetches", exec.len());
+    assert!(
+        Counters::get(&c.hits) > hits,
+        "resident chunks served touches"
+    );
+    assert!(
+        Counters::get(&c.disk_read_bytes) - disk <= starts.len() as u64 * 4096,
+        "only touched bytes were read"
+    );
+    assert_eq!(read_all(&store, &reopened, 1 << 20), bytes);
+}
