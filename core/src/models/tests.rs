@@ -479,3 +479,42 @@ fn a_reload_touching_resident_chunks_prefetches_nothing() {
     );
     assert_eq!(read_all(&store, &reopened, 1 << 20), bytes);
 }
+
+/// The lead is the blocks *ahead* of the reader: with a budget of three blocks the lead is one
+/// block, and entering a block queues all of the next one. (The block the reader was in used to
+/// count towards the lead, which left no room for the next block: issue 11, point 3.)
+#[test]
+fn entering_a_block_prefetches_the_whole_next_block_when_it_is_the_lead() {
+    let dir = tempfile::tempdir().unwrap();
+    checkpoint(dir.path(), "m.safetensors", 64 << 20, 14);
+    let path = dir.path().join("m.safetensors");
+    let sizes = ModelStore::new(1 << 30, SavedOrders::default());
+    let sized = sizes.open(Path::new("m.safetensors"), &path).unwrap();
+    let sized_plan = sized.plan().unwrap();
+    let block = sized_plan.block_bytes(2).max(sized_plan.block_bytes(3));
+    let exec = Arc::new(ManualExecutor::new(1024));
+    let store = ModelStore::with_executor(3 * block, SavedOrders::default(), exec.clone());
+    let file = store.open(Path::new("m.safetensors"), &path).unwrap();
+    let access = file.access().unwrap();
+    access.touch(1);
+    assert!(matches!(
+        access.touch(2),
+        Step::Entered {
+            predicted: true,
+            ..
+        }
+    ));
+    store.prefetcher.entered_block(&file, 2, true);
+    exec.run_pending();
+    let plan = file.plan().unwrap();
+    let missing: Vec<usize> = plan
+        .block_chunks(3)
+        .iter()
+        .copied()
+        .filter(|&c| !file.chunk_present(store.cache(), c))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "chunks of the next block not prefetched: {missing:?}"
+    );
+}
