@@ -119,6 +119,19 @@ impl ModelTable {
         evicted
     }
 
+    /// Forgets `file` if it is the known version of `path` (a version pruned on close).
+    pub fn remove_version(&mut self, path: &Path, file: &Arc<ModelFile>) {
+        if self
+            .files
+            .peek(path)
+            .is_some_and(|known| Arc::ptr_eq(&known.file, file))
+        {
+            if let Some(known) = self.files.pop(path) {
+                self.bytes -= known.bytes;
+            }
+        }
+    }
+
     /// Whether enough was evicted since the last call that returned true to trim the heap.
     pub fn take_trim_due(&mut self) -> bool {
         let due = self.untrimmed >= TRIM_AFTER_EVICTED_BYTES;

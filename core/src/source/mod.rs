@@ -46,6 +46,10 @@ use windows as platform;
 #[cfg(not(any(target_os = "linux", windows)))]
 compile_error!("tierfs-core reads sources on Linux and Windows only");
 
+#[cfg(target_os = "linux")]
+pub mod limits;
+pub mod slot;
+
 use crate::sync::StaticMutex;
 pub use platform::open_direct;
 use platform::ChunkMemory;
@@ -72,6 +76,8 @@ pub enum SourceError {
         wanted_end: u64,
         got_end: u64,
     },
+    #[error("{path} is no longer the version tierfs indexed (replaced or rewritten in SOURCE)")]
+    Changed { path: PathBuf },
     #[error("cannot allocate a {len}-byte buffer: {source}")]
     Alloc { len: usize, source: io::Error },
 }
