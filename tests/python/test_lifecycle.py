@@ -14,7 +14,6 @@ core/src/source/slot.rs, core/src/models/open.rs).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import struct
@@ -31,19 +30,6 @@ import gen  # noqa: E402
 from conftest import MiB, fresh_dir  # noqa: E402
 
 N_SMALL = 20_000
-
-
-def _small_safetensors(i: int) -> bytes:
-    """A LoRA-like file of a few hundred bytes, different for every `i`."""
-    data = struct.pack("<16e", *[(i * 16 + k) % 1000 / 8 for k in range(16)])
-    header = {
-        "__metadata__": {"ss_network_dim": "4", "index": str(i)},
-        f"lora_unet_block_{i % 97}.lora_down.weight": {"dtype": "F16", "shape": [2, 4], "data_offsets": [0, 16]},
-        f"lora_unet_block_{i % 97}.lora_up.weight": {"dtype": "F16", "shape": [4, 2], "data_offsets": [16, 32]},
-    }
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)
-    return struct.pack("<Q", len(raw)) + raw + data
 
 
 def _fd_targets(pid: int) -> list[str]:
@@ -68,7 +54,7 @@ def _nofile_limit(pid: int) -> int:
 def lora_dir():
     root = fresh_dir("loras")
     for i in range(N_SMALL):
-        (root / f"lora_{i:05d}.safetensors").write_bytes(_small_safetensors(i))
+        (root / f"lora_{i:05d}.safetensors").write_bytes(gen.small_safetensors(i))
     return root
 
 
@@ -87,7 +73,7 @@ def test_header_scan_of_20000_files_never_runs_out_of_descriptors(mount, lora_di
     started = time.monotonic()
     for i in range(N_SMALL):
         name = f"lora_{i:05d}.safetensors"
-        want = _small_safetensors(i)
+        want = gen.small_safetensors(i)
         # What a safetensors header reader does: 8 bytes of length, then the JSON. Any
         # OSError (EMFILE from the daemon) fails the test right here.
         with open(m.mnt / name, "rb") as f:
