@@ -32,7 +32,8 @@ pub const DEFAULT_INDEX_CAP: u64 = 256 << 20;
 pub const TRIM_AFTER_EVICTED_BYTES: u64 = 16 << 20;
 
 /// Memory of a known file besides its header and index: the `ModelFile`, its access state,
-/// its table entry and its open descriptor. Rounded up from the struct sizes.
+/// its table entry and its source slot (no descriptor: see `crate::source::slot`). Rounded up
+/// from the struct sizes.
 const ENTRY_OVERHEAD: u64 = 2 << 10;
 
 struct Known {
