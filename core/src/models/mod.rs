@@ -743,7 +743,6 @@ impl ModelStore {
             );
         }
         let stop = end.min(span.end);
-        bytes.note_served(stop - pos);
         let counter = match outcome {
             Outcome::Hit => &self.counters().hit_bytes,
             Outcome::Miss => &self.counters().miss_bytes,
