@@ -69,6 +69,22 @@ impl ChunkPlan {
         builder.finish(index.blocks.len())
     }
 
+    /// The same chunks with their blocks renumbered: local block `b` becomes `to[b]`, out of
+    /// `blocks` in all. How a shard's plan speaks in its model's blocks
+    /// ([`crate::models::shards`]): one block numbering, order and eviction distance over every
+    /// shard. A block missing from `to` keeps its number (cannot happen for a map built from
+    /// the same index).
+    pub fn renumbered(self, to: &[usize], blocks: usize) -> ChunkPlan {
+        let mut builder = PlanBuilder {
+            chunks: self.chunks,
+            open_pack: None,
+        };
+        for span in &mut builder.chunks {
+            span.block = to.get(span.block).copied().unwrap_or(span.block);
+        }
+        builder.finish(blocks)
+    }
+
     /// The chunks of block `block`, in file order.
     pub fn block_chunks(&self, block: usize) -> &[usize] {
         self.by_block.get(block).map_or(&[], Vec::as_slice)

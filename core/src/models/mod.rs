@@ -23,6 +23,7 @@
 //! **Memory.** Headers and indexes of known files are held to their own cap ([`table`]).
 
 mod runs;
+pub mod shards;
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -129,6 +130,10 @@ pub struct ModelFile {
     runs: runs::Runs,
     /// The block the last stream of this file was in (`usize::MAX`: none yet).
     stream_block: std::sync::atomic::AtomicUsize,
+    /// The sharded model this file is a shard of ([`shards`]): its blocks are the model's.
+    shard_of: Option<shards::ShardOf>,
+    /// Why a file that looks like a shard is served on its own.
+    standalone_reason: Option<String>,
 }
 
 /// How an open model file is served, as the stats show it (`files[].mode`).
@@ -155,9 +160,10 @@ impl ModelFile {
         abs: &Path,
         generation: u64,
         (saved, wrap): (&SavedOrders, Option<&ReadWrapper>),
+        membership: shards::Membership,
     ) -> Result<ModelFile, OpenError> {
         let source = SourceFile::open_with(abs, wrap)?;
-        let order_key = SavedOrders::key(abs, &source.identity());
+        let mut order_key = SavedOrders::key(abs, &source.identity());
         let format = Format::of_path(path).unwrap_or_default();
         let (header, layout) = match read_header(&source, format) {
             Ok((header, index)) => {
@@ -175,12 +181,18 @@ impl ModelFile {
             }
             Err(HeaderError::Source(e)) => return Err(e.into()),
         };
-        let access = match &layout {
-            Layout::Indexed { index, .. } => Some(Arc::new(FileAccess::new(
+        let (shard_of, standalone_reason, layout) =
+            shards::join(membership, &source.identity(), layout);
+        let access = match (&layout, &shard_of) {
+            (Layout::Indexed { .. }, Some(of)) => {
+                order_key = of.model.order_key().to_owned();
+                Some(Arc::clone(of.model.access()))
+            }
+            (Layout::Indexed { index, .. }, None) => Some(Arc::new(FileAccess::new(
                 index.blocks.len(),
                 saved.get(&order_key),
             ))),
-            Layout::Malformed { .. } => None,
+            (Layout::Malformed { .. }, _) => None,
         };
         Ok(ModelFile {
             path: path.to_owned(),
@@ -193,6 +205,8 @@ impl ModelFile {
             mode: AtomicU8::new(ServeMode::Cache as u8),
             runs: runs::Runs::default(),
             stream_block: std::sync::atomic::AtomicUsize::new(usize::MAX),
+            shard_of,
+            standalone_reason,
         })
     }
 
@@ -317,7 +331,7 @@ impl ModelFile {
             Layout::Malformed { .. } => "uncached",
             Layout::Indexed { .. } => self.mode().name(),
         };
-        FileSnapshot {
+        let mut snapshot = FileSnapshot {
             path: self.path.to_string_lossy().into_owned(),
             mode,
             size: self.size(),
@@ -335,7 +349,11 @@ impl ModelFile {
                 wasted_bytes: get(|c| &c.prefetch_wasted_bytes),
             },
             stall_seconds: get(|c| &c.stall_ns) as f64 / 1e9,
-        }
+            model: None,
+            standalone_reason: None,
+        };
+        shards::annotate(&mut snapshot, self);
+        snapshot
     }
 }
 
@@ -402,6 +420,8 @@ pub struct ModelStore {
     saved: SavedOrders,
     /// Fault injection for tests ([`ModelStore::with_read_wrapper`]); `None` in the daemon.
     read_wrapper: Option<ReadWrapper>,
+    /// The sharded models formed so far.
+    shards: shards::Registry,
 }
 
 impl ModelStore {
@@ -438,6 +458,7 @@ impl ModelStore {
             next_generation: AtomicU64::new(1),
             saved,
             read_wrapper: None,
+            shards: shards::Registry::default(),
         }
     }
 
@@ -511,6 +532,13 @@ impl ModelStore {
         let room = self
             .budget()
             .saturating_sub(self.cache.snapshot().used_bytes);
+        // A shard of a model larger than the budget is read through the cache: passthrough
+        // would keep it out of the model's order, prefetch and eviction.
+        let room = if shards::too_large(file, self.budget()) {
+            0
+        } else {
+            room
+        };
         let mode = if passthrough_possible
             && !file.is_malformed()
             && self.cache.cached_bytes(file.generation) == 0
@@ -580,22 +608,24 @@ impl ModelStore {
             source,
         })?;
         if let Some(known) = self.lock().get(path) {
-            if known.source.identity() == current {
+            if known.source.identity() == current && shards::is_current(known) {
                 return Ok(Arc::clone(known));
             }
         }
+        let membership = self.shards.membership((path, abs), &current, &self.saved);
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
         let file = Arc::new(ModelFile::open(
             path,
             abs,
             generation,
             (&self.saved, self.read_wrapper.as_ref()),
+            membership,
         )?);
         let mut files = self.lock();
         // Several readers may open a file at once: the first version indexed wins, the others
         // use it (same identity) rather than replace it and drop its cached bytes.
         if let Some(known) = files.get(path) {
-            if known.source.identity() == file.source.identity() {
+            if known.source.identity() == file.source.identity() && shards::is_current(known) {
                 return Ok(Arc::clone(known));
             }
         }
@@ -793,7 +823,7 @@ impl ModelStore {
                     self.saved.put(file.order_key.clone(), access.saved_order());
                 }
             }
-            self.prefetcher.entered_block(file, block, predicted);
+            self.entered_block(file, block, predicted);
         }
     }
 
@@ -819,3 +849,6 @@ mod fault_tests;
 
 #[cfg(test)]
 mod gguf_tests;
+
+#[cfg(test)]
+mod shard_tests;

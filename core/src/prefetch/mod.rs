@@ -119,17 +119,47 @@ impl Prefetcher {
     /// A reader entered `block` of `file`: queue the rest of it and, if the reader follows the
     /// order, the next blocks.
     pub fn entered_block<F: PrefetchTarget>(&self, file: &Arc<F>, block: usize, predicted: bool) {
-        let (Some(access), Some(plan)) = (file.access(), file.plan()) else {
+        self.entered_block_in(file, block, predicted, |_| vec![Arc::clone(file)]);
+    }
+
+    /// [`Self::entered_block`] for a file whose blocks may have chunks in other files too (the
+    /// shards of one model share one block numbering and access state): `holders(b)` are the
+    /// files holding chunks of block `b`. This is how prefetch crosses from the end of one
+    /// shard into the next one, opened for it if no reader has opened it yet.
+    pub fn entered_block_in<F, H>(&self, file: &Arc<F>, block: usize, predicted: bool, holders: H)
+    where
+        F: PrefetchTarget,
+        H: Fn(usize) -> Vec<Arc<F>>,
+    {
+        let Some(access) = file.access() else {
             return;
         };
-        let present = |chunk: &usize| file.chunk_present(&self.cache, *chunk);
-        if predicted && !plan.block_chunks(block).iter().all(present) {
+        let block_chunks = |f: &Arc<F>, b: usize| -> Vec<usize> {
+            f.plan()
+                .map_or_else(Vec::new, |p| p.block_chunks(b).to_vec())
+        };
+        let block_bytes = |files: &[Arc<F>], b: usize| -> u64 {
+            files
+                .iter()
+                .filter_map(|f| f.plan().map(|p| p.block_bytes(b)))
+                .sum()
+        };
+        // The rest of the current block is fetched from this file only: the current block may
+        // have tensors in another shard too (the non-block group: embeddings in the first
+        // shard, the output layer in the last), which the reader reaches much later.
+        let here = vec![Arc::clone(file)];
+        let all_present = block_chunks(file, block)
+            .iter()
+            .all(|&c| file.chunk_present(&self.cache, c));
+        if predicted && !all_present {
             access.deepen(); // the reader caught up with prefetch: fetch further ahead
         }
         let epoch = Some(access.epoch());
-        let mut blocks = vec![block];
+        let mut blocks = vec![(block, here)];
         if predicted {
-            blocks.extend(access.next_blocks(block, access.depth()));
+            for b in access.next_blocks(block, access.depth()) {
+                blocks.push((b, holders(b)));
+            }
         }
         // Blocks held ahead are taken from what repeated passes keep resident, so the lead is
         // capped: an eighth of the budget (LEAD_SHARE), or one whole next block where that is
@@ -140,19 +170,21 @@ impl Prefetcher {
         // block are evicted first (`cache::Chunk::distance`), so the lead mostly replaces bytes
         // the reader is done with rather than the resident set.
         let budget = self.cache.budget();
-        let next_block = blocks.get(1).map_or(0, |&b| plan.block_bytes(b));
+        let next_block = blocks.get(1).map_or(0, |(b, files)| block_bytes(files, *b));
         let limit = (budget / LEAD_SHARE)
             .max(next_block)
             .min(budget / BLOCK_LEAD_SHARE.1 * BLOCK_LEAD_SHARE.0);
         let mut queued = 0;
-        for b in blocks {
-            queued += plan.block_bytes(b);
+        for (b, files) in blocks {
+            queued += block_bytes(&files, b);
             if queued > limit && b != block {
                 break;
             }
-            for &chunk in plan.block_chunks(b) {
-                if !self.queue(file, chunk, epoch) {
-                    return;
+            for f in &files {
+                for chunk in block_chunks(f, b) {
+                    if !self.queue(f, chunk, epoch) {
+                        return;
+                    }
                 }
             }
         }
