@@ -483,10 +483,15 @@ impl ModelStore {
             self.prefetcher.entered_block(file, block, predicted);
             return;
         };
+        // The rest of the current block is fetched from this shard and the next one (a block
+        // cut at the shard boundary continues there), not from the others: the non-block group
+        // has tensors in the first shard (embeddings) and the last (output layer), which the
+        // reader reaches much later. The blocks ahead are fetched wherever they are.
         let holders = |b: usize| -> Vec<Arc<ModelFile>> {
             of.model
                 .holders(b)
                 .iter()
+                .filter(|&&s| b != block || s == of.shard || s == of.shard + 1)
                 .filter_map(|&s| {
                     if s == of.shard {
                         Some(Arc::clone(file))

@@ -144,13 +144,12 @@ impl Prefetcher {
                 .filter_map(|f| f.plan().map(|p| p.block_bytes(b)))
                 .sum()
         };
-        // The rest of the current block is fetched from this file only: the current block may
-        // have tensors in another shard too (the non-block group: embeddings in the first
-        // shard, the output layer in the last), which the reader reaches much later.
-        let here = vec![Arc::clone(file)];
-        let all_present = block_chunks(file, block)
-            .iter()
-            .all(|&c| file.chunk_present(&self.cache, c));
+        let here = holders(block);
+        let all_present = here.iter().all(|f| {
+            block_chunks(f, block)
+                .iter()
+                .all(|&c| f.chunk_present(&self.cache, c))
+        });
         if predicted && !all_present {
             access.deepen(); // the reader caught up with prefetch: fetch further ahead
         }
