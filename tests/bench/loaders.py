@@ -23,9 +23,14 @@ norms, tensors in name order like real writers, so model order is not file order
 7. ComfyUI-GGUF's loader (`gguf_sd_loader`, its calls replicated as in test_loaders.py:
    GGUFReader, torch.from_numpy per tensor) on the same GGUF, each tensor copied in model order
    (what moving a layer to the GPU reads);
-8. a sharded model (diffusers layout: 4 `.safetensors` shards of a ~1 GiB Wan-style DiT, 8
-   blocks of ~128 MiB, plus the index.json; tierfs serves the shards as one model), read shard
-   by shard with safe_open(framework="numpy") in index order (weight_map order);
+8. a sharded model (diffusers layout: 4 `.safetensors` shards of a ~1.04 GiB Wan-style DiT, 44
+   blocks of ~24 MiB, tensors in name order so file order is not model order, plus the
+   index.json; tierfs serves the shards as one model), read shard by shard with
+   safe_open(framework="numpy") in index order (weight_map order).  Blocks are ~5 % of the
+   512 MiB budget, as in real models (Wan 2.1 14B: 40 blocks of ~700 MB; Flux: 57 blocks of
+   200-400 MB; budgets of half the model).  With 8 blocks of 128 MiB (a quarter of the budget
+   each) later passes read up to 1.2 x (model - budget), the same for one unsharded file of
+   those blocks (measured 2026-12-01: 524-615 MiB per pass for both);
 9. the same sharded model read shard by shard in index order by bench.py row 4's reader: each
    tensor cut into 2 MiB pieces that 8 threads pread (no fadvise: the page cache keeps what it
    can, which is the baseline the repeated-pass goal is about).
@@ -322,7 +327,7 @@ class Run:
             self.gguf = gen_gguf.make_dit_gguf(self.src / "flux_2gib.gguf", dim=3072, n_double=4, n_single=8)
         self.sharded = None
         if set(args.loaders) & set(SHARDED_LOADERS):
-            self.sharded = gen_gguf.make_sharded(self.src / "sharded", SHARD_STEM, gen.dit_specs(2048, 8192, 8),
+            self.sharded = gen_gguf.make_sharded(self.src / "sharded", SHARD_STEM, gen.dit_specs(1024, 2048, 44),
                                                  4, seed=2027)
         self.passes: dict[str, list[float]] = {}
         self.repeats: dict[int, dict[str, list[dict]]] = {}
