@@ -689,7 +689,7 @@ impl ModelStore {
             // The common case, a kernel request inside one chunk: no copy here at all.
             let (bytes, range, stop) = self.chunk_slice(file, chunk, offset, end)?;
             if stop == end {
-                self.prefetcher.after_read(file, chunk);
+                self.after_read(file, chunk);
                 return Ok(ReadBytes::Chunk { bytes, range });
             }
         }
@@ -721,7 +721,7 @@ impl ModelStore {
             };
         }
         if let Some(chunk) = last_chunk {
-            self.prefetcher.after_read(file, chunk);
+            self.after_read(file, chunk);
         }
         Ok(out)
     }

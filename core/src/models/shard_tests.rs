@@ -452,3 +452,36 @@ fn a_registry_keeps_one_model_per_shard_set() {
     assert_eq!((a.shard, b.shard), (0, 1));
     assert_eq!(registry.models().len(), 1);
 }
+
+#[test]
+fn sequential_read_ahead_runs_on_into_the_next_shard() {
+    // Blocks of 8 MiB on a 32 MiB budget: the block lead (4–12 MiB) cannot hold the current
+    // block and the next, so only the sequential read-ahead (8 MiB) reaches into shard 2.
+    let dir = tempfile::tempdir().unwrap();
+    let shards = sharded(dir.path(), 2, 2, 8 * MIB, true);
+    let exec = Arc::new(ManualExecutor::new(1024));
+    let store = ModelStore::with_executor(32 << 20, SavedOrders::default(), exec.clone());
+    let first = open(&store, dir.path(), &shards[0].0);
+    let mut at = 0;
+    while at < shards[0].1.len() {
+        let got = store.read(&first, at as u64, 1 << 20).unwrap();
+        assert_eq!(&got[..], &shards[0].1[at..at + got.len()]);
+        at += got.len();
+        exec.run_pending();
+    }
+    let second = open(&store, dir.path(), &shards[1].0);
+    let plan = second.plan().unwrap();
+    // Shard 2 starts with the rest of transformer_blocks.1 (model block 2), then
+    // transformer_blocks.2 (block 3): the first and the big tensor of the next are read ahead
+    // (8 MiB in all); the output projection (non-block group, current at the start of shard 1)
+    // is not fetched early.
+    let present = |c: usize| second.chunk_present(store.cache(), c);
+    let chunks = plan.chunks();
+    assert_eq!(
+        (chunks[0].block, chunks[1].block, chunks[2].block),
+        (2, 3, 3)
+    );
+    assert!(present(0) && present(1) && present(2), "{chunks:?}");
+    assert!(!plan.block_chunks(0).iter().any(|&c| present(c)));
+    assert_eq!(&read_all(&store, &second, 1 << 20), &shards[1].1);
+}

@@ -22,6 +22,8 @@
 //! - prefetch that crosses shards: the next block in the model's order may live in another
 //!   shard, and [`ModelStore::entered_block`] hands the prefetcher that shard's file, opening
 //!   it (header read and index, as a reader's open would) when no reader has opened it yet;
+//!   sequential read-ahead that reaches the end of a shard goes on into the next shard's first
+//!   chunks (same rule as within a file: they belong to the reader's block or the next one);
 //! - eviction ranked over the whole model: a chunk's distance is its block's distance from the
 //!   reader's block in the model's order, whichever shard either is in.
 //!
@@ -80,6 +82,8 @@ pub struct Shard {
     identity: SourceIdentity,
     /// `to_model[b]`: the model block of the shard's own block `b`.
     to_model: Vec<usize>,
+    /// The model block of the shard's first tensor (by offset).
+    first_block: Option<usize>,
 }
 
 /// The shards of one model, sharing one access state.
@@ -393,8 +397,10 @@ fn form(
     let mut shards = Vec::with_capacity(indexes.len());
     for (at, (name, abs, identity, index)) in indexes.into_iter().enumerate() {
         let mut to_model = vec![0; index.blocks.len()];
+        let mut first_block = None;
         for tensor in &index.tensors {
             let block = assignment.next().copied().unwrap_or(0);
+            first_block = first_block.or(Some(block));
             if let Some(slot) = to_model.get_mut(tensor.block) {
                 *slot = block;
             }
@@ -409,6 +415,7 @@ fn form(
             abs,
             identity,
             to_model,
+            first_block,
         });
     }
     let size = shards.iter().map(|s| s.identity.size).sum();
@@ -483,15 +490,19 @@ impl ModelStore {
             self.prefetcher.entered_block(file, block, predicted);
             return;
         };
-        // The rest of the current block is fetched from this shard and the next one (a block
-        // cut at the shard boundary continues there), not from the others: the non-block group
-        // has tensors in the first shard (embeddings) and the last (output layer), which the
-        // reader reaches much later. The blocks ahead are fetched wherever they are.
+        // The rest of the current block is fetched from this shard, and from the next one if
+        // that one starts with it (a block cut at the shard boundary), not from the others: the
+        // non-block group has tensors in the first shard (embeddings) and the last (output
+        // layer), which the reader reaches much later. Blocks ahead are fetched wherever they
+        // are.
+        let continues = |s: usize| {
+            s == of.shard + 1 && of.model.shards.get(s).and_then(|x| x.first_block) == Some(block)
+        };
         let holders = |b: usize| -> Vec<Arc<ModelFile>> {
             of.model
                 .holders(b)
                 .iter()
-                .filter(|&&s| b != block || s == of.shard || s == of.shard + 1)
+                .filter(|&&s| b != block || s == of.shard || continues(s))
                 .filter_map(|&s| {
                     if s == of.shard {
                         Some(Arc::clone(file))
@@ -503,6 +514,25 @@ impl ModelStore {
         };
         self.prefetcher
             .entered_block_in(file, block, predicted, holders);
+    }
+
+    /// A reader read chunk `chunk` of `file`: read ahead in file order and, for a shard whose
+    /// end the read-ahead reaches, on into the next shard (index order), as if the shards were
+    /// one file: a loader going through the shards one by one finds the next one's first
+    /// chunks in memory when it gets there.
+    pub(super) fn after_read(&self, file: &Arc<ModelFile>, chunk: usize) {
+        let Some(left) = self.prefetcher.after_read(file, chunk) else {
+            return;
+        };
+        let Some(of) = file.shard_of.as_ref() else {
+            return;
+        };
+        if left.bytes == 0 || of.shard + 1 >= of.model.shards.len() {
+            return;
+        }
+        if let Some(next) = self.open_shard(&of.model, of.shard + 1) {
+            self.prefetcher.read_ahead(&next, 0, left);
+        }
     }
 
     /// Shard `shard` of `model`, opened (indexed) if no reader opened it yet; `None` if it

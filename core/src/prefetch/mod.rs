@@ -61,6 +61,15 @@ pub trait PrefetchTarget: Send + Sync + 'static {
     }
 }
 
+/// Sequential read-ahead still to queue ([`Prefetcher::read_ahead`]): the reader's block, the
+/// block the order predicts after it, and the bytes left.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadAhead {
+    pub block: usize,
+    pub next_block: Option<usize>,
+    pub bytes: u64,
+}
+
 /// Bytes read ahead of a sequential reader: 16 MiB is four chunks, about 16 ms of disk time at
 /// 1 GB/s — enough to cover the gap between a reader finishing one chunk and asking for the
 /// next, even with the FUSE round trips in between.
@@ -189,26 +198,40 @@ impl Prefetcher {
         }
     }
 
-    /// A reader just read chunk `chunk` of `file`: queue what follows it in the file.
-    pub fn after_read<F: PrefetchTarget>(&self, file: &Arc<F>, chunk: usize) {
-        let (Some(plan), Some(span)) = (file.plan(), file.plan().and_then(|p| p.get(chunk))) else {
-            return;
+    /// A reader just read chunk `chunk` of `file`: queue what follows it in the file. Returns
+    /// the read-ahead left when it ran to the end of the file (a sharded model continues in its
+    /// next shard: [`Self::read_ahead`]).
+    pub fn after_read<F: PrefetchTarget>(&self, file: &Arc<F>, chunk: usize) -> Option<ReadAhead> {
+        let span = file.plan().and_then(|p| p.get(chunk))?;
+        let ahead = ReadAhead {
+            block: span.block,
+            next_block: file
+                .access()
+                .and_then(|a| a.next_blocks(span.block, 1).first().copied()),
+            bytes: READAHEAD_BYTES.min(self.cache.budget() / 4),
         };
-        let next_block = file
-            .access()
-            .and_then(|a| a.next_blocks(span.block, 1).first().copied());
-        let limit = READAHEAD_BYTES.min(self.cache.budget() / 4);
-        let mut ahead = 0;
-        for next in chunk + 1..plan.len() {
-            let Some(next_span) = plan.get(next) else {
-                break;
-            };
-            ahead += next_span.len();
-            let follows = next_span.block == span.block || Some(next_span.block) == next_block;
-            if ahead > limit || !follows || !self.queue(file, next, None) {
-                break;
+        self.read_ahead(file, chunk + 1, ahead)
+    }
+
+    /// Queues the chunks of `file` from `first` on while they belong to `ahead.block` or
+    /// `ahead.next_block`, up to `ahead.bytes`; returns what is left if it reached the end.
+    pub fn read_ahead<F: PrefetchTarget>(
+        &self,
+        file: &Arc<F>,
+        first: usize,
+        mut ahead: ReadAhead,
+    ) -> Option<ReadAhead> {
+        let plan = file.plan()?;
+        for next in first..plan.len() {
+            let next_span = plan.get(next)?;
+            let follows =
+                next_span.block == ahead.block || Some(next_span.block) == ahead.next_block;
+            if next_span.len() > ahead.bytes || !follows || !self.queue(file, next, None) {
+                return None;
             }
+            ahead.bytes -= next_span.len();
         }
+        Some(ahead)
     }
 
     /// Queues every block of `file`, in its order, until the budget's worth is queued.
