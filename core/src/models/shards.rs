@@ -539,7 +539,7 @@ impl ModelStore {
     /// cannot be, or is no longer a shard of this model version.
     fn open_shard(&self, model: &Arc<ShardedModel>, shard: usize) -> Option<Arc<ModelFile>> {
         let s = model.shards.get(shard)?;
-        match self.open(&s.rel, &s.abs) {
+        match self.open_version(&s.rel, &s.abs, false) {
             Ok(file) => file
                 .shard_of
                 .as_ref()
