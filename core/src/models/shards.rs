@@ -32,6 +32,12 @@
 //! access state, and the old one is marked superseded, so the other shards' files, which
 //! still point at it, are indexed again at their next open ([`ShardOf::is_current`]).
 //!
+//! **Limits.** Discovery runs once per file version: a file found standing alone (say, a
+//! shard opened while the next one was still downloading) stays alone until it changes or the
+//! mount restarts; a shard opened under another path (a symlink elsewhere) finds no siblings
+//! and stands alone. Prefetch opens shards with the daemon's rights, but their bytes are served
+//! only to a reader whose own open of that version succeeded ([`crate::access`]).
+//!
 //! **Cost.** Forming a model reads every shard's header once (one 256 KiB read each for real
 //! checkpoints) besides the read the shard's own open does; it happens once per model version,
 //! under the registry's lock so two shards opened at once do not form it twice.
