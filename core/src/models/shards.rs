@@ -653,3 +653,10 @@ pub(super) fn too_large(file: &ModelFile, budget: u64) -> bool {
 pub(super) fn is_current(file: &ModelFile) -> bool {
     file.shard_of.as_ref().is_none_or(ShardOf::is_current)
 }
+
+/// For a shard, the model block its next shard (index order) starts with: where a reader going
+/// through the shards in file order goes after this shard's last chunk.
+pub(super) fn next_shard_first_block(file: &ModelFile) -> Option<usize> {
+    let of = file.shard_of.as_ref()?;
+    of.model.shards.get(of.shard + 1)?.first_block
+}
