@@ -20,6 +20,13 @@
 //! before the change keep reading the version (and the descriptor) they opened, so a reader
 //! that opens a file after it changed can never be served cached bytes of the old one.
 //!
+//! **Descriptors.** A known version holds no descriptor of its own: an open handle
+//! ([`OpenModel`], from [`ModelStore::open_handle`]) holds its source descriptors, a read or a
+//! prefetch of a version nobody holds opens them again for one chunk, checked to be the same
+//! version ([`crate::source::slot`]). When the last handle of a version closes and SOURCE no
+//! longer holds it (deleted, replaced), the version is forgotten with its cached bytes
+//! ([`open`]), so its disk space and its share of the budget are given back at once.
+//!
 //! **Memory.** Headers and indexes of known files are held to their own cap ([`table`]).
 
 mod runs;
@@ -41,11 +48,14 @@ use crate::prefetch::access::FileCounters;
 use crate::prefetch::access::{FileAccess, Step};
 use crate::prefetch::saved::SavedOrders;
 use crate::prefetch::{Executor, PrefetchTarget, Prefetcher};
+use crate::source::slot::SourceSlot;
 use crate::source::{aligned_footprint, ReadWrapper, SourceError, SourceFile, SourceIdentity};
 use crate::stats::{Counters, FileSnapshot, IndexSnapshot, PrefetchSnapshot};
 use crate::sync::{lock, Mutex, MutexGuard};
 
+mod open;
 pub mod table;
+pub use open::OpenModel;
 use table::ModelTable;
 pub use table::DEFAULT_INDEX_CAP;
 
@@ -115,7 +125,9 @@ pub enum Layout {
 pub struct ModelFile {
     path: PathBuf,
     generation: u64,
-    source: SourceFile,
+    /// The source version, with its descriptors open only while someone reads
+    /// ([`crate::source::slot`]).
+    source: SourceSlot,
     /// The first `header_bytes` of the file and up to [`HEADER_TAIL_BYTES`] after them (empty
     /// when malformed).
     header: Vec<u8>,
@@ -131,13 +143,23 @@ pub struct ModelFile {
     /// The block the last stream of this file was in (`usize::MAX`: none since the last open;
     /// see [`ModelFile::opened`]).
     stream_block: std::sync::atomic::AtomicUsize,
-    /// Whether the last request checked by [`ModelFile::is_probe`] continued a run: a reader
-    /// entering a block this way reads the file in file order (see `ModelStore::touch`).
-    continued_run: std::sync::atomic::AtomicBool,
+    /// Open handles of this version ([`OpenModel`]).
+    handles: std::sync::atomic::AtomicUsize,
+    /// Set once the version was pruned ([`open`]): no chunk of it may stay cached.
+    pruned: std::sync::atomic::AtomicBool,
     /// The sharded model this file is a shard of ([`shards`]): its blocks are the model's.
     shard_of: Option<shards::ShardOf>,
     /// Why a file that looks like a shard is served on its own.
     standalone_reason: Option<String>,
+}
+
+/// How a data request is served ([`ModelFile::classify`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Request {
+    /// Exactly the requested bytes, no chunk cached, no prefetch ([`runs`]).
+    Probe,
+    /// Through the cache; `in_file_order` if the request went on from the end of a run.
+    Read { in_file_order: bool },
 }
 
 /// How an open model file is served, as the stats show it (`files[].mode`).
@@ -159,14 +181,16 @@ impl ServeMode {
 }
 
 impl ModelFile {
+    /// Indexes the version of `abs` there now; returns it with the descriptors it was read
+    /// through, open for as long as the caller holds them.
     fn open(
         path: &Path,
         abs: &Path,
         generation: u64,
         (saved, wrap): (&SavedOrders, Option<&ReadWrapper>),
         membership: shards::Membership,
-    ) -> Result<ModelFile, OpenError> {
-        let source = SourceFile::open_with(abs, wrap)?;
+    ) -> Result<(ModelFile, Arc<SourceFile>), OpenError> {
+        let source = Arc::new(SourceFile::open_with(abs, wrap)?);
         let mut order_key = SavedOrders::key(abs, &source.identity());
         let format = Format::of_path(path).unwrap_or_default();
         let (header, layout) = match read_header(&source, format) {
@@ -198,10 +222,10 @@ impl ModelFile {
             ))),
             (Layout::Malformed { .. }, _) => None,
         };
-        Ok(ModelFile {
+        let file = ModelFile {
             path: path.to_owned(),
             generation,
-            source,
+            source: SourceSlot::new(&source, wrap.cloned()),
             header,
             layout,
             access,
@@ -209,10 +233,12 @@ impl ModelFile {
             mode: AtomicU8::new(ServeMode::Cache as u8),
             runs: runs::Runs::default(),
             stream_block: std::sync::atomic::AtomicUsize::new(usize::MAX),
-            continued_run: std::sync::atomic::AtomicBool::new(false),
+            handles: std::sync::atomic::AtomicUsize::new(0),
+            pruned: std::sync::atomic::AtomicBool::new(false),
             shard_of,
             standalone_reason,
-        })
+        };
+        Ok((file, source))
     }
 
     /// How the last open of this version was served.
@@ -237,7 +263,8 @@ impl ModelFile {
         self.generation
     }
 
-    pub fn source(&self) -> &SourceFile {
+    /// The source version (path and identity) this file is, and its descriptors on demand.
+    pub fn source(&self) -> &SourceSlot {
         &self.source
     }
 
@@ -290,11 +317,16 @@ impl ModelFile {
             access: Arc::clone(access),
             block: span.block,
         });
-        cache
-            .get_or_load(self.key(chunk), footprint, want, owner.as_ref(), || {
-                self.source.read_aligned(span.start, span.end)
-            })
-            .map(Some)
+        let got = cache.get_or_load(self.key(chunk), footprint, want, owner.as_ref(), || {
+            self.source.get()?.read_aligned(span.start, span.end)
+        });
+        // A load that was under way when the version was pruned must not leave its chunk in the
+        // budget. The flag is set before the pruning forgets the file's chunks, and read after
+        // this chunk was inserted: one of the two forgets it (see `open`).
+        if self.pruned.load(Ordering::SeqCst) {
+            cache.forget_file(self.generation);
+        }
+        got.map(Some)
     }
 
     /// A process opened this version: its recent runs and stream are over as far as new
@@ -315,26 +347,33 @@ impl ModelFile {
         self.stream_block.store(usize::MAX, Ordering::Relaxed);
     }
 
-    /// Whether the request `[offset, end)`, whose data starts in chunk `chunk`, is a probe
-    /// ([`runs`]): it does not continue a run of [`runs::STREAM_AFTER`] bytes, and its block is
-    /// neither the one a stream of this file is in nor the next one in the order (other threads
-    /// of a reader streaming that block, or a reader following a learned order, are no probes).
-    fn is_probe(&self, chunk: usize, offset: u64, end: u64) -> bool {
-        let run_before = self.runs.record(offset, end);
-        self.continued_run.store(run_before > 0, Ordering::Relaxed);
+    /// How the request `[offset, end)`, whose data starts in chunk `chunk`, is served. It is a
+    /// probe ([`runs`]) if it does not continue a run of [`runs::STREAM_AFTER`] bytes and its
+    /// block is neither the one a stream of this file is in nor the next one in the order
+    /// (other threads of a reader streaming that block, or a reader following a learned order,
+    /// are no probes).
+    fn classify(&self, chunk: usize, offset: u64, end: u64) -> Request {
+        let (run_before, went_on) = self.runs.record_step(offset, end);
+        let read = Request::Read {
+            in_file_order: went_on,
+        };
         let (Some(access), Some(span)) = (self.access(), self.plan().and_then(|p| p.get(chunk)))
         else {
-            return false;
+            return read;
         };
         if run_before >= runs::STREAM_AFTER {
             self.stream_block.store(span.block, Ordering::Relaxed);
-            return false;
+            return read;
         }
         let streaming = self.stream_block.load(Ordering::Relaxed);
-        if streaming == usize::MAX {
-            return true;
+        let probe = streaming == usize::MAX
+            || (span.block != streaming
+                && access.next_blocks(streaming, 1).first() != Some(&span.block));
+        if probe {
+            Request::Probe
+        } else {
+            read
         }
-        span.block != streaming && access.next_blocks(streaming, 1).first() != Some(&span.block)
     }
 
     /// Whether chunk `chunk` is already cached or being read.
@@ -395,6 +434,9 @@ impl PrefetchTarget for ModelFile {
     }
 
     fn prefetch_chunk(&self, cache: &ChunkCache, chunk: usize) -> Result<(), CacheError> {
+        if self.pruned.load(Ordering::Relaxed) {
+            return Ok(()); // nobody can read it any more
+        }
         self.fetch_chunk(cache, chunk, Want::Prefetch).map(|_| ())
     }
 
@@ -627,18 +669,20 @@ impl ModelStore {
     /// The current version of the model file at `path` (relative to the mount root), whose
     /// source is `abs`: the known one if the source is unchanged, else a freshly indexed one.
     pub fn open(&self, path: &Path, abs: &Path) -> Result<Arc<ModelFile>, OpenError> {
-        self.open_version(path, abs, true)
+        self.open_version(path, abs, true).map(|(file, _)| file)
     }
 
-    /// [`Self::open`], for a reader's open (`by_reader`: a new load starts, see
-    /// [`ModelFile::opened`]) or for prefetch crossing into a shard ([`shards`]), which must
-    /// not reset the runs of a reader that may be streaming that shard.
+    /// [`Self::open`], with the descriptors the file was indexed through when it was indexed
+    /// just now (`None` for a known version: its descriptors are opened on demand).
+    /// `by_reader`: a reader's open (a new load starts, see [`ModelFile::opened`]); false for
+    /// prefetch crossing into a shard ([`shards`]), which must not reset the runs of a reader
+    /// that may be streaming that shard.
     fn open_version(
         &self,
         path: &Path,
         abs: &Path,
         by_reader: bool,
-    ) -> Result<Arc<ModelFile>, OpenError> {
+    ) -> Result<(Arc<ModelFile>, Option<Arc<SourceFile>>), OpenError> {
         let current = SourceIdentity::of_path(abs).map_err(|source| SourceError::Open {
             path: abs.to_owned(),
             source,
@@ -648,18 +692,19 @@ impl ModelStore {
                 if by_reader {
                     known.opened();
                 }
-                return Ok(Arc::clone(known));
+                return Ok((Arc::clone(known), None));
             }
         }
         let membership = self.shards.membership((path, abs), &current, &self.saved);
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
-        let file = Arc::new(ModelFile::open(
+        let (file, source) = ModelFile::open(
             path,
             abs,
             generation,
             (&self.saved, self.read_wrapper.as_ref()),
             membership,
-        )?);
+        )?;
+        let file = Arc::new(file);
         let mut files = self.lock();
         // Several readers may open a file at once: the first version indexed wins, the others
         // use it (same identity) rather than replace it and drop its cached bytes.
@@ -668,7 +713,7 @@ impl ModelStore {
                 if by_reader {
                     known.opened();
                 }
-                return Ok(Arc::clone(known));
+                return Ok((Arc::clone(known), None));
             }
         }
         let (replaced, evicted) = files.insert(path, Arc::clone(&file));
@@ -683,7 +728,7 @@ impl ModelStore {
         }
         drop(evicted);
         self.trim_after_evictions();
-        Ok(file)
+        Ok((file, Some(source)))
     }
 
     /// Gives the memory of forgotten headers back to the OS once enough was forgotten (see
@@ -718,9 +763,11 @@ impl ModelStore {
             let plan = file.plan()?;
             (end > h).then(|| plan.chunk_at(offset.max(h))).flatten()
         });
+        let mut in_file_order = false;
         if let Some(first) = first_data_chunk {
-            if file.is_probe(first, offset, end) {
-                return self.read_probe(file, offset, end).map(ReadBytes::Owned);
+            match file.classify(first, offset, end) {
+                Request::Probe => return self.read_probe(file, offset, end).map(ReadBytes::Owned),
+                Request::Read { in_file_order: f } => in_file_order = f,
             }
         }
         let chunk = file
@@ -729,13 +776,14 @@ impl ModelStore {
             .and_then(|plan| plan.chunk_at(offset));
         if let Some(chunk) = chunk {
             // The common case, a kernel request inside one chunk: no copy here at all.
-            let (bytes, range, stop) = self.chunk_slice(file, chunk, offset, end)?;
+            let (bytes, range, stop) = self.chunk_slice(file, chunk, offset, end, in_file_order)?;
             if stop == end {
                 self.after_read(file, chunk);
                 return Ok(ReadBytes::Chunk { bytes, range });
             }
         }
-        self.read_assembled(file, offset, end).map(ReadBytes::Owned)
+        self.read_assembled(file, offset, end, in_file_order)
+            .map(ReadBytes::Owned)
     }
 
     /// A read that spans regions or chunks, copied together into one buffer.
@@ -744,6 +792,7 @@ impl ModelStore {
         file: &Arc<ModelFile>,
         offset: u64,
         end: u64,
+        in_file_order: bool,
     ) -> Result<Vec<u8>, ReadError> {
         let mut out = Vec::with_capacity(end.saturating_sub(offset) as usize);
         let mut pos = offset;
@@ -755,7 +804,8 @@ impl ModelStore {
                 stop
             } else if let Some(chunk) = file.plan().and_then(|plan| plan.chunk_at(pos)) {
                 last_chunk = Some(chunk);
-                let (bytes, range, stop) = self.chunk_slice(file, chunk, pos, end)?;
+                let (bytes, range, stop) =
+                    self.chunk_slice(file, chunk, pos, end, in_file_order)?;
                 out.extend_from_slice(&bytes.as_slice()[range]);
                 stop
             } else {
@@ -769,20 +819,22 @@ impl ModelStore {
     }
 
     /// The part of chunk `chunk` that serves `[pos, end)`: the chunk, the byte range within it,
-    /// and the file offset where that part stops.
+    /// and the file offset where that part stops. `in_file_order`: the request went on from the
+    /// end of a run.
     fn chunk_slice(
         &self,
         file: &Arc<ModelFile>,
         chunk: usize,
         pos: u64,
         end: u64,
+        in_file_order: bool,
     ) -> Result<(Arc<Chunk>, Range<usize>, u64), ReadError> {
         let span = file
             .plan()
             .and_then(|p| p.get(chunk))
             .copied()
             .ok_or(ReadError::NoChunk)?;
-        self.touch(file, span.block);
+        self.touch(file, span.block, in_file_order);
         let started = Instant::now();
         let (bytes, outcome) = file
             .fetch_chunk(&self.cache, chunk, Want::Read)?
@@ -823,7 +875,7 @@ impl ModelStore {
             Counters::add(&self.counters().hit_bytes, end - offset);
             return Ok(bytes);
         }
-        let bytes = file.source.read_aligned(offset, end)?;
+        let bytes = file.source.get()?.read_aligned(offset, end)?;
         let counters = self.counters();
         Counters::add(&counters.disk_reads, 1);
         Counters::add(&counters.disk_read_bytes, end - offset);
@@ -876,7 +928,7 @@ impl ModelStore {
         };
         let start = out.len();
         out.resize(start + (stop - pos) as usize, 0);
-        let got = file.source.read_at(&mut out[start..], pos)?;
+        let got = file.source.get()?.read_at(&mut out[start..], pos)?;
         let counters = self.counters();
         Counters::add(&counters.disk_reads, 1);
         Counters::add(&counters.disk_read_bytes, got as u64);
@@ -891,7 +943,7 @@ impl ModelStore {
     }
 
     /// Records that a reader touched `block`, and prefetches what follows when it entered it.
-    fn touch(&self, file: &Arc<ModelFile>, block: usize) {
+    fn touch(&self, file: &Arc<ModelFile>, block: usize, in_file_order: bool) {
         let Some(access) = file.access() else { return };
         if let Step::Entered {
             predicted,
@@ -904,7 +956,7 @@ impl ModelStore {
                     self.saved.put(file.order_key.clone(), access.saved_order());
                 }
             }
-            let lead = predicted && !reads_in_file_order_elsewhere(file, access, block);
+            let lead = predicted && !(in_file_order && file_order_disagrees(file, access, block));
             self.entered_block(file, block, lead);
         }
     }
@@ -923,9 +975,11 @@ impl ModelStore {
     }
 }
 
-/// Whether the reader entered `block` of `file` by reading on in file order, and the order
-/// predicts another block next than the file's: then the blocks ahead are not prefetched (the
-/// rest of `block` still is), and the sequential read-ahead serves it.
+/// Whether the order predicts another block after `block` than the file has. A reader that
+/// entered `block` by reading on in file order (its request went on from the end of a run,
+/// [`runs::Runs::record_step`]) then gets no
+/// blocks prefetched ahead (the rest of `block` still is), and the sequential read-ahead
+/// serves it.
 ///
 /// Until a pass is learned the order is the numeric one from the names, and checkpoints store
 /// blocks sorted by name (`blocks.1`, `blocks.10`, …, `blocks.19`, `blocks.2`): `dd` of such a
@@ -934,10 +988,7 @@ impl ModelStore {
 /// through a 389 MiB budget read 1.09× the file, 56 MB of prefetch wasted; 1.00× with this
 /// rule). A reader following the order (module order, its blocks wherever they are in the
 /// file) enters each block with a new run and keeps its lead.
-fn reads_in_file_order_elsewhere(file: &ModelFile, access: &FileAccess, block: usize) -> bool {
-    if !file.continued_run.load(Ordering::Relaxed) {
-        return false;
-    }
+fn file_order_disagrees(file: &ModelFile, access: &FileAccess, block: usize) -> bool {
     let Some(plan) = file.plan() else {
         return false;
     };
@@ -958,6 +1009,9 @@ mod fault_tests;
 
 #[cfg(test)]
 mod gguf_tests;
+
+#[cfg(all(test, target_os = "linux"))]
+mod lifecycle_tests;
 
 #[cfg(test)]
 mod shard_tests;

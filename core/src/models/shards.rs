@@ -546,7 +546,7 @@ impl ModelStore {
     fn open_shard(&self, model: &Arc<ShardedModel>, shard: usize) -> Option<Arc<ModelFile>> {
         let s = model.shards.get(shard)?;
         match self.open_version(&s.rel, &s.abs, false) {
-            Ok(file) => file
+            Ok((file, _)) => file
                 .shard_of
                 .as_ref()
                 .is_some_and(|of| Arc::ptr_eq(&of.model, model))

@@ -52,7 +52,9 @@ use tierfs_core::access::{open_for_request, AccessRule, Acting, Sharing, SourceR
 use tierfs_core::budget::Governor;
 use tierfs_core::control::{self, Command};
 use tierfs_core::kernel_cache::{InodeRange, KernelCacheWindow};
-use tierfs_core::models::{is_model_path, ModelFile, ModelStore, OpenError, ReadBytes, ServeMode};
+use tierfs_core::models::{
+    is_model_path, ModelFile, ModelStore, OpenError, OpenModel, ReadBytes, ServeMode,
+};
 use tierfs_core::source::{read_full_at, SourceError, SourceIdentity};
 use tierfs_core::stats::ops::{Op, OpStats};
 
@@ -93,10 +95,10 @@ pub struct MountSettings {
 }
 
 enum Handle {
-    Model(Arc<ModelFile>),
+    Model(OpenModel),
     /// A model file served by the kernel from its source ([`tierfs_core::passthrough`]); the
     /// backing id must live until release, which gives the file's reservation back.
-    ModelPassthrough(Arc<ModelFile>, #[allow(dead_code)] Arc<BackingId>),
+    ModelPassthrough(OpenModel, #[allow(dead_code)] Arc<BackingId>),
     /// Served by the kernel; the backing id must live until release.
     Passthrough(#[allow(dead_code)] Arc<BackingId>),
     Plain(File),
@@ -354,7 +356,7 @@ impl TierFs {
             // Malformed model files are served by the read path too (uncached), never with
             // passthrough: the kernel refuses a passthrough open of an inode that is open in
             // cached mode, which a model file's earlier, well-formed version may still be.
-            return match self.store.open(&rel, &abs) {
+            return match self.store.open_handle(&rel, &abs) {
                 // Cached bytes are served only for the version the requester itself opened.
                 Ok(model) if model.source().identity() != SourceIdentity::of(&opened) => {
                     Err(Errno::ESTALE)
@@ -383,12 +385,7 @@ impl TierFs {
 
     /// Opens a model file in the mode its inode is already served in, or, for the inode's
     /// first open, passthrough if the file fits the budget ([`ModelStore::choose_mode`]).
-    fn open_model(
-        &self,
-        ino: u64,
-        model: Arc<ModelFile>,
-        reply: &ReplyOpen,
-    ) -> Result<Opened, Errno> {
+    fn open_model(&self, ino: u64, model: OpenModel, reply: &ReplyOpen) -> Result<Opened, Errno> {
         let mut modes = lock(&self.open_modes);
         let mode = match modes.get(&ino) {
             Some((ServeMode::Passthrough, _)) => {
@@ -556,7 +553,7 @@ impl TierFs {
         size: u32,
     ) -> Result<(ReadBytes, bool), Errno> {
         match self.handle(fh)?.as_ref() {
-            Handle::Model(model) => Ok((self.read_model(model, offset, size)?, true)),
+            Handle::Model(model) => Ok((self.read_model(model.file(), offset, size)?, true)),
             Handle::Plain(file) => Ok((
                 ReadBytes::Owned(pread_full(file, offset, size).map_err(errno)?),
                 false,
@@ -1125,6 +1122,8 @@ fn open_errno(e: &OpenError) -> Errno {
             Some(code) if code > 0 => Errno::from_i32(code),
             _ => Errno::EIO,
         },
+        // Replaced between the requester's open and the store's: the kernel looks it up again.
+        OpenError::Source(SourceError::Changed { .. }) => Errno::ESTALE,
         OpenError::Source(_) => Errno::EIO,
     }
 }
