@@ -140,4 +140,10 @@ pub struct FileSnapshot {
     pub prefetch: PrefetchSnapshot,
     /// Time readers of this file waited for the disk.
     pub stall_seconds: f64,
+    /// The sharded model (`models[].name`) this file is a shard of; its `order_learned`,
+    /// `learned_blocks`, `prefetch` and `stall_seconds` are then the model's.
+    pub model: Option<String>,
+    /// Why a file that looks like a shard is served on its own (broken index.json, missing
+    /// shard, …).
+    pub standalone_reason: Option<String>,
 }

@@ -8,6 +8,7 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 
 use crate::kernel_cache::KernelCacheWindow;
+use crate::models::shards::ModelSnapshot;
 use crate::models::ModelStore;
 use crate::passthrough::PassthroughSnapshot;
 use crate::stats::ops::OpsSnapshot;
@@ -30,6 +31,8 @@ pub struct StatsDocument {
     pub ops: OpsSnapshot,
     pub passthrough: PassthroughSection,
     pub files: Vec<FileSnapshot>,
+    /// Sharded models: their shards as one model (`crate::models::shards`).
+    pub models: Vec<ModelSnapshot>,
 }
 
 /// `passthrough` section: model files that fit the budget, served by the kernel from their
@@ -97,6 +100,7 @@ impl StatsDocument {
                 tier: store.passthrough_snapshot(),
             },
             files: store.files_snapshot(),
+            models: store.models_snapshot(),
         }
     }
 }

@@ -141,9 +141,15 @@ fn render(doc: &Value, previous: Option<&(Instant, Value)>) -> String {
         "file", "size", "tensors", "blocks", "cached", "mode"
     );
     for file in doc["files"].as_array().into_iter().flatten() {
-        let note = match file["malformed_reason"].as_str() {
-            Some(reason) => format!("malformed: {reason}"),
-            None => String::new(),
+        let note = match (
+            file["malformed_reason"].as_str(),
+            file["model"].as_str(),
+            file["standalone_reason"].as_str(),
+        ) {
+            (Some(reason), _, _) => format!("malformed: {reason}"),
+            (None, Some(model), _) => format!("shard of {model}"),
+            (None, None, Some(reason)) => format!("not a shard: {reason}"),
+            (None, None, None) => String::new(),
         };
         out += &format!(
             "  {:<50} {:>12} {:>8} {:>7} {:>12} {:>11}  {}\n",
@@ -155,6 +161,44 @@ fn render(doc: &Value, previous: Option<&(Instant, Value)>) -> String {
             file["mode"].as_str().unwrap_or("?"),
             note
         );
+    }
+    out += &render_models(doc);
+    out
+}
+
+/// Sharded models: one line per model, one per shard.
+fn render_models(doc: &Value) -> String {
+    let mut out = String::new();
+    for model in doc["models"].as_array().into_iter().flatten() {
+        let shards = model["shards"].as_array().map_or(&[][..], Vec::as_slice);
+        out += &format!(
+            "\n  model {} ({} shards, {} blocks, found by {}): {}, {} cached, order {}, prefetch {} issued\n",
+            model["name"].as_str().unwrap_or("?"),
+            shards.len(),
+            model["blocks"].as_u64().unwrap_or(0),
+            model["found_by"].as_str().unwrap_or("?"),
+            format_size(model["size"].as_u64().unwrap_or(0)),
+            format_size(model["cached_bytes"].as_u64().unwrap_or(0)),
+            if model["order_learned"].as_bool() == Some(true) {
+                "learned"
+            } else {
+                "default"
+            },
+            format_size(model["prefetch"]["issued_bytes"].as_u64().unwrap_or(0)),
+        );
+        for shard in shards {
+            out += &format!(
+                "    {:<50} {:>12} {:>12} cached{}\n",
+                shard["path"].as_str().unwrap_or("?"),
+                format_size(shard["size"].as_u64().unwrap_or(0)),
+                format_size(shard["cached_bytes"].as_u64().unwrap_or(0)),
+                if shard["indexed"].as_bool() == Some(true) {
+                    ""
+                } else {
+                    " (not opened yet)"
+                },
+            );
+        }
     }
     out
 }
@@ -228,5 +272,44 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("not root"), "{text}");
+    }
+
+    #[test]
+    fn shows_a_sharded_model_and_its_shards() {
+        let doc = serde_json::json!({
+            "files": [
+                {"path": "m/a-00001-of-00002.safetensors", "size": 10, "model": "m/a.safetensors.index.json"},
+                {"path": "m/b-00001-of-00002.safetensors", "size": 10, "standalone_reason": "shard b-00002-of-00002.safetensors of this model is missing"},
+            ],
+            "models": [{
+                "name": "m/a.safetensors.index.json", "found_by": "index_json", "size": 3 << 20,
+                "blocks": 7, "cached_bytes": 1 << 20, "order_learned": true,
+                "prefetch": {"issued_bytes": 2 << 20},
+                "shards": [
+                    {"path": "m/a-00001-of-00002.safetensors", "size": 1 << 20, "indexed": true, "cached_bytes": 1 << 20},
+                    {"path": "m/a-00002-of-00002.safetensors", "size": 2 << 20, "indexed": false, "cached_bytes": 0},
+                ],
+            }],
+        });
+        let text = render_document(&doc);
+        assert!(
+            text.contains("model m/a.safetensors.index.json (2 shards, 7 blocks, found by index_json): 3.00 MiB, 1.00 MiB cached, order learned, prefetch 2.00 MiB issued"),
+            "{text}"
+        );
+        assert!(
+            text.contains("shard of m/a.safetensors.index.json"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "not a shard: shard b-00002-of-00002.safetensors of this model is missing"
+            ),
+            "{text}"
+        );
+        let second = text
+            .lines()
+            .find(|l| l.contains("a-00002-of-00002"))
+            .unwrap_or_default();
+        assert!(second.ends_with("cached (not opened yet)"), "{text}");
     }
 }

@@ -55,9 +55,16 @@ impl ChunkPlan {
     pub fn for_index(index: &TensorIndex) -> ChunkPlan {
         let mut builder = PlanBuilder::default();
         let mut cursor = index.header_bytes;
-        for tensor in index.tensors.iter().filter(|t| t.end > t.start) {
+        for tensor in &index.tensors {
             if tensor.start > cursor {
                 builder.split(cursor, tensor.start, tensor.block);
+            }
+            if tensor.end == tensor.start {
+                // An empty tensor has no chunk, but the gap before it does: a GGUF file may put
+                // one past the last tensor with bytes, and `data_end` is its offset (found by
+                // the `gguf_parse` fuzz target: the plan stopped short of `data_end`).
+                cursor = cursor.max(tensor.end);
+                continue;
             }
             if tensor.end - tensor.start <= SMALL_TENSOR_BYTES {
                 builder.pack(tensor.start, tensor.end, tensor.block);
@@ -67,6 +74,22 @@ impl ChunkPlan {
             cursor = cursor.max(tensor.end);
         }
         builder.finish(index.blocks.len())
+    }
+
+    /// The same chunks with their blocks renumbered: local block `b` becomes `to[b]`, out of
+    /// `blocks` in all. How a shard's plan speaks in its model's blocks
+    /// ([`crate::models::shards`]): one block numbering, order and eviction distance over every
+    /// shard. A block missing from `to` keeps its number (cannot happen for a map built from
+    /// the same index).
+    pub fn renumbered(self, to: &[usize], blocks: usize) -> ChunkPlan {
+        let mut builder = PlanBuilder {
+            chunks: self.chunks,
+            open_pack: None,
+        };
+        for span in &mut builder.chunks {
+            span.block = to.get(span.block).copied().unwrap_or(span.block);
+        }
+        builder.finish(blocks)
     }
 
     /// The chunks of block `block`, in file order.
@@ -231,6 +254,25 @@ mod tests {
         assert_eq!(plan.chunk_at(1000 + 4 * mib), Some(1));
         assert_eq!(plan.chunk_at(index.data_end - 1), Some(6));
         assert_eq!(plan.chunk_at(index.data_end), None);
+    }
+
+    #[test]
+    fn the_gap_before_a_trailing_empty_tensor_is_a_chunk() {
+        let mut index = index_of(&[(4096, 0), (0, 1)]);
+        // The empty tensor sits 1000 bytes past the end of the first one (GGUF allows it).
+        let last = index.tensors.last_mut().unwrap();
+        last.start += 1000;
+        last.end += 1000;
+        index.data_end = last.end;
+        index.file_size = last.end;
+        let plan = ChunkPlan::for_index(&index);
+        let spans: Vec<(u64, u64, usize)> = plan
+            .chunks()
+            .iter()
+            .map(|c| (c.start, c.end, c.block))
+            .collect();
+        assert_eq!(spans, [(1000, 5096, 0), (5096, 6096, 1)]);
+        assert_eq!(plan.chunk_at(index.data_end - 1), Some(1));
     }
 
     proptest! {

@@ -30,6 +30,7 @@
 //! **Memory.** Headers and indexes of known files are held to their own cap ([`table`]).
 
 mod runs;
+pub mod shards;
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -146,6 +147,10 @@ pub struct ModelFile {
     handles: std::sync::atomic::AtomicUsize,
     /// Set once the version was pruned ([`open`]): no chunk of it may stay cached.
     pruned: std::sync::atomic::AtomicBool,
+    /// The sharded model this file is a shard of ([`shards`]): its blocks are the model's.
+    shard_of: Option<shards::ShardOf>,
+    /// Why a file that looks like a shard is served on its own.
+    standalone_reason: Option<String>,
 }
 
 /// How an open model file is served, as the stats show it (`files[].mode`).
@@ -174,9 +179,10 @@ impl ModelFile {
         abs: &Path,
         generation: u64,
         (saved, wrap): (&SavedOrders, Option<&ReadWrapper>),
+        membership: shards::Membership,
     ) -> Result<(ModelFile, Arc<SourceFile>), OpenError> {
         let source = Arc::new(SourceFile::open_with(abs, wrap)?);
-        let order_key = SavedOrders::key(abs, &source.identity());
+        let mut order_key = SavedOrders::key(abs, &source.identity());
         let format = Format::of_path(path).unwrap_or_default();
         let (header, layout) = match read_header(&source, format) {
             Ok((header, index)) => {
@@ -194,12 +200,18 @@ impl ModelFile {
             }
             Err(HeaderError::Source(e)) => return Err(e.into()),
         };
-        let access = match &layout {
-            Layout::Indexed { index, .. } => Some(Arc::new(FileAccess::new(
+        let (shard_of, standalone_reason, layout) =
+            shards::join(membership, &source.identity(), layout);
+        let access = match (&layout, &shard_of) {
+            (Layout::Indexed { .. }, Some(of)) => {
+                order_key = of.model.order_key().to_owned();
+                Some(Arc::clone(of.model.access()))
+            }
+            (Layout::Indexed { index, .. }, None) => Some(Arc::new(FileAccess::new(
                 index.blocks.len(),
                 saved.get(&order_key),
             ))),
-            Layout::Malformed { .. } => None,
+            (Layout::Malformed { .. }, _) => None,
         };
         let file = ModelFile {
             path: path.to_owned(),
@@ -214,6 +226,8 @@ impl ModelFile {
             stream_block: std::sync::atomic::AtomicUsize::new(usize::MAX),
             handles: std::sync::atomic::AtomicUsize::new(0),
             pruned: std::sync::atomic::AtomicBool::new(false),
+            shard_of,
+            standalone_reason,
         };
         Ok((file, source))
     }
@@ -363,7 +377,7 @@ impl ModelFile {
             Layout::Malformed { .. } => "uncached",
             Layout::Indexed { .. } => self.mode().name(),
         };
-        FileSnapshot {
+        let mut snapshot = FileSnapshot {
             path: self.path.to_string_lossy().into_owned(),
             mode,
             size: self.size(),
@@ -381,7 +395,11 @@ impl ModelFile {
                 wasted_bytes: get(|c| &c.prefetch_wasted_bytes),
             },
             stall_seconds: get(|c| &c.stall_ns) as f64 / 1e9,
-        }
+            model: None,
+            standalone_reason: None,
+        };
+        shards::annotate(&mut snapshot, self);
+        snapshot
     }
 }
 
@@ -451,6 +469,8 @@ pub struct ModelStore {
     saved: SavedOrders,
     /// Fault injection for tests ([`ModelStore::with_read_wrapper`]); `None` in the daemon.
     read_wrapper: Option<ReadWrapper>,
+    /// The sharded models formed so far.
+    shards: shards::Registry,
 }
 
 impl ModelStore {
@@ -487,6 +507,7 @@ impl ModelStore {
             next_generation: AtomicU64::new(1),
             saved,
             read_wrapper: None,
+            shards: shards::Registry::default(),
         }
     }
 
@@ -560,6 +581,13 @@ impl ModelStore {
         let room = self
             .budget()
             .saturating_sub(self.cache.snapshot().used_bytes);
+        // A shard of a model larger than the budget is read through the cache: passthrough
+        // would keep it out of the model's order, prefetch and eviction.
+        let room = if shards::too_large(file, self.budget()) {
+            0
+        } else {
+            room
+        };
         let mode = if passthrough_possible
             && !file.is_malformed()
             && self.cache.cached_bytes(file.generation) == 0
@@ -624,40 +652,50 @@ impl ModelStore {
     /// The current version of the model file at `path` (relative to the mount root), whose
     /// source is `abs`: the known one if the source is unchanged, else a freshly indexed one.
     pub fn open(&self, path: &Path, abs: &Path) -> Result<Arc<ModelFile>, OpenError> {
-        self.open_version(path, abs).map(|(file, _)| file)
+        self.open_version(path, abs, true).map(|(file, _)| file)
     }
 
     /// [`Self::open`], with the descriptors the file was indexed through when it was indexed
     /// just now (`None` for a known version: its descriptors are opened on demand).
+    /// `by_reader`: a reader's open (a new load starts, see [`ModelFile::opened`]); false for
+    /// prefetch crossing into a shard ([`shards`]), which must not reset the runs of a reader
+    /// that may be streaming that shard.
     fn open_version(
         &self,
         path: &Path,
         abs: &Path,
+        by_reader: bool,
     ) -> Result<(Arc<ModelFile>, Option<Arc<SourceFile>>), OpenError> {
         let current = SourceIdentity::of_path(abs).map_err(|source| SourceError::Open {
             path: abs.to_owned(),
             source,
         })?;
         if let Some(known) = self.lock().get(path) {
-            if known.source.identity() == current {
-                known.opened();
+            if known.source.identity() == current && shards::is_current(known) {
+                if by_reader {
+                    known.opened();
+                }
                 return Ok((Arc::clone(known), None));
             }
         }
+        let membership = self.shards.membership((path, abs), &current, &self.saved);
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
         let (file, source) = ModelFile::open(
             path,
             abs,
             generation,
             (&self.saved, self.read_wrapper.as_ref()),
+            membership,
         )?;
         let file = Arc::new(file);
         let mut files = self.lock();
         // Several readers may open a file at once: the first version indexed wins, the others
         // use it (same identity) rather than replace it and drop its cached bytes.
         if let Some(known) = files.get(path) {
-            if known.source.identity() == file.source.identity() {
-                known.opened();
+            if known.source.identity() == file.source.identity() && shards::is_current(known) {
+                if by_reader {
+                    known.opened();
+                }
                 return Ok((Arc::clone(known), None));
             }
         }
@@ -721,7 +759,7 @@ impl ModelStore {
             // The common case, a kernel request inside one chunk: no copy here at all.
             let (bytes, range, stop) = self.chunk_slice(file, chunk, offset, end)?;
             if stop == end {
-                self.prefetcher.after_read(file, chunk);
+                self.after_read(file, chunk);
                 return Ok(ReadBytes::Chunk { bytes, range });
             }
         }
@@ -753,7 +791,7 @@ impl ModelStore {
             };
         }
         if let Some(chunk) = last_chunk {
-            self.prefetcher.after_read(file, chunk);
+            self.after_read(file, chunk);
         }
         Ok(out)
     }
@@ -893,7 +931,7 @@ impl ModelStore {
                     self.saved.put(file.order_key.clone(), access.saved_order());
                 }
             }
-            self.prefetcher.entered_block(file, block, predicted);
+            self.entered_block(file, block, predicted);
         }
     }
 
@@ -922,3 +960,6 @@ mod gguf_tests;
 
 #[cfg(all(test, target_os = "linux"))]
 mod lifecycle_tests;
+
+#[cfg(test)]
+mod shard_tests;

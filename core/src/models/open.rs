@@ -73,7 +73,7 @@ impl ModelStore {
     /// the returned handle is dropped. Fails with [`crate::source::SourceError::Changed`] when
     /// `abs` was replaced between the two.
     pub fn open_handle(self: &Arc<Self>, path: &Path, abs: &Path) -> Result<OpenModel, OpenError> {
-        let (file, source) = self.open_version(path, abs)?;
+        let (file, source) = self.open_version(path, abs, true)?;
         let source = match source {
             Some(source) => source,
             None => file.source.get()?,

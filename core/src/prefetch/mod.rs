@@ -61,6 +61,15 @@ pub trait PrefetchTarget: Send + Sync + 'static {
     }
 }
 
+/// Sequential read-ahead still to queue ([`Prefetcher::read_ahead`]): the reader's block, the
+/// block the order predicts after it, and the bytes left.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadAhead {
+    pub block: usize,
+    pub next_block: Option<usize>,
+    pub bytes: u64,
+}
+
 /// Bytes read ahead of a sequential reader: 16 MiB is four chunks, about 16 ms of disk time at
 /// 1 GB/s — enough to cover the gap between a reader finishing one chunk and asking for the
 /// next, even with the FUSE round trips in between.
@@ -119,17 +128,46 @@ impl Prefetcher {
     /// A reader entered `block` of `file`: queue the rest of it and, if the reader follows the
     /// order, the next blocks.
     pub fn entered_block<F: PrefetchTarget>(&self, file: &Arc<F>, block: usize, predicted: bool) {
-        let (Some(access), Some(plan)) = (file.access(), file.plan()) else {
+        self.entered_block_in(file, block, predicted, |_| vec![Arc::clone(file)]);
+    }
+
+    /// [`Self::entered_block`] for a file whose blocks may have chunks in other files too (the
+    /// shards of one model share one block numbering and access state): `holders(b)` are the
+    /// files holding chunks of block `b`. This is how prefetch crosses from the end of one
+    /// shard into the next one, opened for it if no reader has opened it yet.
+    pub fn entered_block_in<F, H>(&self, file: &Arc<F>, block: usize, predicted: bool, holders: H)
+    where
+        F: PrefetchTarget,
+        H: Fn(usize) -> Vec<Arc<F>>,
+    {
+        let Some(access) = file.access() else {
             return;
         };
-        let present = |chunk: &usize| file.chunk_present(&self.cache, *chunk);
-        if predicted && !plan.block_chunks(block).iter().all(present) {
+        let block_chunks = |f: &Arc<F>, b: usize| -> Vec<usize> {
+            f.plan()
+                .map_or_else(Vec::new, |p| p.block_chunks(b).to_vec())
+        };
+        let block_bytes = |files: &[Arc<F>], b: usize| -> u64 {
+            files
+                .iter()
+                .filter_map(|f| f.plan().map(|p| p.block_bytes(b)))
+                .sum()
+        };
+        let here = holders(block);
+        let all_present = here.iter().all(|f| {
+            block_chunks(f, block)
+                .iter()
+                .all(|&c| f.chunk_present(&self.cache, c))
+        });
+        if predicted && !all_present {
             access.deepen(); // the reader caught up with prefetch: fetch further ahead
         }
         let epoch = Some(access.epoch());
-        let mut blocks = vec![block];
+        let mut blocks = vec![(block, here)];
         if predicted {
-            blocks.extend(access.next_blocks(block, access.depth()));
+            for b in access.next_blocks(block, access.depth()) {
+                blocks.push((b, holders(b)));
+            }
         }
         // Blocks held ahead are taken from what repeated passes keep resident, so the lead is
         // capped: an eighth of the budget (LEAD_SHARE), or one whole next block where that is
@@ -147,41 +185,47 @@ impl Prefetcher {
         // to the same limit: a block close to the budget queued whole evicted its own chunks
         // that the reader had not finished, to make room for chunks it would read last.
         let budget = self.cache.budget();
-        let next_block = blocks.get(1).map_or(0, |&b| plan.block_bytes(b));
+        let next_block = blocks.get(1).map_or(0, |(b, files)| block_bytes(files, *b));
         let limit = (budget / LEAD_SHARE)
             .max(next_block)
             .min(budget / BLOCK_LEAD_SHARE.1 * BLOCK_LEAD_SHARE.0);
         let mut ahead = 0;
-        for b in blocks {
+        for (b, files) in blocks {
             if b != block {
-                ahead += plan.block_bytes(b);
+                ahead += block_bytes(&files, b);
                 if ahead > limit {
                     break;
                 }
             }
-            if !self.queue_block(file, plan, b, limit, epoch) {
-                return;
+            let mut queued = 0;
+            for f in &files {
+                if !self.queue_block(f, b, limit, &mut queued, epoch) {
+                    return;
+                }
             }
         }
     }
 
-    /// Queues the chunks of `block` that are not in memory, up to `limit` bytes. Returns false
-    /// when the executor is full.
+    /// Queues the chunks of `block` in `file` that are not in memory, while `queued` (bytes
+    /// queued for this block so far, in all its files) stays within `limit`. Returns false when
+    /// the executor is full.
     fn queue_block<F: PrefetchTarget>(
         &self,
         file: &Arc<F>,
-        plan: &ChunkPlan,
         block: usize,
         limit: u64,
+        queued: &mut u64,
         epoch: Option<u64>,
     ) -> bool {
-        let mut queued = 0;
+        let Some(plan) = file.plan() else {
+            return true;
+        };
         for &chunk in plan.block_chunks(block) {
             if file.chunk_present(&self.cache, chunk) {
                 continue;
             }
-            queued += plan.get(chunk).map_or(0, |c| c.len());
-            if queued > limit {
+            *queued += plan.get(chunk).map_or(0, |c| c.len());
+            if *queued > limit {
                 return true;
             }
             if !self.queue(file, chunk, epoch) {
@@ -191,26 +235,40 @@ impl Prefetcher {
         true
     }
 
-    /// A reader just read chunk `chunk` of `file`: queue what follows it in the file.
-    pub fn after_read<F: PrefetchTarget>(&self, file: &Arc<F>, chunk: usize) {
-        let (Some(plan), Some(span)) = (file.plan(), file.plan().and_then(|p| p.get(chunk))) else {
-            return;
+    /// A reader just read chunk `chunk` of `file`: queue what follows it in the file. Returns
+    /// the read-ahead left when it ran to the end of the file (a sharded model continues in its
+    /// next shard: [`Self::read_ahead`]).
+    pub fn after_read<F: PrefetchTarget>(&self, file: &Arc<F>, chunk: usize) -> Option<ReadAhead> {
+        let span = file.plan().and_then(|p| p.get(chunk))?;
+        let ahead = ReadAhead {
+            block: span.block,
+            next_block: file
+                .access()
+                .and_then(|a| a.next_blocks(span.block, 1).first().copied()),
+            bytes: READAHEAD_BYTES.min(self.cache.budget() / 4),
         };
-        let next_block = file
-            .access()
-            .and_then(|a| a.next_blocks(span.block, 1).first().copied());
-        let limit = READAHEAD_BYTES.min(self.cache.budget() / 4);
-        let mut ahead = 0;
-        for next in chunk + 1..plan.len() {
-            let Some(next_span) = plan.get(next) else {
-                break;
-            };
-            ahead += next_span.len();
-            let follows = next_span.block == span.block || Some(next_span.block) == next_block;
-            if ahead > limit || !follows || !self.queue(file, next, None) {
-                break;
+        self.read_ahead(file, chunk + 1, ahead)
+    }
+
+    /// Queues the chunks of `file` from `first` on while they belong to `ahead.block` or
+    /// `ahead.next_block`, up to `ahead.bytes`; returns what is left if it reached the end.
+    pub fn read_ahead<F: PrefetchTarget>(
+        &self,
+        file: &Arc<F>,
+        first: usize,
+        mut ahead: ReadAhead,
+    ) -> Option<ReadAhead> {
+        let plan = file.plan()?;
+        for next in first..plan.len() {
+            let next_span = plan.get(next)?;
+            let follows =
+                next_span.block == ahead.block || Some(next_span.block) == ahead.next_block;
+            if next_span.len() > ahead.bytes || !follows || !self.queue(file, next, None) {
+                return None;
             }
+            ahead.bytes -= next_span.len();
         }
+        Some(ahead)
     }
 
     /// Queues every block of `file`, in its order, until the budget's worth is queued.
