@@ -291,7 +291,24 @@ impl SourceFile {
             path: path.to_owned(),
             source,
         };
-        let advice = Arc::new(platform::open_buffered(path).map_err(open_err)?);
+        let file = platform::open_buffered(path).map_err(open_err)?;
+        Self::with_file(path, file, wrap)
+    }
+
+    /// Reads the version `path` names through `file`, a descriptor of it the caller opened
+    /// already (the requester's own open, in the FUSE adapter: one `open` less per open).
+    #[cfg(target_os = "linux")]
+    pub fn adopt(path: &Path, file: File, wrap: Option<&ReadWrapper>) -> Result<Self, SourceError> {
+        platform::advise_random(&file);
+        Self::with_file(path, file, wrap)
+    }
+
+    fn with_file(path: &Path, file: File, wrap: Option<&ReadWrapper>) -> Result<Self, SourceError> {
+        let open_err = |source| SourceError::Open {
+            path: path.to_owned(),
+            source,
+        };
+        let advice = Arc::new(file);
         let identity = SourceIdentity::of_file(&advice).map_err(open_err)?;
         let buffered: Arc<dyn ReadAt> = match wrap {
             Some(wrap) => wrap(advice.try_clone().map_err(open_err)?),
