@@ -8,7 +8,7 @@ Writes `--files` small `.safetensors` (a few hundred bytes each, like a LoRA fol
 the folder once with each binary (`--baseline`: e.g. main before descriptors were opened on
 demand, which kept three per file ever opened; `--tierfs`: this build, which opens them per
 open handle and closes them at release), and scans it through each mount in turn, alternating
-per round: open, read the 8-byte length and the JSON header, close (ComfyUI's LoRA scan). The
+per round (which goes first alternates too): open, read the 8-byte length and the JSON header, close (ComfyUI's LoRA scan). The
 first round indexes every file; later rounds open known versions, where this build reopens
 the descriptors and the baseline had them open already. Also scans SOURCE directly. Prints the
 median files/s of each and the ratios, and the most descriptors each daemon held. `--files`
@@ -83,7 +83,13 @@ def main() -> None:
         most_fds = {label: 0 for label in binaries}
         for rnd in range(args.rounds + 1):
             rates_now = {"source": scan(src, names)}
-            for label in binaries:
+            # Each binary goes first every other round: a daemon still answering the last
+            # scan's (asynchronous) releases must not slow the other's scan alone.
+            for label in sorted(binaries, reverse=rnd % 2 == 1):
+                if rnd == 0:
+                    # Indexing reads the source and drops what it read from the page cache:
+                    # bring it back, so that the second daemon does not read from disk alone.
+                    scan(src, names)
                 rates_now[label] = scan(mnts[label], names)
                 most_fds[label] = max(most_fds[label], fds(procs[label].pid))
             if rnd == 0:

@@ -179,3 +179,37 @@ fn a_prefetch_of_a_closed_file_reopens_it_or_is_skipped() {
     assert!(err.contains("no longer the version"), "{err}");
     assert!(descriptors_under(dir.path()).is_empty());
 }
+
+#[test]
+fn a_handle_adopts_the_front_ends_descriptor_of_the_same_version_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.safetensors");
+    let bytes = checkpoint(&path, 2 << 20, 4);
+    let (store, _executor) = manual_store();
+    let rel = Path::new("m.safetensors");
+    drop(store.open_handle(rel, &path).unwrap()); // indexed, no descriptor left
+    let handle = store
+        .open_handle_with(rel, &path, std::fs::File::open(&path).unwrap())
+        .unwrap()
+        .expect("the same version");
+    assert_eq!(
+        descriptors_under(dir.path()).len(),
+        1,
+        "the adopted one only"
+    );
+    assert_eq!(read_all(&store, handle.file()), bytes);
+    drop(handle);
+    // A descriptor of another file (opened before a replacement) is not adopted.
+    let stale = std::fs::File::open(&path).unwrap();
+    let tmp = dir.path().join("new.tmp");
+    checkpoint(&tmp, 2 << 20, 5);
+    std::fs::rename(&tmp, &path).unwrap();
+    let new = store.open_handle_with(rel, &path, stale).unwrap();
+    assert!(new.is_some_and(|h| h.source().identity() == SourceIdentity::of_path(&path).unwrap()));
+    // Nor is a descriptor of some other file, with the current version known and closed.
+    let other = dir.path().join("other.bin");
+    std::fs::write(&other, b"other").unwrap();
+    let wrong = std::fs::File::open(&other).unwrap();
+    assert!(store.open_handle_with(rel, &path, wrong).unwrap().is_none());
+    assert!(descriptors_under(dir.path()).is_empty());
+}

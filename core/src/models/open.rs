@@ -78,12 +78,39 @@ impl ModelStore {
             Some(source) => source,
             None => file.source.get()?,
         };
+        Ok(self.handle(file, source))
+    }
+
+    /// [`Self::open_handle`] for a front end that opened `abs` already (as the requester:
+    /// the access check): that descriptor is the handle's if the version has none open, which
+    /// saves an `open`, a `fadvise` and an `fstat` per open of a known file. Returns `None`
+    /// when `opened` is not the current version (replaced in between: the front end answers
+    /// `ESTALE`).
+    #[cfg(target_os = "linux")]
+    pub fn open_handle_with(
+        self: &Arc<Self>,
+        path: &Path,
+        abs: &Path,
+        opened: std::fs::File,
+    ) -> Result<Option<OpenModel>, OpenError> {
+        let (file, source) = self.open_version(path, abs)?;
+        let source = match source {
+            Some(source) => source,
+            None => match file.source.get_or_adopt(opened)? {
+                Some(source) => source,
+                None => return Ok(None),
+            },
+        };
+        Ok(Some(self.handle(file, source)))
+    }
+
+    fn handle(self: &Arc<Self>, file: Arc<ModelFile>, source: Arc<SourceFile>) -> OpenModel {
         file.handles.fetch_add(1, Ordering::AcqRel);
-        Ok(OpenModel {
+        OpenModel {
             file,
             source,
             store: Arc::clone(self),
-        })
+        }
     }
 
     /// The last open handle of `file` closed: prunes the version if SOURCE no longer holds it.

@@ -57,8 +57,13 @@ pub(super) fn identity_of_path(path: &Path) -> io::Result<SourceIdentity> {
 /// failing is harmless.
 pub(super) fn open_buffered(path: &Path) -> io::Result<File> {
     let file = File::open(path)?;
-    fadvise(&file, 0, 0, libc::POSIX_FADV_RANDOM);
+    advise_random(&file);
     Ok(file)
+}
+
+/// Advises random access on `file` (see [`open_buffered`]).
+pub(super) fn advise_random(file: &File) {
+    fadvise(file, 0, 0, libc::POSIX_FADV_RANDOM);
 }
 
 /// Opens `path` with `O_DIRECT` (also what cuFile requires of the descriptors it registers).

@@ -253,8 +253,10 @@ pub type ReadWrapper = Arc<dyn Fn(File) -> Arc<dyn ReadAt> + Send + Sync>;
 ///
 /// It opens one descriptor at first, and its `O_DIRECT` twin only at the first aligned read:
 /// most opens of a model file only read its header, which is in memory, and a folder scan
-/// opens thousands (see [`slot`]; `tests/bench/header_scan.py` measured the scan at 0.77x
-/// its former rate with both opened up front, each open closing them again).
+/// opens thousands, each closed again at release (see [`slot`]). With that, and the FUSE
+/// adapter's own open adopted ([`Self::adopt`]), a header scan of 5 000 files runs at 0.98–1.05x
+/// the rate of the build that kept three descriptors per file open
+/// (`tests/bench/header-scan-results.md`).
 pub struct SourceFile {
     path: PathBuf,
     /// The plain descriptor: page-cache advice, and the reads `O_DIRECT` cannot do.
@@ -291,7 +293,24 @@ impl SourceFile {
             path: path.to_owned(),
             source,
         };
-        let advice = Arc::new(platform::open_buffered(path).map_err(open_err)?);
+        let file = platform::open_buffered(path).map_err(open_err)?;
+        Self::with_file(path, file, wrap)
+    }
+
+    /// Reads the version `path` names through `file`, a descriptor of it the caller opened
+    /// already (the requester's own open, in the FUSE adapter: one `open` less per open).
+    #[cfg(target_os = "linux")]
+    pub fn adopt(path: &Path, file: File, wrap: Option<&ReadWrapper>) -> Result<Self, SourceError> {
+        platform::advise_random(&file);
+        Self::with_file(path, file, wrap)
+    }
+
+    fn with_file(path: &Path, file: File, wrap: Option<&ReadWrapper>) -> Result<Self, SourceError> {
+        let open_err = |source| SourceError::Open {
+            path: path.to_owned(),
+            source,
+        };
+        let advice = Arc::new(file);
         let identity = SourceIdentity::of_file(&advice).map_err(open_err)?;
         let buffered: Arc<dyn ReadAt> = match wrap {
             Some(wrap) => wrap(advice.try_clone().map_err(open_err)?),

@@ -94,6 +94,26 @@ impl SourceSlot {
         Ok(source)
     }
 
+    /// [`Self::get`], taking `file` (a descriptor the caller opened by path) as the descriptor
+    /// if none is open and `file` is this version; `None` when it is another version.
+    #[cfg(target_os = "linux")]
+    pub fn get_or_adopt(
+        &self,
+        file: std::fs::File,
+    ) -> Result<Option<Arc<SourceFile>>, SourceError> {
+        let mut open = lock(&self.open);
+        if let Some(source) = open.upgrade() {
+            return Ok(Some(source));
+        }
+        let source = Arc::new(SourceFile::adopt(&self.path, file, self.wrap.as_ref())?);
+        if source.identity() != self.identity {
+            return Ok(None);
+        }
+        self.reopens.fetch_add(1, Ordering::Relaxed);
+        *open = Arc::downgrade(&source);
+        Ok(Some(source))
+    }
+
     /// Whether someone holds the descriptors now.
     pub fn is_open(&self) -> bool {
         lock(&self.open).strong_count() > 0

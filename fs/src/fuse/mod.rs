@@ -356,12 +356,12 @@ impl TierFs {
             // Malformed model files are served by the read path too (uncached), never with
             // passthrough: the kernel refuses a passthrough open of an inode that is open in
             // cached mode, which a model file's earlier, well-formed version may still be.
-            return match self.store.open_handle(&rel, &abs) {
+            return match self.store.open_handle_with(&rel, &abs, file) {
                 // Cached bytes are served only for the version the requester itself opened.
-                Ok(model) if model.source().identity() != SourceIdentity::of(&opened) => {
-                    Err(Errno::ESTALE)
+                Ok(Some(model)) if model.source().identity() == SourceIdentity::of(&opened) => {
+                    self.open_model(ino, model, reply)
                 }
-                Ok(model) => self.open_model(ino, model, reply),
+                Ok(_) => Err(Errno::ESTALE),
                 Err(e) => {
                     tracing::warn!(file = %abs.display(), error = %e, "cannot open model file");
                     Err(open_errno(&e))
