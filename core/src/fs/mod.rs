@@ -47,6 +47,8 @@ pub mod inodes;
 mod open;
 pub mod present;
 #[cfg(test)]
+mod reference_tests;
+#[cfg(test)]
 mod tests;
 
 use std::collections::HashMap;
