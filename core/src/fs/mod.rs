@@ -121,6 +121,9 @@ pub struct StatsView<'a> {
     pub passthrough: bool,
     pub started: SystemTime,
     pub governor: &'a Governor,
+    /// Inodes the filesystem holds (the root included) and handles open.
+    pub inodes: usize,
+    pub handles: usize,
 }
 
 /// Renders `.tierfs/stats` (JSON bytes).
@@ -421,6 +424,8 @@ impl<B: Send + Sync> TierFs<B> {
             passthrough: self.settings.passthrough,
             started: self.started,
             governor: &self.settings.governor,
+            inodes: self.inodes.len(),
+            handles: self.handles.len(),
         })
     }
 

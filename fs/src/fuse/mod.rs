@@ -85,7 +85,8 @@ fn stats_json(view: &core_fs::StatsView, mountpoint: &Path) -> Vec<u8> {
         view.passthrough,
         view.started,
     )
-    .with_budget(view.governor.snapshot());
+    .with_budget(view.governor.snapshot())
+    .with_tables(view.inodes, view.handles);
     let mut json = serde_json::to_vec_pretty(&doc)
         .unwrap_or_else(|e| format!("{{\"error\": \"cannot render stats: {e}\"}}").into_bytes());
     json.push(b'\n');
