@@ -13,13 +13,20 @@
 //! windows) and at most 64 MiB.
 //!
 //! **Fresh ranges are spared.** A range served in the last `FRESH` is not invalidated while
-//! the recorded total stays under the window plus `FRESH_HEADROOM`. Pages the kernel has just
+//! the recorded total stays under the window plus a headroom. Pages the kernel has just
 //! read for an `mmap` fault may not be mapped yet; dropping them makes the reader fault again,
 //! and with many readers each faulting in a readahead window larger than the window's share,
 //! that turns into a livelock: the stress test's 16 `mmap` readers with a 64 MiB budget saw no
 //! progress for 30 s while the disk ran at full speed (see tests/python/test_stress.py). The
 //! bound stays hard: the mounted files' page cache never exceeds window + headroom, so with the
 //! tierfs cache it stays within 1.1 × budget + 64 MiB.
+//!
+//! The headroom follows the mount's readahead ([`headroom_for_readahead`]): what must be spared
+//! is the read-around of the faults in flight, one readahead window each. The fixed 48 MiB it
+//! replaces was sized for 4 MiB windows; at the 128 KiB default a streaming `mmap` reader kept
+//! all 48 MiB fresh, and an `mmap` copy of a file three times a 519 MiB budget peaked at
+//! 637 MiB against the 635 MiB bound (issue 11 benchmark, point 4: 537 MiB daemon, 100 MiB
+//! mounted page cache).
 
 use crate::sync::{lock, Mutex};
 use std::collections::VecDeque;
@@ -39,10 +46,27 @@ pub struct InodeRange {
 /// which the headroom then caps.
 const FRESH: Duration = Duration::from_millis(500);
 
-/// How far past the window fresh ranges may take the recorded total. 48 MiB is a dozen 4 MiB
-/// readahead windows in flight at once; it keeps window + headroom under the 64 MiB of page
-/// cache the memory bound allows on top of a tenth of the budget.
-const FRESH_HEADROOM: u64 = 48 << 20;
+/// The most fresh ranges may take the recorded total past the window: a dozen 4 MiB readahead
+/// windows in flight at once. It keeps window + headroom under the 64 MiB of page cache the
+/// memory bound allows on top of a tenth of the budget, with 16 MiB left for the daemon's own
+/// memory beside its cache.
+const MAX_FRESH_HEADROOM: u64 = 48 << 20;
+
+/// The least headroom: 64 faults of 128 KiB (the default readahead) in flight, four per reader
+/// of the stress test's sixteen.
+const MIN_FRESH_HEADROOM: u64 = 8 << 20;
+
+/// Readahead windows of fresh ranges spared past the window: two per reader of the stress test
+/// (a fault being mapped and the next one's read-around).
+const FRESH_WINDOWS: u64 = 32;
+
+/// How far past the window fresh ranges may take the recorded total for a mount whose kernel
+/// readahead is `readahead` bytes (see the module docs).
+pub fn headroom_for_readahead(readahead: u64) -> u64 {
+    readahead
+        .saturating_mul(FRESH_WINDOWS)
+        .clamp(MIN_FRESH_HEADROOM, MAX_FRESH_HEADROOM)
+}
 
 /// A served range and when it was (last) extended.
 #[derive(Debug, Clone, Copy)]
@@ -65,13 +89,21 @@ pub fn window_for_budget(budget: u64) -> u64 {
 #[derive(Debug)]
 pub struct KernelCacheWindow {
     limit: u64,
+    headroom: u64,
     ranges: Mutex<(VecDeque<Served>, u64)>,
 }
 
 impl KernelCacheWindow {
+    /// A window of `limit` bytes with the largest headroom (any readahead).
     pub fn new(limit: u64) -> KernelCacheWindow {
+        KernelCacheWindow::with_headroom(limit, MAX_FRESH_HEADROOM)
+    }
+
+    /// A window of `limit` bytes whose fresh ranges may take it `headroom` bytes further.
+    pub fn with_headroom(limit: u64, headroom: u64) -> KernelCacheWindow {
         KernelCacheWindow {
             limit,
+            headroom,
             ranges: Mutex::new((VecDeque::new(), 0)),
         }
     }
@@ -82,7 +114,7 @@ impl KernelCacheWindow {
 
     /// The most the recorded ranges (and so the mounted files' page cache) can total.
     pub fn hard_limit(&self) -> u64 {
-        self.limit + FRESH_HEADROOM
+        self.limit + self.headroom
     }
 
     /// Records that `len` bytes at `offset` of `ino` were served; returns the ranges that now
@@ -215,5 +247,20 @@ mod tests {
         assert_eq!(window_for_budget(0), 8 << 20);
         assert_eq!(window_for_budget(256 << 20), (256 << 20) / 10);
         assert_eq!(window_for_budget(16 << 30), 64 << 20);
+    }
+
+    #[test]
+    fn headroom_follows_the_readahead_within_bounds() {
+        assert_eq!(headroom_for_readahead(128 << 10), MIN_FRESH_HEADROOM);
+        assert_eq!(headroom_for_readahead(512 << 10), 16 << 20);
+        assert_eq!(headroom_for_readahead(4 << 20), MAX_FRESH_HEADROOM);
+        assert_eq!(headroom_for_readahead(u64::MAX), MAX_FRESH_HEADROOM);
+        let window = KernelCacheWindow::with_headroom(8 << 20, headroom_for_readahead(128 << 10));
+        assert_eq!(window.hard_limit(), 16 << 20);
+        let now = Instant::now();
+        let expired: usize = (0..20u64)
+            .map(|i| window.record_at(i, 0, 1 << 20, now).len())
+            .sum();
+        assert_eq!(expired, 4, "fresh ranges past window + headroom go");
     }
 }

@@ -20,7 +20,9 @@ use crossbeam::channel::{unbounded, Receiver};
 use fuser::{BackgroundSession, Config, INodeNo, MountOption, Notifier, SessionACL};
 use tierfs_core::access::Sharing;
 use tierfs_core::budget::{self, watch, BudgetTarget, Governor, Probe};
-use tierfs_core::kernel_cache::{window_for_budget, InodeRange, KernelCacheWindow};
+use tierfs_core::kernel_cache::{
+    headroom_for_readahead, window_for_budget, InodeRange, KernelCacheWindow,
+};
 use tierfs_core::models::ModelStore;
 use tierfs_core::prefetch::saved::SavedOrders;
 use tierfs_core::size::format_size;
@@ -163,7 +165,10 @@ impl Mounted {
             .with_index_cap(request.index_cap),
         );
         let governor = start_governor(request, &store);
-        let window = Arc::new(KernelCacheWindow::new(window_for_budget(request.budget)));
+        let window = Arc::new(KernelCacheWindow::with_headroom(
+            window_for_budget(request.budget),
+            headroom_for_readahead(request.readahead),
+        ));
         let (invalidations, invalidation_queue) = unbounded();
         let settings = MountSettings {
             source: source.clone(),

@@ -62,6 +62,11 @@ impl Resident {
         Some(Arc::clone(&entry.chunk))
     }
 
+    /// The chunk `key`, its recency unchanged.
+    pub(super) fn peek(&self, key: &ChunkKey) -> Option<Arc<Chunk>> {
+        self.chunks.get(key).map(|entry| Arc::clone(&entry.chunk))
+    }
+
     /// Adds `chunk` as the most recently used; returns the chunk it replaced, if any.
     pub(super) fn put(&mut self, key: ChunkKey, chunk: Arc<Chunk>) -> Option<Arc<Chunk>> {
         let replaced = self.pop(&key);

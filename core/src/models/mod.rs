@@ -127,7 +127,8 @@ pub struct ModelFile {
     mode: AtomicU8,
     /// Recent request runs, telling probes from streams ([`runs`]).
     runs: runs::Runs,
-    /// The block the last stream of this file was in (`usize::MAX`: none yet).
+    /// The block the last stream of this file was in (`usize::MAX`: none since the last open;
+    /// see [`ModelFile::opened`]).
     stream_block: std::sync::atomic::AtomicUsize,
 }
 
@@ -276,6 +277,24 @@ impl ModelFile {
                 self.source.read_aligned(span.start, span.end)
             })
             .map(Some)
+    }
+
+    /// A process opened this version: its recent runs and stream are over as far as new
+    /// readers go.
+    ///
+    /// Without this, a loader opening the file again (ComfyUI loading the same checkpoint in a
+    /// second process, or again after unloading it) inherited the exemption of the previous
+    /// load's last stream: its first tensor touches fell in the block after the one that stream
+    /// ended in, were served as stream reads, and each touch entered the next block as
+    /// predicted, so prefetch swept the whole file ahead of touches that read one page per
+    /// tensor — and evicted it again before the copies came. Its touches also landed inside
+    /// the previous load's runs, which made them look like continued streams. The reload read
+    /// 1.72× the file through a quarter budget, 650 MB of it prefetched for nothing (issue 11
+    /// benchmark, point 2). A stream still running in another process pays one
+    /// [`runs::STREAM_AFTER`] of probes to become a stream again.
+    fn opened(&self) {
+        self.runs.clear();
+        self.stream_block.store(usize::MAX, Ordering::Relaxed);
     }
 
     /// Whether the request `[offset, end)`, whose data starts in chunk `chunk`, is a probe
@@ -581,6 +600,7 @@ impl ModelStore {
         })?;
         if let Some(known) = self.lock().get(path) {
             if known.source.identity() == current {
+                known.opened();
                 return Ok(Arc::clone(known));
             }
         }
@@ -596,6 +616,7 @@ impl ModelStore {
         // use it (same identity) rather than replace it and drop its cached bytes.
         if let Some(known) = files.get(path) {
             if known.source.identity() == file.source.identity() {
+                known.opened();
                 return Ok(Arc::clone(known));
             }
         }
@@ -647,7 +668,7 @@ impl ModelStore {
             (end > h).then(|| plan.chunk_at(offset.max(h))).flatten()
         });
         if let Some(first) = first_data_chunk {
-            if file.is_probe(first, offset, end) && !file.chunk_present(&self.cache, first) {
+            if file.is_probe(first, offset, end) {
                 return self.read_probe(file, offset, end).map(ReadBytes::Owned);
             }
         }
@@ -722,6 +743,7 @@ impl ModelStore {
             );
         }
         let stop = end.min(span.end);
+        bytes.note_served(stop - pos);
         let counter = match outcome {
             Outcome::Hit => &self.counters().hit_bytes,
             Outcome::Miss => &self.counters().miss_bytes,
@@ -734,9 +756,22 @@ impl ModelStore {
         ))
     }
 
-    /// Serves a probe ([`runs`]): exactly `[offset, end)`, read from the source bypassing the
-    /// page cache, with no chunk cached, no prefetch and no visit of the block recorded.
+    /// Serves a probe ([`runs`]): exactly `[offset, end)`, with no chunk cached, no prefetch
+    /// and no visit of the block recorded. From resident chunks when they hold all of it
+    /// ([`ChunkCache::peek`]), else read from the source bypassing the page cache.
+    ///
+    /// A probe that finds its chunk resident used to go through the cache like a stream read:
+    /// it entered the chunk's block and prefetched the blocks after it. When ComfyUI loaded a
+    /// checkpoint again, the previous load's prefetch had left the first blocks resident, the
+    /// touches of its tensor views found them, and each touch entered the next block as
+    /// predicted: prefetch swept the whole file ahead of the touches and evicted it again
+    /// before the copies came, 1.72× the file read through a quarter budget, 650 MB of
+    /// prefetch wasted (issue 11 benchmark, point 2, reload).
     fn read_probe(&self, file: &ModelFile, offset: u64, end: u64) -> Result<Vec<u8>, ReadError> {
+        if let Some(bytes) = self.probe_from_cache(file, offset, end) {
+            Counters::add(&self.counters().hit_bytes, end - offset);
+            return Ok(bytes);
+        }
         let bytes = file.source.read_aligned(offset, end)?;
         let counters = self.counters();
         Counters::add(&counters.disk_reads, 1);
@@ -744,6 +779,31 @@ impl ModelStore {
         Counters::add(&counters.uncached_bytes, end - offset);
         Counters::add(&counters.probe_bytes, end - offset);
         Ok(bytes.as_slice().to_vec())
+    }
+
+    /// `[offset, end)` from the header and resident chunks, or `None` if part of it is in
+    /// neither (a chunk not resident, or bytes outside every chunk).
+    fn probe_from_cache(&self, file: &ModelFile, offset: u64, end: u64) -> Option<Vec<u8>> {
+        let plan = file.plan()?;
+        let header_end = file.header_end()?;
+        let mut out = Vec::with_capacity(end.saturating_sub(offset) as usize);
+        let mut pos = offset;
+        while pos < end {
+            if pos < header_end {
+                let stop = end.min(header_end);
+                out.extend_from_slice(file.header.get(pos as usize..stop as usize)?);
+                pos = stop;
+                continue;
+            }
+            let chunk = plan.chunk_at(pos)?;
+            let span = plan.get(chunk)?;
+            let bytes = self.cache.peek(file.key(chunk))?;
+            let stop = end.min(span.end);
+            let range = (pos - span.start) as usize..(stop - span.start) as usize;
+            out.extend_from_slice(bytes.as_slice().get(range)?);
+            pos = stop;
+        }
+        Some(out)
     }
 
     /// Serves `[pos, stop)` straight from the source, where `stop` is `end` or the start of the

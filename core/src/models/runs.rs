@@ -81,6 +81,11 @@ impl Runs {
         0
     }
 
+    /// Forgets every run (a new open: see `ModelFile::opened`).
+    pub fn clear(&self) {
+        *self.lock() = Default::default();
+    }
+
     fn lock(&self) -> MutexGuard<'_, (Vec<Run>, usize)> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }

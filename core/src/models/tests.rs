@@ -429,3 +429,92 @@ fn tensor_touches_are_probes_and_prefetch_nothing() {
     assert_eq!(read_all(&store, &file, 1 << 20), bytes);
     assert!(Counters::get(&c.miss_bytes) + Counters::get(&c.hit_bytes) > bytes.len() as u64 / 2);
 }
+
+/// ComfyUI loading a checkpoint again: the previous load streamed the file and left chunks
+/// resident (the start of the next pass, prefetched). The new load's tensor touches are still
+/// probes: those that find their chunk resident are served from it, and none enters a block
+/// or starts a prefetch (which swept the whole file ahead of the touches: issue 11, point 2).
+#[test]
+fn a_reload_touching_resident_chunks_prefetches_nothing() {
+    let (dir, bytes, exec, store, file) = opened_manual(48 << 20, 24 << 20, 12);
+    let mut offset = 0;
+    while offset < bytes.len() as u64 {
+        offset += store.read(&file, offset, 128 << 10).unwrap().len() as u64;
+        exec.run_pending();
+    }
+    assert!(
+        store.cache().snapshot().used_bytes > 0,
+        "the load left chunks resident"
+    );
+    let reopened = store
+        .open(
+            Path::new("m.safetensors"),
+            &dir.path().join("m.safetensors"),
+        )
+        .unwrap();
+    let Layout::Indexed { index, .. } = reopened.layout() else {
+        panic!("malformed")
+    };
+    let mut starts: Vec<(String, u64)> = index
+        .tensors
+        .iter()
+        .map(|t| (t.name.clone(), t.start))
+        .collect();
+    starts.sort();
+    let c = store.counters();
+    let (hits, disk) = (Counters::get(&c.hits), Counters::get(&c.disk_read_bytes));
+    for (_, start) in &starts {
+        let got = store.read(&reopened, *start, 4096).unwrap();
+        let end = (*start as usize + 4096).min(bytes.len());
+        assert_eq!(&got[..], &bytes[*start as usize..end]);
+    }
+    assert!(exec.is_empty(), "touches queued {} prefetches", exec.len());
+    assert!(
+        Counters::get(&c.hits) > hits,
+        "resident chunks served touches"
+    );
+    assert!(
+        Counters::get(&c.disk_read_bytes) - disk <= starts.len() as u64 * 4096,
+        "only touched bytes were read"
+    );
+    assert_eq!(read_all(&store, &reopened, 1 << 20), bytes);
+}
+
+/// The lead is the blocks *ahead* of the reader: with a budget of three blocks the lead is one
+/// block, and entering a block queues all of the next one. (The block the reader was in used to
+/// count towards the lead, which left no room for the next block: issue 11, point 3.)
+#[test]
+fn entering_a_block_prefetches_the_whole_next_block_when_it_is_the_lead() {
+    let dir = tempfile::tempdir().unwrap();
+    checkpoint(dir.path(), "m.safetensors", 64 << 20, 14);
+    let path = dir.path().join("m.safetensors");
+    let sizes = ModelStore::new(1 << 30, SavedOrders::default());
+    let sized = sizes.open(Path::new("m.safetensors"), &path).unwrap();
+    let sized_plan = sized.plan().unwrap();
+    let block = sized_plan.block_bytes(2).max(sized_plan.block_bytes(3));
+    let exec = Arc::new(ManualExecutor::new(1024));
+    let store = ModelStore::with_executor(3 * block, SavedOrders::default(), exec.clone());
+    let file = store.open(Path::new("m.safetensors"), &path).unwrap();
+    let access = file.access().unwrap();
+    access.touch(1);
+    assert!(matches!(
+        access.touch(2),
+        Step::Entered {
+            predicted: true,
+            ..
+        }
+    ));
+    store.prefetcher.entered_block(&file, 2, true);
+    exec.run_pending();
+    let plan = file.plan().unwrap();
+    let missing: Vec<usize> = plan
+        .block_chunks(3)
+        .iter()
+        .copied()
+        .filter(|&c| !file.chunk_present(store.cache(), c))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "chunks of the next block not prefetched: {missing:?}"
+    );
+}

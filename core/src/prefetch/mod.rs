@@ -139,23 +139,56 @@ impl Prefetcher {
         // 23 points above the same pass from RAM (issue 11). Consumed chunks of the current
         // block are evicted first (`cache::Chunk::distance`), so the lead mostly replaces bytes
         // the reader is done with rather than the resident set.
+        //
+        // Only blocks *ahead* count towards the lead. (The current block used to count too, so
+        // with 210 MB blocks and a 1 GiB budget the 210 MB lead was used up by the block the
+        // reader was in and the next block was never queued: each block was read on demand
+        // behind 16 MiB of sequential read-ahead.) The rest of the current block is queued up
+        // to the same limit: a block close to the budget queued whole evicted its own chunks
+        // that the reader had not finished, to make room for chunks it would read last.
         let budget = self.cache.budget();
         let next_block = blocks.get(1).map_or(0, |&b| plan.block_bytes(b));
         let limit = (budget / LEAD_SHARE)
             .max(next_block)
             .min(budget / BLOCK_LEAD_SHARE.1 * BLOCK_LEAD_SHARE.0);
-        let mut queued = 0;
+        let mut ahead = 0;
         for b in blocks {
-            queued += plan.block_bytes(b);
-            if queued > limit && b != block {
-                break;
-            }
-            for &chunk in plan.block_chunks(b) {
-                if !self.queue(file, chunk, epoch) {
-                    return;
+            if b != block {
+                ahead += plan.block_bytes(b);
+                if ahead > limit {
+                    break;
                 }
             }
+            if !self.queue_block(file, plan, b, limit, epoch) {
+                return;
+            }
         }
+    }
+
+    /// Queues the chunks of `block` that are not in memory, up to `limit` bytes. Returns false
+    /// when the executor is full.
+    fn queue_block<F: PrefetchTarget>(
+        &self,
+        file: &Arc<F>,
+        plan: &ChunkPlan,
+        block: usize,
+        limit: u64,
+        epoch: Option<u64>,
+    ) -> bool {
+        let mut queued = 0;
+        for &chunk in plan.block_chunks(block) {
+            if file.chunk_present(&self.cache, chunk) {
+                continue;
+            }
+            queued += plan.get(chunk).map_or(0, |c| c.len());
+            if queued > limit {
+                return true;
+            }
+            if !self.queue(file, chunk, epoch) {
+                return false;
+            }
+        }
+        true
     }
 
     /// A reader just read chunk `chunk` of `file`: queue what follows it in the file.

@@ -67,6 +67,16 @@ use serde::{Deserialize, Serialize};
 /// new pass jumps back over.
 pub const TOLERANCE: usize = 4;
 
+/// How many of the last blocks of a pass count as stragglers when the next pass starts:
+/// [`TOLERANCE`], but at most a quarter of the blocks. Straggler touches are ignored until the
+/// new pass has more than `TOLERANCE` blocks, so the blocks outside the tail must be able to
+/// take it there: with six blocks and a tail of four, a pass could never grow past its first
+/// two blocks, every later block was "a straggler", and no block after the second was ever
+/// entered or prefetched again (the issue 11 `--quick` model, 6 blocks).
+fn straggler_tail(blocks: usize) -> usize {
+    TOLERANCE.min(blocks / 4)
+}
+
 /// `in_pass` value of a block not yet touched in the current pass.
 const ABSENT: usize = usize::MAX;
 
@@ -169,7 +179,10 @@ impl AccessOrder {
         for &done in &self.pass {
             self.in_pass[done] = ABSENT;
         }
-        let tail = self.pass.len().saturating_sub(TOLERANCE);
+        let tail = self
+            .pass
+            .len()
+            .saturating_sub(straggler_tail(self.blocks()));
         self.prev_tail = self.pass.split_off(tail);
         self.pass.clear();
         self.in_pass[block] = 0;
@@ -465,6 +478,20 @@ mod tests {
         pass(&mut learner, &(2..10).collect::<Vec<_>>());
         learner.touch(0);
         assert_eq!(learner.order(), (0..10).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn every_block_of_a_small_file_is_entered_again_in_the_next_pass() {
+        let mut learner = AccessOrder::new(6);
+        pass(&mut learner, &(0..6).collect::<Vec<_>>());
+        assert_eq!(learner.touch(0), Touch::NewPass);
+        for block in 1..6 {
+            assert_eq!(
+                learner.touch(block),
+                Touch::FirstInPass { position: block },
+                "block {block} of the second pass"
+            );
+        }
     }
 
     #[test]
