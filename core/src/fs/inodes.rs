@@ -164,7 +164,7 @@ impl Inodes {
         self.lock().entries.len()
     }
 
-    /// Whether the table holds only the root (never: the root is always there).
+    /// Never true: the root is always there (for clippy's `len_without_is_empty`).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
