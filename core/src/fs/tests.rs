@@ -393,3 +393,33 @@ fn passthrough_shares_one_backing_per_inode_until_the_last_release() {
         Opened::Served { .. } => panic!("a model that fits goes by passthrough"),
     }
 }
+
+#[test]
+fn concurrent_lookups_and_forgets_leave_the_table_as_the_counts_say() {
+    let fx = Fixture::new(false, false);
+    for i in 0..4 {
+        fs::write(fx.root().join(format!("f{i}")), [i as u8; 3]).unwrap();
+    }
+    let base = fx.fs.inode_count();
+    std::thread::scope(|scope| {
+        for t in 0..4u64 {
+            let fx = &fx;
+            scope.spawn(move || {
+                for round in 0..500u64 {
+                    let name = format!("f{}", (t + round) % 4);
+                    let attr = fx.fs.lookup(me(), ROOT_INO, OsStr::new(&name)).unwrap().0;
+                    let fh = served_fh(fx.open_ro(attr.ino).unwrap());
+                    fx.fs.forget(attr.ino, 1);
+                    // Still held by the handle, whatever the other threads forgot meanwhile.
+                    assert_eq!(
+                        fx.read_all(attr.ino, fh).unwrap(),
+                        [((t + round) % 4) as u8; 3]
+                    );
+                    fx.fs.release(fh);
+                }
+            });
+        }
+    });
+    assert_eq!(fx.fs.inode_count(), base, "every reference was given back");
+    assert_eq!(fx.fs.handle_count(), 0);
+}
