@@ -157,6 +157,10 @@ impl Mounted {
     pub fn start(request: &MountRequest) -> Result<Mounted> {
         let source = check_source(&request.source)?;
         let mountpoint = check_mountpoint(&request.mountpoint, &source)?;
+        match tierfs_core::source::limits::raise_descriptor_limit() {
+            Ok(limit) => tracing::debug!(limit, "descriptor limit"),
+            Err(e) => tracing::warn!(error = %e, "cannot raise the descriptor limit"),
+        }
         let store = Arc::new(
             ModelStore::new(
                 request.budget,

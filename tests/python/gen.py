@@ -369,3 +369,16 @@ def aimdo_read_chunk(fd: int, dest: memoryview, off: int) -> int:
         os.posix_fadvise(fd, off + done, n, os.POSIX_FADV_DONTNEED)
         done += n
     return done
+
+
+def small_safetensors(i: int) -> bytes:
+    """A LoRA-like file of a few hundred bytes, different for every `i`."""
+    data = struct.pack("<16e", *[(i * 16 + k) % 1000 / 8 for k in range(16)])
+    header = {
+        "__metadata__": {"ss_network_dim": "4", "index": str(i)},
+        f"lora_unet_block_{i % 97}.lora_down.weight": {"dtype": "F16", "shape": [2, 4], "data_offsets": [0, 16]},
+        f"lora_unet_block_{i % 97}.lora_up.weight": {"dtype": "F16", "shape": [4, 2], "data_offsets": [16, 32]},
+    }
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw + data

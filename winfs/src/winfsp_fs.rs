@@ -27,7 +27,7 @@ use std::time::SystemTime;
 
 use tierfs_core::control;
 use tierfs_core::kernel_cache::KernelCacheWindow;
-use tierfs_core::models::{is_model_path, ModelFile, ModelStore};
+use tierfs_core::models::{is_model_path, ModelStore, OpenModel};
 use tierfs_core::source::read_full_at;
 use tierfs_core::stats_doc::StatsDocument;
 use windows_sys::Win32::Storage::FileSystem::{
@@ -68,7 +68,8 @@ pub struct TierWinFs {
 /// One open handle.
 pub enum Node {
     Dir { target: Target, listing: DirBuffer },
-    Model(Arc<ModelFile>),
+    /// Holds the version's source descriptors until closed (`tierfs_core::models::OpenModel`).
+    Model(OpenModel),
     Plain(File),
     Stats(Vec<u8>),
     Control,
@@ -166,7 +167,7 @@ impl TierWinFs {
             // The store is keyed by path: use the source's own spelling of it, so that
             // `M.SAFETENSORS` and `m.safetensors` share one cached version.
             let rel = self.canonical_rel(&abs).unwrap_or_else(|| rel.to_owned());
-            return Ok(Node::Model(self.store.open(&rel, &abs)?));
+            return Ok(Node::Model(self.store.open_handle(&rel, &abs)?));
         }
         Ok(Node::Plain(File::open(&abs)?))
     }
@@ -187,7 +188,7 @@ impl TierWinFs {
                 if offset >= model.size() {
                     return Err(FsError::EndOfFile);
                 }
-                let bytes = self.store.read(model, offset, want)?;
+                let bytes = self.store.read(model.file(), offset, want)?;
                 buffer[..bytes.len()].copy_from_slice(&bytes);
                 bytes.len()
             }

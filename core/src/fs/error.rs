@@ -85,6 +85,9 @@ impl FsError {
             FsError::ModelOpen(OpenError::Source(SourceError::Open { source, .. })) => {
                 os_errno(source)
             }
+            // Replaced between the requester's open and the store's: the kernel looks it up
+            // again.
+            FsError::ModelOpen(OpenError::Source(SourceError::Changed { .. })) => libc::ESTALE,
             FsError::ModelOpen(_) | FsError::Read(_) | FsError::ModeConflict => libc::EIO,
         }
     }
@@ -122,6 +125,8 @@ mod tests {
             libc::EMFILE
         );
         assert_eq!(open(io::Error::other("header")).errno(), libc::EIO);
+        let changed = OpenError::Source(SourceError::Changed { path: "x".into() });
+        assert_eq!(FsError::ModelOpen(changed).errno(), libc::ESTALE);
         assert_eq!(FsError::Stale.errno(), libc::ESTALE);
         assert_eq!(FsError::ReadOnly.errno(), libc::EROFS);
         assert_eq!(FsError::Control("x".into()).errno(), libc::EINVAL);

@@ -5,7 +5,7 @@ use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::models::ModelFile;
+use crate::models::OpenModel;
 use crate::sync::{lock, Mutex};
 
 use super::{DirEntry, FsError};
@@ -13,10 +13,11 @@ use super::{DirEntry, FsError};
 /// What a handle serves. `B` is the front end's passthrough backing object, kept alive here
 /// until release.
 pub enum Handle<B> {
-    Model(Arc<ModelFile>),
+    /// A model file served from the cache; holds its source descriptors until release.
+    Model(OpenModel),
     /// A model file served by the kernel from its source ([`crate::passthrough`]); release
     /// gives the file's reservation back.
-    ModelPassthrough(Arc<ModelFile>, #[allow(dead_code)] Arc<B>),
+    ModelPassthrough(OpenModel, #[allow(dead_code)] Arc<B>),
     /// Served by the kernel; the backing object must live until release.
     Passthrough(#[allow(dead_code)] Arc<B>),
     Plain(File),

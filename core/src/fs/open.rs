@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::access::{open_for_request, Acting};
-use crate::models::{is_model_path, ModelFile, ReadBytes, ServeMode};
+use crate::models::{is_model_path, ModelFile, OpenModel, ReadBytes, ServeMode};
 use crate::source::{read_full_at, SourceIdentity};
 use crate::stats::ops::Op;
 use crate::sync::lock;
@@ -161,7 +161,7 @@ impl<B: Send + Sync> TierFs<B> {
             // Malformed model files are served by the read path too (uncached), never with
             // passthrough: the kernel refuses a passthrough open of an inode that is open in
             // cached mode, which a model file's earlier, well-formed version may still be.
-            return match self.store.open(&rel, &abs) {
+            return match self.store.open_handle(&rel, &abs) {
                 // Cached bytes are served only for the version the requester itself opened.
                 Ok(model) if model.source().identity() != SourceIdentity::of(&opened) => {
                     Err(FsError::Stale)
@@ -196,7 +196,7 @@ impl<B: Send + Sync> TierFs<B> {
     fn open_model(
         &self,
         ino: u64,
-        model: Arc<ModelFile>,
+        model: OpenModel,
         open_backing: &dyn Fn(File) -> io::Result<B>,
     ) -> Result<Opened<B>, FsError> {
         let mut modes = lock(&self.open_modes);
@@ -309,7 +309,7 @@ impl<B: Send + Sync> TierFs<B> {
     /// the kernel may keep in the mounted file's page cache: see `read`).
     fn read_handle(&self, fh: u64, offset: u64, size: u32) -> Result<(ReadBytes, bool), FsError> {
         match &self.handles.get(fh)?.kind {
-            Handle::Model(model) => Ok((self.read_model(model, offset, size)?, true)),
+            Handle::Model(model) => Ok((self.read_model(model.file(), offset, size)?, true)),
             Handle::Plain(file) => Ok((ReadBytes::Owned(pread_full(file, offset, size)?), false)),
             Handle::Stats(json) => {
                 let start = (offset as usize).min(json.len());

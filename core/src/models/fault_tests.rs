@@ -59,7 +59,7 @@ impl ReadAt for FaultyFile {
 struct Setup {
     dir: tempfile::TempDir,
     bytes: Vec<u8>,
-    store: ModelStore,
+    store: Arc<ModelStore>,
     faults: Arc<Faults>,
 }
 
@@ -86,12 +86,22 @@ fn setup(budget: u64, faults: &[Fault]) -> Setup {
     Setup {
         dir,
         bytes,
-        store,
+        store: Arc::new(store),
         faults: injected,
     }
 }
 
 impl Setup {
+    /// The file, held open like a reader's handle (its descriptors stay open).
+    fn open_handle(&self) -> OpenModel {
+        self.store
+            .open_handle(
+                Path::new("m.safetensors"),
+                &self.dir.path().join("m.safetensors"),
+            )
+            .unwrap()
+    }
+
     fn open(&self) -> Arc<ModelFile> {
         self.store
             .open(
@@ -184,7 +194,8 @@ fn eio_fails_only_the_reads_that_touch_it_and_poisons_nothing() {
 #[test]
 fn a_file_truncated_mid_read_gives_errors_or_right_bytes_never_others() {
     let s = setup(4 << 20, &[]);
-    let file = s.open();
+    let handle = s.open_handle();
+    let file = Arc::clone(handle.file());
     let half = s.bytes.len() as u64 / 2;
     // Read the first part (some of it now cached), then cut the file in half.
     assert!(s
@@ -223,7 +234,8 @@ fn a_file_truncated_mid_read_gives_errors_or_right_bytes_never_others() {
 fn replaced_or_deleted_files_keep_serving_the_version_that_was_opened() {
     let s = setup(4 << 20, &[]);
     let path = s.dir.path().join("m.safetensors");
-    let old = s.open();
+    let handle = s.open_handle();
+    let old = Arc::clone(handle.file());
     // Replace it by a file of the same size with other bytes, then delete that one too.
     let other: Vec<u8> = s.bytes.iter().map(|b| b.wrapping_add(1)).collect();
     std::fs::write(s.dir.path().join("new"), &other).unwrap();

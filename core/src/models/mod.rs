@@ -20,6 +20,13 @@
 //! before the change keep reading the version (and the descriptor) they opened, so a reader
 //! that opens a file after it changed can never be served cached bytes of the old one.
 //!
+//! **Descriptors.** A known version holds no descriptor of its own: an open handle
+//! ([`OpenModel`], from [`ModelStore::open_handle`]) holds its source descriptors, a read or a
+//! prefetch of a version nobody holds opens them again for one chunk, checked to be the same
+//! version ([`crate::source::slot`]). When the last handle of a version closes and SOURCE no
+//! longer holds it (deleted, replaced), the version is forgotten with its cached bytes
+//! ([`open`]), so its disk space and its share of the budget are given back at once.
+//!
 //! **Memory.** Headers and indexes of known files are held to their own cap ([`table`]).
 
 mod runs;
@@ -40,11 +47,14 @@ use crate::prefetch::access::FileCounters;
 use crate::prefetch::access::{FileAccess, Step};
 use crate::prefetch::saved::SavedOrders;
 use crate::prefetch::{Executor, PrefetchTarget, Prefetcher};
+use crate::source::slot::SourceSlot;
 use crate::source::{aligned_footprint, ReadWrapper, SourceError, SourceFile, SourceIdentity};
 use crate::stats::{Counters, FileSnapshot, IndexSnapshot, PrefetchSnapshot};
 use crate::sync::{lock, Mutex, MutexGuard};
 
+mod open;
 pub mod table;
+pub use open::OpenModel;
 use table::ModelTable;
 pub use table::DEFAULT_INDEX_CAP;
 
@@ -114,7 +124,9 @@ pub enum Layout {
 pub struct ModelFile {
     path: PathBuf,
     generation: u64,
-    source: SourceFile,
+    /// The source version, with its descriptors open only while someone reads
+    /// ([`crate::source::slot`]).
+    source: SourceSlot,
     /// The first `header_bytes` of the file and up to [`HEADER_TAIL_BYTES`] after them (empty
     /// when malformed).
     header: Vec<u8>,
@@ -130,6 +142,10 @@ pub struct ModelFile {
     /// The block the last stream of this file was in (`usize::MAX`: none since the last open;
     /// see [`ModelFile::opened`]).
     stream_block: std::sync::atomic::AtomicUsize,
+    /// Open handles of this version ([`OpenModel`]).
+    handles: std::sync::atomic::AtomicUsize,
+    /// Set once the version was pruned ([`open`]): no chunk of it may stay cached.
+    pruned: std::sync::atomic::AtomicBool,
 }
 
 /// How a data request is served ([`ModelFile::classify`]).
@@ -160,13 +176,15 @@ impl ServeMode {
 }
 
 impl ModelFile {
+    /// Indexes the version of `abs` there now; returns it with the descriptors it was read
+    /// through, open for as long as the caller holds them.
     fn open(
         path: &Path,
         abs: &Path,
         generation: u64,
         (saved, wrap): (&SavedOrders, Option<&ReadWrapper>),
-    ) -> Result<ModelFile, OpenError> {
-        let source = SourceFile::open_with(abs, wrap)?;
+    ) -> Result<(ModelFile, Arc<SourceFile>), OpenError> {
+        let source = Arc::new(SourceFile::open_with(abs, wrap)?);
         let order_key = SavedOrders::key(abs, &source.identity());
         let format = Format::of_path(path).unwrap_or_default();
         let (header, layout) = match read_header(&source, format) {
@@ -192,10 +210,10 @@ impl ModelFile {
             ))),
             Layout::Malformed { .. } => None,
         };
-        Ok(ModelFile {
+        let file = ModelFile {
             path: path.to_owned(),
             generation,
-            source,
+            source: SourceSlot::new(&source, wrap.cloned()),
             header,
             layout,
             access,
@@ -203,7 +221,10 @@ impl ModelFile {
             mode: AtomicU8::new(ServeMode::Cache as u8),
             runs: runs::Runs::default(),
             stream_block: std::sync::atomic::AtomicUsize::new(usize::MAX),
-        })
+            handles: std::sync::atomic::AtomicUsize::new(0),
+            pruned: std::sync::atomic::AtomicBool::new(false),
+        };
+        Ok((file, source))
     }
 
     /// How the last open of this version was served.
@@ -228,7 +249,8 @@ impl ModelFile {
         self.generation
     }
 
-    pub fn source(&self) -> &SourceFile {
+    /// The source version (path and identity) this file is, and its descriptors on demand.
+    pub fn source(&self) -> &SourceSlot {
         &self.source
     }
 
@@ -281,11 +303,16 @@ impl ModelFile {
             access: Arc::clone(access),
             block: span.block,
         });
-        cache
-            .get_or_load(self.key(chunk), footprint, want, owner.as_ref(), || {
-                self.source.read_aligned(span.start, span.end)
-            })
-            .map(Some)
+        let got = cache.get_or_load(self.key(chunk), footprint, want, owner.as_ref(), || {
+            self.source.get()?.read_aligned(span.start, span.end)
+        });
+        // A load that was under way when the version was pruned must not leave its chunk in the
+        // budget. The flag is set before the pruning forgets the file's chunks, and read after
+        // this chunk was inserted: one of the two forgets it (see `open`).
+        if self.pruned.load(Ordering::SeqCst) {
+            cache.forget_file(self.generation);
+        }
+        got.map(Some)
     }
 
     /// A process opened this version: its recent runs and stream are over as far as new
@@ -389,6 +416,9 @@ impl PrefetchTarget for ModelFile {
     }
 
     fn prefetch_chunk(&self, cache: &ChunkCache, chunk: usize) -> Result<(), CacheError> {
+        if self.pruned.load(Ordering::Relaxed) {
+            return Ok(()); // nobody can read it any more
+        }
         self.fetch_chunk(cache, chunk, Want::Prefetch).map(|_| ())
     }
 
@@ -611,6 +641,16 @@ impl ModelStore {
     /// The current version of the model file at `path` (relative to the mount root), whose
     /// source is `abs`: the known one if the source is unchanged, else a freshly indexed one.
     pub fn open(&self, path: &Path, abs: &Path) -> Result<Arc<ModelFile>, OpenError> {
+        self.open_version(path, abs).map(|(file, _)| file)
+    }
+
+    /// [`Self::open`], with the descriptors the file was indexed through when it was indexed
+    /// just now (`None` for a known version: its descriptors are opened on demand).
+    fn open_version(
+        &self,
+        path: &Path,
+        abs: &Path,
+    ) -> Result<(Arc<ModelFile>, Option<Arc<SourceFile>>), OpenError> {
         let current = SourceIdentity::of_path(abs).map_err(|source| SourceError::Open {
             path: abs.to_owned(),
             source,
@@ -618,23 +658,24 @@ impl ModelStore {
         if let Some(known) = self.lock().get(path) {
             if known.source.identity() == current {
                 known.opened();
-                return Ok(Arc::clone(known));
+                return Ok((Arc::clone(known), None));
             }
         }
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
-        let file = Arc::new(ModelFile::open(
+        let (file, source) = ModelFile::open(
             path,
             abs,
             generation,
             (&self.saved, self.read_wrapper.as_ref()),
-        )?);
+        )?;
+        let file = Arc::new(file);
         let mut files = self.lock();
         // Several readers may open a file at once: the first version indexed wins, the others
         // use it (same identity) rather than replace it and drop its cached bytes.
         if let Some(known) = files.get(path) {
             if known.source.identity() == file.source.identity() {
                 known.opened();
-                return Ok(Arc::clone(known));
+                return Ok((Arc::clone(known), None));
             }
         }
         let (replaced, evicted) = files.insert(path, Arc::clone(&file));
@@ -649,7 +690,7 @@ impl ModelStore {
         }
         drop(evicted);
         self.trim_after_evictions();
-        Ok(file)
+        Ok((file, Some(source)))
     }
 
     /// Gives the memory of forgotten headers back to the OS once enough was forgotten (see
@@ -796,7 +837,7 @@ impl ModelStore {
             Counters::add(&self.counters().hit_bytes, end - offset);
             return Ok(bytes);
         }
-        let bytes = file.source.read_aligned(offset, end)?;
+        let bytes = file.source.get()?.read_aligned(offset, end)?;
         let counters = self.counters();
         Counters::add(&counters.disk_reads, 1);
         Counters::add(&counters.disk_read_bytes, end - offset);
@@ -849,7 +890,7 @@ impl ModelStore {
         };
         let start = out.len();
         out.resize(start + (stop - pos) as usize, 0);
-        let got = file.source.read_at(&mut out[start..], pos)?;
+        let got = file.source.get()?.read_at(&mut out[start..], pos)?;
         let counters = self.counters();
         Counters::add(&counters.disk_reads, 1);
         Counters::add(&counters.disk_read_bytes, got as u64);
@@ -929,3 +970,6 @@ mod fault_tests;
 
 #[cfg(test)]
 mod gguf_tests;
+
+#[cfg(all(test, target_os = "linux"))]
+mod lifecycle_tests;

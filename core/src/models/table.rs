@@ -32,7 +32,8 @@ pub const DEFAULT_INDEX_CAP: u64 = 256 << 20;
 pub const TRIM_AFTER_EVICTED_BYTES: u64 = 16 << 20;
 
 /// Memory of a known file besides its header and index: the `ModelFile`, its access state,
-/// its table entry and its open descriptor. Rounded up from the struct sizes.
+/// its table entry and its source slot (no descriptor: see `crate::source::slot`). Rounded up
+/// from the struct sizes.
 const ENTRY_OVERHEAD: u64 = 2 << 10;
 
 struct Known {
@@ -117,6 +118,19 @@ impl ModelTable {
             }
         }
         evicted
+    }
+
+    /// Forgets `file` if it is the known version of `path` (a version pruned on close).
+    pub fn remove_version(&mut self, path: &Path, file: &Arc<ModelFile>) {
+        if self
+            .files
+            .peek(path)
+            .is_some_and(|known| Arc::ptr_eq(&known.file, file))
+        {
+            if let Some(known) = self.files.pop(path) {
+                self.bytes -= known.bytes;
+            }
+        }
     }
 
     /// Whether enough was evicted since the last call that returned true to trim the heap.

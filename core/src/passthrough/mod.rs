@@ -192,6 +192,15 @@ impl PassthroughTier {
         drop_all(dropped);
     }
 
+    /// Forgets the parked file `identity`, a version no longer in SOURCE: its page cache went
+    /// with it (deleted), or belongs to the file's new version (rewritten in place).
+    pub fn forget(&self, identity: &SourceIdentity) {
+        let mut state = self.lock();
+        if let Some(parked) = state.parked().pop(&key_of(identity)) {
+            state.parked_bytes -= parked.resident;
+        }
+    }
+
     /// Drops parked files until what the tier holds leaves `wanted` bytes of `budget` free.
     /// Returns the bytes given back.
     pub fn make_room(&self, budget: u64, wanted: u64) -> u64 {

@@ -31,7 +31,7 @@ use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, PoisonError};
+use std::sync::{Arc, OnceLock, PoisonError};
 
 use thiserror::Error;
 
@@ -45,6 +45,10 @@ mod windows;
 use windows as platform;
 #[cfg(not(any(target_os = "linux", windows)))]
 compile_error!("tierfs-core reads sources on Linux and Windows only");
+
+#[cfg(target_os = "linux")]
+pub mod limits;
+pub mod slot;
 
 use crate::sync::StaticMutex;
 pub use platform::open_direct;
@@ -72,6 +76,8 @@ pub enum SourceError {
         wanted_end: u64,
         got_end: u64,
     },
+    #[error("{path} is no longer the version tierfs indexed (replaced or rewritten in SOURCE)")]
+    Changed { path: PathBuf },
     #[error("cannot allocate a {len}-byte buffer: {source}")]
     Alloc { len: usize, source: io::Error },
 }
@@ -244,14 +250,23 @@ impl ReadAt for File {
 pub type ReadWrapper = Arc<dyn Fn(File) -> Arc<dyn ReadAt> + Send + Sync>;
 
 /// One open version of a source file.
+///
+/// It opens one descriptor at first, and its `O_DIRECT` twin only at the first aligned read:
+/// most opens of a model file only read its header, which is in memory, and a folder scan
+/// opens thousands (see [`slot`]; `tests/bench/header_scan.py` measured the scan at 0.77x
+/// its former rate with both opened up front, each open closing them again).
 pub struct SourceFile {
     path: PathBuf,
     /// The plain descriptor: page-cache advice, and the reads `O_DIRECT` cannot do.
-    advice: File,
+    advice: Arc<File>,
+    /// Reads through `advice` (or, in fault-injection tests, a wrapped duplicate of it).
     buffered: Arc<dyn ReadAt>,
-    direct: Option<Arc<dyn ReadAt>>,
+    /// The `O_DIRECT` twin, once the first aligned read tried to open it.
+    direct: OnceLock<Option<Arc<dyn ReadAt>>>,
+    /// False once `O_DIRECT` failed to open or was refused by a read.
     direct_works: AtomicBool,
     identity: SourceIdentity,
+    wrap: Option<ReadWrapper>,
 }
 
 impl std::fmt::Debug for SourceFile {
@@ -276,24 +291,37 @@ impl SourceFile {
             path: path.to_owned(),
             source,
         };
-        let buffered = platform::open_buffered(path).map_err(open_err)?;
-        let identity = SourceIdentity::of_file(&buffered).map_err(open_err)?;
-        let direct = open_direct_twin(path, &identity);
-        let reader = |file: File| -> Arc<dyn ReadAt> {
-            match wrap {
-                Some(wrap) => wrap(file),
-                None => Arc::new(file),
-            }
+        let advice = Arc::new(platform::open_buffered(path).map_err(open_err)?);
+        let identity = SourceIdentity::of_file(&advice).map_err(open_err)?;
+        let buffered: Arc<dyn ReadAt> = match wrap {
+            Some(wrap) => wrap(advice.try_clone().map_err(open_err)?),
+            None => advice.clone(),
         };
-        let advice = buffered.try_clone().map_err(open_err)?;
         Ok(SourceFile {
             path: path.to_owned(),
-            direct_works: AtomicBool::new(direct.is_some()),
             advice,
-            buffered: reader(buffered),
-            direct: direct.map(reader),
+            buffered,
+            direct: OnceLock::new(),
+            direct_works: AtomicBool::new(true),
             identity,
+            wrap: wrap.cloned(),
         })
+    }
+
+    /// The `O_DIRECT` twin, opened at the first call (`None` where it cannot be).
+    fn direct(&self) -> Option<&Arc<dyn ReadAt>> {
+        self.direct
+            .get_or_init(|| {
+                let direct = open_direct_twin(&self.path, &self.identity);
+                if direct.is_none() {
+                    self.direct_works.store(false, Ordering::Relaxed);
+                }
+                direct.map(|file| match &self.wrap {
+                    Some(wrap) => wrap(file),
+                    None => Arc::new(file) as Arc<dyn ReadAt>,
+                })
+            })
+            .as_ref()
     }
 
     pub fn path(&self) -> &Path {
@@ -313,7 +341,8 @@ impl SourceFile {
         File::open(format!("/proc/self/fd/{}", self.advice.as_raw_fd()))
     }
 
-    /// Whether reads currently bypass the page cache with `O_DIRECT`.
+    /// Whether reads bypass the page cache with `O_DIRECT` (true until the first aligned read
+    /// found they cannot).
     pub fn uses_direct_io(&self) -> bool {
         self.direct_works.load(Ordering::Relaxed)
     }
@@ -356,7 +385,7 @@ impl SourceFile {
 
     /// [`read_direct`] on this file's `O_DIRECT` descriptor (nothing when it has none).
     fn fill_direct(&self, buf: &mut [u8], offset: u64) -> Result<usize, SourceError> {
-        let Some(direct) = &self.direct else {
+        let Some(direct) = self.direct() else {
             return Ok(0);
         };
         read_direct(direct.as_ref(), &self.direct_works, &self.path, buf, offset)

@@ -1,0 +1,203 @@
+//! The source descriptors of one file version, open only while someone uses them.
+//!
+//! A [`SourceFile`] holds three descriptors (buffered, `O_DIRECT`, and a duplicate for page-cache
+//! advice). Holding them for every model file version the mount has ever indexed ran the daemon
+//! out of descriptors: reading the header of each of 20 000 small `.safetensors` in one folder
+//! (what ComfyUI's startup scan does with a large LoRA collection) failed after 6 661 files
+//! with `EMFILE`, returned to the reader for every later open. A descriptor of a deleted or
+//! replaced file also kept its disk space allocated for the life of the mount.
+//!
+//! So a file version keeps only what identifies it (path and [`SourceIdentity`]) and a *weak*
+//! reference to its open descriptors. Whoever needs to read takes a strong one
+//! ([`SourceSlot::get`]): the open descriptors if someone already holds them, else freshly
+//! opened ones. The descriptors close when the last holder lets go. Holders are:
+//! - every open handle of the file (`models::OpenModel`), for as long as it is open, so that a
+//!   handle keeps reading the version it opened even after SOURCE replaced or deleted it, as a
+//!   plain file would;
+//! - a read or a prefetch, for the duration of one chunk read. A prefetch that outlives the
+//!   file's handles (the `prefetch` command, or readahead queued just before a close) opens the
+//!   file again for each chunk it reads: three `open`s and an `fstat`, a few microseconds next
+//!   to a 4 MiB read.
+//!
+//! The daemon's descriptors are therefore bounded by what readers hold open (three per open
+//! model file version, however many handles share it), not by how many files were ever opened,
+//! and a version that nobody holds has none: its disk space is freed as soon as SOURCE deletes it.
+//!
+//! **Never the wrong bytes.** A reopen goes by path, which may name another file by now. The
+//! opened file's identity (device, inode, size, mtime, ctime, from `fstat` of the very
+//! descriptor opened) must equal the version's, else the reopen fails with
+//! [`SourceError::Changed`] and nothing is read: a read of that version fails (`EIO`), a
+//! prefetch is skipped. Readers that open the file again get its new version.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use super::{ReadWrapper, SourceError, SourceFile, SourceIdentity};
+use crate::sync::{lock, Mutex};
+
+/// One version of a source file, and its descriptors while someone holds them (see the module
+/// docs).
+pub struct SourceSlot {
+    path: PathBuf,
+    identity: SourceIdentity,
+    wrap: Option<ReadWrapper>,
+    open: Mutex<Weak<SourceFile>>,
+    /// Whether the last descriptors opened read with `O_DIRECT` (for the stats while closed).
+    direct_io: AtomicBool,
+    /// Times the descriptors were opened again after being closed.
+    reopens: AtomicU64,
+}
+
+impl std::fmt::Debug for SourceSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SourceSlot")
+            .field("path", &self.path)
+            .field("identity", &self.identity)
+            .field("open", &self.is_open())
+            .finish()
+    }
+}
+
+impl SourceSlot {
+    /// The slot of the version `source` was opened as; `source` stays open while the caller
+    /// (or anyone it hands a clone to) holds it. Reopens read through `wrap` too.
+    pub fn new(source: &Arc<SourceFile>, wrap: Option<ReadWrapper>) -> SourceSlot {
+        SourceSlot {
+            path: source.path().to_owned(),
+            identity: source.identity(),
+            wrap,
+            open: Mutex::new(Arc::downgrade(source)),
+            direct_io: AtomicBool::new(source.uses_direct_io()),
+            reopens: AtomicU64::new(0),
+        }
+    }
+
+    /// The version's open descriptors: those someone already holds, or new ones, opened by path
+    /// and checked to be this very version ([`SourceError::Changed`] if the path names another
+    /// file now, the OS's error if it names none).
+    pub fn get(&self) -> Result<Arc<SourceFile>, SourceError> {
+        let mut open = lock(&self.open);
+        if let Some(source) = open.upgrade() {
+            return Ok(source);
+        }
+        let source = Arc::new(SourceFile::open_with(&self.path, self.wrap.as_ref())?);
+        if source.identity() != self.identity {
+            return Err(SourceError::Changed {
+                path: self.path.clone(),
+            });
+        }
+        self.direct_io
+            .store(source.uses_direct_io(), Ordering::Relaxed);
+        self.reopens.fetch_add(1, Ordering::Relaxed);
+        *open = Arc::downgrade(&source);
+        Ok(source)
+    }
+
+    /// Whether someone holds the descriptors now.
+    pub fn is_open(&self) -> bool {
+        lock(&self.open).strong_count() > 0
+    }
+
+    /// Times the descriptors were opened again after everyone had let go of them.
+    pub fn reopens(&self) -> u64 {
+        self.reopens.load(Ordering::Relaxed)
+    }
+
+    /// The absolute source path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn identity(&self) -> SourceIdentity {
+        self.identity
+    }
+
+    /// Whether reads bypass the page cache (as of the descriptors open now, or last opened).
+    pub fn uses_direct_io(&self) -> bool {
+        match lock(&self.open).upgrade() {
+            Some(source) => source.uses_direct_io(),
+            None => self.direct_io.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Whether `path` names this version now (false when it names another file or none).
+    pub fn is_current(&self) -> bool {
+        SourceIdentity::of_path(&self.path).is_ok_and(|now| now == self.identity)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(target_os = "linux")]
+    fn descriptors_of(path: &Path) -> usize {
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter(|target| target == path)
+            .count()
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")] // counts descriptors in /proc
+    fn descriptors_close_with_the_last_holder_and_reopen_on_demand() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![7u8; 10_000]).unwrap();
+        let first = Arc::new(SourceFile::open(&path).unwrap());
+        let slot = SourceSlot::new(&first, None);
+        let again = slot.get().unwrap();
+        assert!(
+            Arc::ptr_eq(&first, &again),
+            "a held version was opened twice"
+        );
+        assert!(descriptors_of(&path) >= 1);
+        drop((first, again));
+        assert!(!slot.is_open());
+        assert_eq!(
+            descriptors_of(&path),
+            0,
+            "descriptors outlived their holders"
+        );
+        let reopened = slot.get().unwrap();
+        let mut buf = [0u8; 16];
+        assert_eq!(reopened.read_at(&mut buf, 100).unwrap(), 16);
+        assert_eq!(buf, [7u8; 16]);
+        assert_eq!(slot.reopens(), 1);
+    }
+
+    #[test]
+    fn a_replaced_or_deleted_file_is_not_reopened() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![1u8; 4096]).unwrap();
+        let slot = SourceSlot::new(&Arc::new(SourceFile::open(&path).unwrap()), None);
+        assert!(slot.is_current());
+        // Same size, new inode: another file, whatever its bytes.
+        let other = dir.path().join("g");
+        std::fs::write(&other, vec![2u8; 4096]).unwrap();
+        std::fs::rename(&other, &path).unwrap();
+        assert!(!slot.is_current());
+        assert!(
+            matches!(slot.get(), Err(SourceError::Changed { .. })),
+            "a replaced file was reopened as the old version"
+        );
+        std::fs::remove_file(&path).unwrap();
+        assert!(matches!(slot.get(), Err(SourceError::Open { .. })));
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")] // Windows refuses to delete a file open without FILE_SHARE_DELETE
+    fn a_held_version_keeps_reading_after_it_is_deleted() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![3u8; 8192]).unwrap();
+        let held = Arc::new(SourceFile::open(&path).unwrap());
+        let slot = SourceSlot::new(&held, None);
+        std::fs::remove_file(&path).unwrap();
+        let got = slot.get().unwrap().read_aligned(4096, 8192).unwrap();
+        assert_eq!(got.as_slice(), &[3u8; 4096][..]);
+    }
+}
