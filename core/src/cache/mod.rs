@@ -78,13 +78,6 @@ use crate::sync::{lock, wait, Condvar, Mutex, MutexGuard};
 /// time between two passes over a block.
 const RECENTLY_READ: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// Bytes of a chunk that readers may not have got for it to count as fully served
-/// ([`Chunk::fully_served`]): two readahead windows of 128 KiB (an `mmap` reader's own page
-/// cache may hold that much of a tensor's start), or a sixteenth of a larger chunk.
-fn unserved_slack(len: u64) -> u64 {
-    (256 << 10).max(len / 16)
-}
-
 /// Share of the budget that reads in flight may reserve before a reader's miss waits for one of
 /// them (see the module docs). Half leaves the other half to chunks that readers are still
 /// using, which is what keeps a chunk resident between two requests for its pages.
@@ -150,8 +143,6 @@ pub struct Chunk {
     /// The owner's visit ([`FileAccess::visit`]) in which a reader last got it: a chunk of the
     /// current block read in the current visit has been consumed (see [`Chunk::distance`]).
     read_visit: AtomicU64,
-    /// Bytes served from it to readers during `read_visit` ([`Chunk::note_served`]).
-    served: AtomicU64,
 }
 
 impl Chunk {
@@ -167,33 +158,10 @@ impl Chunk {
         self.bytes.as_slice().len() as u64
     }
 
-    /// Records that `bytes` of this chunk were served to a reader (after it got the chunk).
-    pub fn note_served(&self, bytes: u64) {
-        self.served.fetch_add(bytes, Ordering::Relaxed);
-    }
-
-    /// Whether readers got (nearly) all of it during its `read_visit`. All but
-    /// [`unserved_slack`] bytes: pages a reader had in its own page cache (an `mmap` reader's
-    /// first touch of each tensor) never reach tierfs, so exact coverage would leave such
-    /// chunks unconsumed forever.
-    ///
-    /// Reading a chunk in part does not consume it: runai's streamer reads a file in 8 MiB
-    /// ranges from several threads and may read the head of a chunk that straddles two ranges
-    /// after its tail. Counted consumed after the tail, such chunks went first and were read
-    /// again for their heads: a trace of its load of the `--quick` model through a quarter
-    /// budget (issue 11 benchmark, point 1) showed 4 MiB chunks evicted with half of them
-    /// served and loaded a second time, 1.53× the file read in all. That load still reads
-    /// 1.4–1.9× the file, from run to run: most of it is not this.
-    fn fully_served(&self) -> bool {
-        let len = self.len();
-        self.served.load(Ordering::Relaxed) + unserved_slack(len) >= len
-    }
-
     /// How soon the chunk is needed again (larger: later; 0 when unknown).
     ///
-    /// A chunk of the block the reader is in, which the reader already got (all of it, see
-    /// [`Chunk::fully_served`]) during this visit of the block and not within the last
-    /// [`RECENTLY_READ`], is *consumed*: it is needed
+    /// A chunk of the block the reader is in, which the reader already got during this visit
+    /// of the block and not within the last [`RECENTLY_READ`], is *consumed*: it is needed
     /// again only when the reader comes back to the block, so it goes first, before chunks of
     /// blocks still ahead. Without this rule a block larger than the budget's spare room pushes
     /// out the blocks prefetched ahead of the reader (or, with repeated passes, the resident
@@ -206,8 +174,7 @@ impl Chunk {
         let consumed = last_read != 0
             && last_read < recent
             && owner.access.is_current(owner.block)
-            && self.read_visit.load(Ordering::Relaxed) == owner.access.visit()
-            && self.fully_served();
+            && self.read_visit.load(Ordering::Relaxed) == owner.access.visit();
         if consumed {
             return usize::MAX;
         }
@@ -494,10 +461,9 @@ impl ChunkCache {
     fn note_read(&self, chunk: &Chunk) {
         chunk.last_read.store(self.now(), Ordering::Relaxed);
         if let Some(owner) = &chunk.owner {
-            let visit = owner.access.visit();
-            if chunk.read_visit.swap(visit, Ordering::Relaxed) != visit {
-                chunk.served.store(0, Ordering::Relaxed);
-            }
+            chunk
+                .read_visit
+                .store(owner.access.visit(), Ordering::Relaxed);
         }
         if chunk.unread_prefetch.swap(false, Ordering::Relaxed) {
             Counters::add(&self.counters.prefetch_used_bytes, chunk.footprint());
@@ -595,7 +561,6 @@ impl ChunkCache {
                     owner: owner.cloned(),
                     last_read: AtomicU64::new(if want == Want::Read { self.now() } else { 0 }),
                     read_visit: AtomicU64::new(owner.map_or(0, |o| o.access.visit())),
-                    served: AtomicU64::new(0),
                 })
             })
             .map_err(|e| {

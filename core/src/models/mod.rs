@@ -148,15 +148,6 @@ pub struct ModelFile {
     pruned: std::sync::atomic::AtomicBool,
 }
 
-/// How a data request is served ([`ModelFile::classify`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Request {
-    /// Exactly the requested bytes, no chunk cached, no prefetch ([`runs`]).
-    Probe,
-    /// Through the cache; `in_file_order` if the request went on from the end of a run.
-    Read { in_file_order: bool },
-}
-
 /// How an open model file is served, as the stats show it (`files[].mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ServeMode {
@@ -333,33 +324,25 @@ impl ModelFile {
         self.stream_block.store(usize::MAX, Ordering::Relaxed);
     }
 
-    /// How the request `[offset, end)`, whose data starts in chunk `chunk`, is served. It is a
-    /// probe ([`runs`]) if it does not continue a run of [`runs::STREAM_AFTER`] bytes and its
-    /// block is neither the one a stream of this file is in nor the next one in the order
-    /// (other threads of a reader streaming that block, or a reader following a learned order,
-    /// are no probes).
-    fn classify(&self, chunk: usize, offset: u64, end: u64) -> Request {
-        let (run_before, went_on) = self.runs.record_step(offset, end);
-        let read = Request::Read {
-            in_file_order: went_on,
-        };
+    /// Whether the request `[offset, end)`, whose data starts in chunk `chunk`, is a probe
+    /// ([`runs`]): it does not continue a run of [`runs::STREAM_AFTER`] bytes, and its block is
+    /// neither the one a stream of this file is in nor the next one in the order (other threads
+    /// of a reader streaming that block, or a reader following a learned order, are no probes).
+    fn is_probe(&self, chunk: usize, offset: u64, end: u64) -> bool {
+        let run_before = self.runs.record(offset, end);
         let (Some(access), Some(span)) = (self.access(), self.plan().and_then(|p| p.get(chunk)))
         else {
-            return read;
+            return false;
         };
         if run_before >= runs::STREAM_AFTER {
             self.stream_block.store(span.block, Ordering::Relaxed);
-            return read;
+            return false;
         }
         let streaming = self.stream_block.load(Ordering::Relaxed);
-        let probe = streaming == usize::MAX
-            || (span.block != streaming
-                && access.next_blocks(streaming, 1).first() != Some(&span.block));
-        if probe {
-            Request::Probe
-        } else {
-            read
+        if streaming == usize::MAX {
+            return true;
         }
+        span.block != streaming && access.next_blocks(streaming, 1).first() != Some(&span.block)
     }
 
     /// Whether chunk `chunk` is already cached or being read.
@@ -725,11 +708,9 @@ impl ModelStore {
             let plan = file.plan()?;
             (end > h).then(|| plan.chunk_at(offset.max(h))).flatten()
         });
-        let mut in_file_order = false;
         if let Some(first) = first_data_chunk {
-            match file.classify(first, offset, end) {
-                Request::Probe => return self.read_probe(file, offset, end).map(ReadBytes::Owned),
-                Request::Read { in_file_order: f } => in_file_order = f,
+            if file.is_probe(first, offset, end) {
+                return self.read_probe(file, offset, end).map(ReadBytes::Owned);
             }
         }
         let chunk = file
@@ -738,14 +719,13 @@ impl ModelStore {
             .and_then(|plan| plan.chunk_at(offset));
         if let Some(chunk) = chunk {
             // The common case, a kernel request inside one chunk: no copy here at all.
-            let (bytes, range, stop) = self.chunk_slice(file, chunk, offset, end, in_file_order)?;
+            let (bytes, range, stop) = self.chunk_slice(file, chunk, offset, end)?;
             if stop == end {
                 self.prefetcher.after_read(file, chunk);
                 return Ok(ReadBytes::Chunk { bytes, range });
             }
         }
-        self.read_assembled(file, offset, end, in_file_order)
-            .map(ReadBytes::Owned)
+        self.read_assembled(file, offset, end).map(ReadBytes::Owned)
     }
 
     /// A read that spans regions or chunks, copied together into one buffer.
@@ -754,7 +734,6 @@ impl ModelStore {
         file: &Arc<ModelFile>,
         offset: u64,
         end: u64,
-        in_file_order: bool,
     ) -> Result<Vec<u8>, ReadError> {
         let mut out = Vec::with_capacity(end.saturating_sub(offset) as usize);
         let mut pos = offset;
@@ -766,8 +745,7 @@ impl ModelStore {
                 stop
             } else if let Some(chunk) = file.plan().and_then(|plan| plan.chunk_at(pos)) {
                 last_chunk = Some(chunk);
-                let (bytes, range, stop) =
-                    self.chunk_slice(file, chunk, pos, end, in_file_order)?;
+                let (bytes, range, stop) = self.chunk_slice(file, chunk, pos, end)?;
                 out.extend_from_slice(&bytes.as_slice()[range]);
                 stop
             } else {
@@ -781,22 +759,20 @@ impl ModelStore {
     }
 
     /// The part of chunk `chunk` that serves `[pos, end)`: the chunk, the byte range within it,
-    /// and the file offset where that part stops. `in_file_order`: the request went on from the
-    /// end of a run.
+    /// and the file offset where that part stops.
     fn chunk_slice(
         &self,
         file: &Arc<ModelFile>,
         chunk: usize,
         pos: u64,
         end: u64,
-        in_file_order: bool,
     ) -> Result<(Arc<Chunk>, Range<usize>, u64), ReadError> {
         let span = file
             .plan()
             .and_then(|p| p.get(chunk))
             .copied()
             .ok_or(ReadError::NoChunk)?;
-        self.touch(file, span.block, in_file_order);
+        self.touch(file, span.block);
         let started = Instant::now();
         let (bytes, outcome) = file
             .fetch_chunk(&self.cache, chunk, Want::Read)?
@@ -808,7 +784,6 @@ impl ModelStore {
             );
         }
         let stop = end.min(span.end);
-        bytes.note_served(stop - pos);
         let counter = match outcome {
             Outcome::Hit => &self.counters().hit_bytes,
             Outcome::Miss => &self.counters().miss_bytes,
@@ -905,7 +880,7 @@ impl ModelStore {
     }
 
     /// Records that a reader touched `block`, and prefetches what follows when it entered it.
-    fn touch(&self, file: &Arc<ModelFile>, block: usize, in_file_order: bool) {
+    fn touch(&self, file: &Arc<ModelFile>, block: usize) {
         let Some(access) = file.access() else { return };
         if let Step::Entered {
             predicted,
@@ -918,8 +893,7 @@ impl ModelStore {
                     self.saved.put(file.order_key.clone(), access.saved_order());
                 }
             }
-            let lead = predicted && !(in_file_order && file_order_disagrees(file, access, block));
-            self.prefetcher.entered_block(file, block, lead);
+            self.prefetcher.entered_block(file, block, predicted);
         }
     }
 
@@ -935,31 +909,6 @@ impl ModelStore {
     fn lock(&self) -> MutexGuard<'_, ModelTable> {
         lock(&self.files)
     }
-}
-
-/// Whether the order predicts another block after `block` than the file has. A reader that
-/// entered `block` by reading on in file order (its request went on from the end of a run,
-/// [`runs::Runs::record_step`]) then gets no
-/// blocks prefetched ahead (the rest of `block` still is), and the sequential read-ahead
-/// serves it.
-///
-/// Until a pass is learned the order is the numeric one from the names, and checkpoints store
-/// blocks sorted by name (`blocks.1`, `blocks.10`, …, `blocks.19`, `blocks.2`): `dd` of such a
-/// file entered `blocks.1` as predicted and prefetched `blocks.2`, a whole block that the file
-/// only reaches eight blocks later, evicted again before then (`dd bs=4k` of a 1.6 GB model
-/// through a 389 MiB budget read 1.09× the file, 56 MB of prefetch wasted; 1.00× with this
-/// rule). A reader following the order (module order, its blocks wherever they are in the
-/// file) enters each block with a new run and keeps its lead.
-fn file_order_disagrees(file: &ModelFile, access: &FileAccess, block: usize) -> bool {
-    let Some(plan) = file.plan() else {
-        return false;
-    };
-    let next_in_file = plan
-        .block_chunks(block)
-        .last()
-        .and_then(|&last| plan.get(last + 1))
-        .map(|span| span.block);
-    next_in_file != access.next_blocks(block, 1).first().copied()
 }
 
 #[cfg(test)]

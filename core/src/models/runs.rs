@@ -43,11 +43,6 @@ const BACK_SLACK: u64 = 8 << 20;
 /// small gaps (alignment padding between tensors, a page the page cache already had).
 const FORWARD_GAP: u64 = 256 << 10;
 
-/// A request goes on from the end of its run if it starts at most this far before the run's
-/// end: two of the largest FUSE requests (1 MiB), which threads of one reader may complete out
-/// of order.
-const ON_FROM_END: u64 = 2 << 20;
-
 #[derive(Debug, Clone, Copy, Default)]
 struct Run {
     start: u64,
@@ -61,16 +56,9 @@ pub struct Runs {
 }
 
 impl Runs {
-    /// [`Runs::record_step`] without the second answer.
-    #[cfg(test)]
-    fn record(&self, offset: u64, end: u64) -> u64 {
-        self.record_step(offset, end).0
-    }
-
     /// Records the request `[offset, end)` and returns how long the run it continues was
-    /// before it (0 for a new run), and whether the request went on from the end of its run (a
-    /// reader reading in file order) rather than landing inside it or before it.
-    pub fn record_step(&self, offset: u64, end: u64) -> (u64, bool) {
+    /// before it (0 for a new run).
+    pub fn record(&self, offset: u64, end: u64) -> u64 {
         let mut guard = self.lock();
         let (runs, next) = &mut *guard;
         let continues = runs.iter_mut().find(|r| {
@@ -79,10 +67,9 @@ impl Runs {
         });
         if let Some(run) = continues {
             let before = run.end - run.start;
-            let went_on = offset >= run.end.saturating_sub(ON_FROM_END) && end > run.end;
             run.start = run.start.min(offset);
             run.end = run.end.max(end);
-            return (before, went_on);
+            return before;
         }
         let run = Run { start: offset, end };
         if runs.len() < RUNS {
@@ -91,7 +78,7 @@ impl Runs {
             runs[*next] = run;
             *next = (*next + 1) % RUNS;
         }
-        (0, false)
+        0
     }
 
     /// Forgets every run (a new open: see `ModelFile::opened`).
@@ -142,21 +129,6 @@ mod tests {
         runs.record(100 * MIB, 102 * MIB); // read-around of a fault at 101 MiB
         assert_eq!(runs.record(98 * MIB, 100 * MIB), 2 * MIB);
         assert_eq!(runs.record(102 * MIB, 104 * MIB), 4 * MIB);
-    }
-
-    #[test]
-    fn only_requests_at_the_end_of_a_run_go_on_from_it() {
-        let runs = Runs::default();
-        assert_eq!(runs.record_step(0, MIB), (0, false));
-        assert_eq!(runs.record_step(MIB, 2 * MIB), (MIB, true));
-        assert_eq!(runs.record_step(64 * MIB, 65 * MIB), (0, false));
-        runs.record(2 * MIB, 60 * MIB);
-        assert_eq!(
-            runs.record_step(10 * MIB, 11 * MIB),
-            (60 * MIB, false),
-            "a request inside an old run re-reads it"
-        );
-        assert!(runs.record_step(60 * MIB, 61 * MIB).1);
     }
 
     #[test]

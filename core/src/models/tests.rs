@@ -518,37 +518,3 @@ fn entering_a_block_prefetches_the_whole_next_block_when_it_is_the_lead() {
         "chunks of the next block not prefetched: {missing:?}"
     );
 }
-
-/// A reader going through a name-sorted file in file order (`dd`, `cat`) before any pass was
-/// learned: the numeric order predicts `blocks.2` after `blocks.1`, the file has `blocks.10`
-/// there. Prefetching the predicted block wasted it; the sequential read-ahead alone reads the
-/// file once.
-#[test]
-fn a_file_order_reader_of_a_name_sorted_file_wastes_no_prefetch() {
-    let (_dir, bytes, exec, store, file) = opened_manual(48 << 20, 8 << 20, 15);
-    let plan = file.plan().unwrap();
-    let after_blocks_1 = plan.get(plan.block_chunks(2).last().copied().unwrap() + 1);
-    assert_ne!(
-        after_blocks_1.map(|s| s.block),
-        Some(3),
-        "blocks.1 is followed by blocks.10 in the file"
-    );
-    let mut offset = 0;
-    while offset < bytes.len() as u64 {
-        let got = store.read(&file, offset, 128 << 10).unwrap();
-        assert_eq!(
-            &got[..],
-            &bytes[offset as usize..offset as usize + got.len()]
-        );
-        offset += got.len() as u64;
-        exec.run_pending();
-    }
-    let c = store.counters();
-    assert_eq!(Counters::get(&c.prefetch_wasted_bytes), 0);
-    assert!(
-        Counters::get(&c.disk_read_bytes) <= bytes.len() as u64 + (2 << 20),
-        "read {} of {}",
-        Counters::get(&c.disk_read_bytes),
-        bytes.len()
-    );
-}
