@@ -18,13 +18,18 @@
 //! - [`size`]: human byte sizes.
 //! - [`sync`]: the locks of the core (swapped for loom's in model-checked tests).
 //! - [`access`]: who may see what through a shared mount (per-request credentials).
+//! - [`fs`]: the filesystem itself (inodes, handles, open policy, errors), free of any kernel
+//!   interface: front ends translate their requests into its calls.
 // Per-request credentials (fsuid, supplementary groups, /proc): Linux only; WinFsp has its own
 // access checks.
 #[cfg(target_os = "linux")]
 pub mod access;
+// Built on `access` (and passthrough descriptors): Linux only for now (see its docs).
 pub mod budget;
 pub mod cache;
 pub mod control;
+#[cfg(target_os = "linux")]
+pub mod fs;
 pub mod index;
 pub mod kernel_cache;
 pub mod models;

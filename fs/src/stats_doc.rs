@@ -21,6 +21,17 @@ pub struct StatsDocument {
     /// The budget governor's figures (`None` only where no governor runs).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub budget: Option<BudgetSnapshot>,
+    /// The filesystem's tables (`None` only where no filesystem renders the document).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fs: Option<FsTables>,
+}
+
+/// How many inodes and handles the filesystem holds ([`tierfs_core::fs`]): inodes go when the
+/// kernel forgets them, handles at release.
+#[derive(Debug, Serialize)]
+pub struct FsTables {
+    pub inodes: usize,
+    pub handles: usize,
 }
 
 impl StatsDocument {
@@ -42,7 +53,14 @@ impl StatsDocument {
             ),
             modes: crate::privilege::snapshot(passthrough),
             budget: None,
+            fs: None,
         }
+    }
+
+    /// Adds the `fs` section.
+    pub fn with_tables(mut self, inodes: usize, handles: usize) -> StatsDocument {
+        self.fs = Some(FsTables { inodes, handles });
+        self
     }
 
     /// Adds the `budget` section.

@@ -93,7 +93,7 @@ impl ModelStore {
         abs: &Path,
         opened: std::fs::File,
     ) -> Result<Option<OpenModel>, OpenError> {
-        let (file, source) = self.open_version(path, abs)?;
+        let (file, source) = self.open_version(path, abs, true)?;
         let source = match source {
             Some(source) => source,
             None => match file.source.get_or_adopt(opened)? {

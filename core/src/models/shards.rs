@@ -653,4 +653,3 @@ pub(super) fn too_large(file: &ModelFile, budget: u64) -> bool {
 pub(super) fn is_current(file: &ModelFile) -> bool {
     file.shard_of.as_ref().is_none_or(ShardOf::is_current)
 }
-

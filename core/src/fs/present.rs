@@ -11,8 +11,8 @@
 //! - a dangling link, or a link to anything else, stays a symlink (its target text is returned
 //!   as is by `readlink`);
 //! - a link whose target the requester cannot reach stays a symlink too: the lookups of a
-//!   shared mount run with the requester's credentials ([`tierfs_core::access`]), and a mount
-//!   whose daemon cannot switch credentials follows no links for other users at all
+//!   shared mount run with the requester's credentials ([`crate::access`]), and a mount whose
+//!   daemon cannot switch credentials follows no links for other users at all
 //!   (`follow_links == false`), so their kernel follows them outside the mount, with their own
 //!   rights.
 
@@ -20,24 +20,24 @@ use std::fs::{self, Metadata};
 use std::io;
 use std::path::Path;
 
-use fuser::FileType;
+use super::attr::Kind;
 
-/// The metadata to show for `abs` and the type to show it as, following links only if
+/// The metadata to show for `abs` and the kind to show it as, following links only if
 /// `follow_links`; the flag returned says whether `abs` is a link presented as its target.
-pub fn present_as(abs: &Path, follow_links: bool) -> io::Result<(Metadata, FileType, bool)> {
+pub fn present_as(abs: &Path, follow_links: bool) -> io::Result<(Metadata, Kind, bool)> {
     let link = fs::symlink_metadata(abs)?;
     if !link.file_type().is_symlink() {
-        return Ok((link.clone(), kind_of(&link), false));
+        return Ok((link.clone(), Kind::of(&link), false));
     }
     if !follow_links {
-        return Ok((link, FileType::Symlink, false));
+        return Ok((link, Kind::Symlink, false));
     }
     match fs::metadata(abs) {
-        Ok(target) if target.is_file() => Ok((target, FileType::RegularFile, true)),
+        Ok(target) if target.is_file() => Ok((target, Kind::File, true)),
         Ok(target) if target.is_dir() && !points_at_ancestor(abs) => {
-            Ok((target, FileType::Directory, true))
+            Ok((target, Kind::Directory, true))
         }
-        _ => Ok((link, FileType::Symlink, false)),
+        _ => Ok((link, Kind::Symlink, false)),
     }
 }
 
@@ -49,16 +49,12 @@ fn points_at_ancestor(abs: &Path) -> bool {
     fs::canonicalize(parent).map_or(true, |parent| parent.starts_with(&target))
 }
 
-fn kind_of(meta: &Metadata) -> FileType {
-    FileType::from_std(meta.file_type()).unwrap_or(FileType::RegularFile)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
 
-    fn present(abs: &Path) -> io::Result<(Metadata, FileType)> {
+    fn present(abs: &Path) -> io::Result<(Metadata, Kind)> {
         present_as(abs, true).map(|(meta, kind, _)| (meta, kind))
     }
 
@@ -74,23 +70,17 @@ mod tests {
         symlink("missing", root.join("dangling")).unwrap();
 
         let (meta, kind) = present(&root.join("link.safetensors")).unwrap();
-        assert_eq!((kind, meta.len()), (FileType::RegularFile, 5));
+        assert_eq!((kind, meta.len()), (Kind::File, 5));
         assert_eq!(
             present(&root.join("subdir-link")).unwrap().1,
-            FileType::Directory
+            Kind::Directory
         );
-        assert_eq!(
-            present(&root.join("sub/loop")).unwrap().1,
-            FileType::Symlink
-        );
-        assert_eq!(
-            present(&root.join("dangling")).unwrap().1,
-            FileType::Symlink
-        );
-        assert_eq!(present(&root.join("sub")).unwrap().1, FileType::Directory);
+        assert_eq!(present(&root.join("sub/loop")).unwrap().1, Kind::Symlink);
+        assert_eq!(present(&root.join("dangling")).unwrap().1, Kind::Symlink);
+        assert_eq!(present(&root.join("sub")).unwrap().1, Kind::Directory);
         assert!(present(&root.join("nope")).is_err());
         let (_, kind, via_link) = present_as(&root.join("link.safetensors"), false).unwrap();
-        assert_eq!((kind, via_link), (FileType::Symlink, false));
+        assert_eq!((kind, via_link), (Kind::Symlink, false));
         assert!(present_as(&root.join("subdir-link"), true).unwrap().2);
         assert!(!present_as(&root.join("sub"), true).unwrap().2);
     }

@@ -1,0 +1,662 @@
+//! The filesystem of a tierfs mount, free of any kernel interface: requests in as plain values
+//! (inode numbers, names, a [`Requester`]), answers out as plain values ([`Attr`],
+//! [`Opened`], bytes) or an [`FsError`], which [`FsError::errno`] turns into the errno in one
+//! place. The FUSE adapter (`fs/src/fuse`) only translates between these and `fuser`; a second
+//! front end would do the same against its own kernel interface.
+//!
+//! What this type owns:
+//! - **Inodes** ([`inodes`]): one number per (path, source object), counted references from the
+//!   kernel's lookups, pruned at `forget` / last release; numbers are never reused.
+//! - **Handles**: one per `open`/`opendir`, dropped at `release`/`releasedir`.
+//! - **The open policy** ([`open`](TierFs::open)):
+//!   - model files (`.safetensors`, `.sft`, `.gguf`) are served from the chunk cache, or, when
+//!     the file fits the budget, handed to the kernel with FUSE passthrough
+//!     ([`crate::passthrough`]). Cache-served model files are opened with `direct_io` where
+//!     the kernel allows `mmap` of such files, with `keep_cache` when the inode's page cache
+//!     holds the same file generation (see `model_open_flags`). Every range a model read puts
+//!     in the kernel's page cache is recorded in a [`KernelCacheWindow`]; the ranges that fall
+//!     out of it go to the front end's invalidation queue (never invalidated on a request
+//!     thread, which could deadlock against a read holding the same pages locked).
+//!   - other files go to the kernel with passthrough (Linux ≥ 6.9, root) where available,
+//!     else they are served with plain `pread`. The front end makes the kernel's backing object
+//!     (a callback of [`open`](TierFs::open)): this type only decides and keeps it alive (one
+//!     per inode, as the kernel wants: a second backing id for an inode fails the open with
+//!     EIO) until the last handle using it is released.
+//! - **`.tierfs/stats`**, rendered at open (by the front end's [`RenderStats`]) and served with
+//!   `direct_io`, so every open sees fresh figures whatever size `stat` reported.
+//! - **`.tierfs/control`** (mode 0200, the mounting user's) takes one command per `write()`
+//!   ([`crate::control`]); a bad one fails with `EINVAL` and changes nothing.
+//! - **[`SOURCE_XATTR`]**, an extended attribute of every regular file naming the SOURCE file
+//!   behind it, for tools that must bypass FUSE (`tierfs-gpu`).
+//! - **Read-only**: every write path is refused with `EROFS` ([`FsError::ReadOnly`]); the mount
+//!   cannot carry the kernel's `ro` flag since the control file must be writable.
+//!
+//! Attribute and entry timeouts are [`ATTR_TTL`], which is what bounds how long a change in
+//! SOURCE takes to show through the mount.
+//!
+//! **Shared mounts** (`--allow-other`): every source access made for a request runs under
+//! [`AccessRule::act_for`] ([`crate::access`]): with the requester's credentials for a root
+//! daemon, without following links for other users otherwise. A link presented as its target
+//! gets a zero timeout there, since the kernel's entry and attribute caches are shared by all
+//! users and the next user may not be able to reach the target.
+
+pub mod attr;
+pub mod error;
+mod handles;
+pub mod inodes;
+mod open;
+pub mod present;
+#[cfg(test)]
+mod reference_tests;
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, SystemTime};
+
+use crossbeam::channel::Sender;
+
+use crate::access::{open_for_request, AccessRule, Acting, Sharing, SourceRoot};
+use crate::budget::Governor;
+use crate::control::{self, Command};
+use crate::kernel_cache::{InodeRange, KernelCacheWindow};
+use crate::models::{ModelStore, ServeMode};
+use crate::stats::ops::{Op, OpStats};
+use crate::sync::{lock, Mutex};
+
+pub use attr::{Attr, Kind};
+pub use error::FsError;
+use handles::{Handle, Handles};
+use inodes::Inodes;
+pub use inodes::{CONTROL_DIR_INO, CONTROL_INO, ROOT_INO, STATS_INO};
+pub use open::{OpenFlags, Opened};
+use present::present_as;
+
+/// How long the kernel may trust attributes and lookups. Half a second keeps the promise that
+/// a change in SOURCE shows within a second, and still saves most repeated `stat`s of a loader
+/// that stats each file several times in a row.
+pub const ATTR_TTL: Duration = Duration::from_millis(500);
+
+/// Name of the control directory at the mount root.
+pub const CONTROL_DIR: &str = ".tierfs";
+
+/// Extended attribute of every regular file of the mount: the absolute path of the SOURCE file
+/// it presents. For tools that must read the source itself (`tierfs-gpu`: GPUDirect Storage
+/// cannot read through FUSE). Directories, links and `.tierfs/` files have none (`ENODATA`).
+pub const SOURCE_XATTR: &str = "user.tierfs.source";
+
+/// What the filesystem needs to know of its mount.
+pub struct Settings {
+    pub source: PathBuf,
+    /// Whether the kernel serves passthrough opens (may be turned off once the kernel's
+    /// capabilities are known: [`TierFs::kernel_capabilities`]).
+    pub passthrough: bool,
+    /// Who may use the mount besides the mounting user (see [`crate::access`]).
+    pub sharing: Sharing,
+    /// Whether model files that fit the budget may be served by passthrough.
+    pub model_passthrough: bool,
+    /// Steers the cache budget under memory pressure ([`crate::budget`]).
+    pub governor: Arc<Governor>,
+}
+
+/// Who makes a request: the kernel's uid, gid and pid of the calling process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Requester {
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: u32,
+}
+
+/// What the stats document is made from; the front end renders it (its document may carry
+/// what only it knows, such as which privileged modes are in force).
+pub struct StatsView<'a> {
+    pub store: &'a ModelStore,
+    pub window: &'a KernelCacheWindow,
+    pub source: &'a Path,
+    pub passthrough: bool,
+    pub started: SystemTime,
+    pub governor: &'a Governor,
+    /// Inodes the filesystem holds (the root included) and handles open.
+    pub inodes: usize,
+    pub handles: usize,
+}
+
+/// Renders `.tierfs/stats` (JSON bytes).
+pub type RenderStats = Box<dyn Fn(&StatsView) -> Vec<u8> + Send + Sync>;
+
+/// One entry of a directory listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    pub ino: u64,
+    pub kind: Kind,
+    pub name: OsString,
+}
+
+/// The answer to a getxattr/listxattr: the value's size (the caller asked with size 0), or the
+/// value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Xattr {
+    Size(u32),
+    Data(Vec<u8>),
+}
+
+/// File system figures for `statfs` (those of SOURCE's file system).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatFs {
+    pub blocks: u64,
+    pub bfree: u64,
+    pub bavail: u64,
+    pub files: u64,
+    pub ffree: u64,
+    pub bsize: u32,
+    pub namelen: u32,
+    pub frsize: u32,
+}
+
+/// A `setattr` request, reduced to what decides the answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SetAttr {
+    /// The new size, if the request changes it.
+    pub size: Option<u64>,
+    /// Whether it also changes mode or owner.
+    pub changes_mode_or_owner: bool,
+}
+
+/// The filesystem of one mount. `B` is the front end's kernel backing object for passthrough
+/// opens (FUSE's `BackingId`); this type keeps each alive while a handle uses it.
+pub struct TierFs<B> {
+    settings: Settings,
+    access: AccessRule,
+    source_root: SourceRoot,
+    store: Arc<ModelStore>,
+    inodes: Inodes,
+    handles: Handles<B>,
+    window: Arc<KernelCacheWindow>,
+    invalidations: Sender<InodeRange>,
+    render_stats: RenderStats,
+    started: SystemTime,
+    uid: u32,
+    gid: u32,
+    /// The kernel allows mmap of `direct_io` files (see `model_open_flags`).
+    direct_io_mmap: bool,
+    /// Per model inode, the file generation its kernel page cache was last opened with (see
+    /// `model_open_flags`).
+    page_cache_generations: Mutex<HashMap<u64, u64>>,
+    /// Per inode, the backing object of its passthrough opens (see the module docs).
+    backings: Mutex<HashMap<u64, Weak<B>>>,
+    /// Per model inode with open handles, the mode they are served in and how many there are:
+    /// the kernel cannot mix cached and passthrough opens of one inode (the second kind fails
+    /// with EIO, `mmap` with ENODEV), so a mode holds until the inode's last handle closes.
+    open_modes: Mutex<HashMap<u64, (ServeMode, usize)>>,
+}
+
+impl<B: Send + Sync> TierFs<B> {
+    pub fn new(
+        settings: Settings,
+        store: Arc<ModelStore>,
+        window: Arc<KernelCacheWindow>,
+        invalidations: Sender<InodeRange>,
+        render_stats: RenderStats,
+    ) -> TierFs<B> {
+        // SAFETY: getuid/getgid cannot fail and touch no memory.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        TierFs {
+            access: AccessRule::new(settings.sharing),
+            source_root: SourceRoot::open(&settings.source),
+            settings,
+            store,
+            inodes: Inodes::default(),
+            handles: Handles::default(),
+            window,
+            invalidations,
+            render_stats,
+            started: SystemTime::now(),
+            uid,
+            gid,
+            direct_io_mmap: false,
+            page_cache_generations: Mutex::new(HashMap::new()),
+            backings: Mutex::new(HashMap::new()),
+            open_modes: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// What the kernel offered at mount time: `mmap` of `direct_io` files, and passthrough
+    /// (when off, other files are served with `pread`).
+    pub fn kernel_capabilities(&mut self, direct_io_mmap: bool, passthrough: bool) {
+        self.direct_io_mmap = direct_io_mmap;
+        self.settings.passthrough &= passthrough;
+    }
+
+    /// Whether passthrough opens are in force.
+    pub fn passthrough(&self) -> bool {
+        self.settings.passthrough
+    }
+
+    /// The model store behind the mount.
+    pub fn store(&self) -> &Arc<ModelStore> {
+        &self.store
+    }
+
+    /// How many inodes the filesystem holds (the root included), for tests and stats.
+    pub fn inode_count(&self) -> usize {
+        self.inodes.len()
+    }
+
+    /// How many handles are open.
+    pub fn handle_count(&self) -> usize {
+        self.handles.len()
+    }
+
+    /// `lookup`: the entry `name` in directory `parent`, with how long the kernel may keep it.
+    /// On success the kernel holds one more reference to the inode, given back by
+    /// [`forget`](Self::forget).
+    pub fn lookup(
+        &self,
+        req: Requester,
+        parent: u64,
+        name: &OsStr,
+    ) -> Result<(Attr, Duration), FsError> {
+        self.ops().time(Op::Lookup, || {
+            let acting = self.act_for(req)?;
+            self.child(parent, name, &acting)
+        })
+    }
+
+    /// `getattr`.
+    pub fn getattr(&self, req: Requester, ino: u64) -> Result<(Attr, Duration), FsError> {
+        self.ops().time(Op::Getattr, || {
+            let acting = self.act_for(req)?;
+            self.attr(ino, &acting)
+        })
+    }
+
+    /// `forget`: the kernel dropped `count` references to `ino`. The inode goes once no
+    /// reference and no handle is left (see [`inodes`]).
+    pub fn forget(&self, ino: u64, count: u64) {
+        if self.inodes.forget(ino, count) {
+            self.pruned(ino);
+        }
+    }
+
+    /// `readlink`.
+    pub fn readlink(&self, req: Requester, ino: u64) -> Result<PathBuf, FsError> {
+        let acting = self.act_for(req)?;
+        let entry = self.inodes.entry(ino).ok_or(FsError::NotFound)?;
+        std::fs::read_link(self.reach(&entry.path, &acting)).map_err(FsError::io("readlink"))
+    }
+
+    /// `opendir`: lists the directory now; [`readdir`](Self::readdir) pages through that list.
+    pub fn opendir(&self, req: Requester, ino: u64) -> Result<u64, FsError> {
+        let (entries, numbered) = self.ops().time(Op::Readdir, || {
+            let acting = self.act_for(req)?;
+            self.list_dir(ino, &acting)
+        })?;
+        Ok(self.add_handle(ino, Handle::Dir(entries, numbered)))
+    }
+
+    /// `readdir`: the entries of listing `fh` from `offset` on, each given to `add` with the
+    /// offset of the entry after it, until `add` says the reply is full (returns true).
+    pub fn readdir(
+        &self,
+        fh: u64,
+        offset: u64,
+        mut add: impl FnMut(&DirEntry, u64) -> bool,
+    ) -> Result<(), FsError> {
+        let handle = self.handles.get(fh)?;
+        let Handle::Dir(entries, _) = &handle.kind else {
+            return Err(FsError::BadHandle);
+        };
+        for (i, entry) in entries.iter().enumerate().skip(offset as usize) {
+            if add(entry, i as u64 + 1) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// `releasedir`.
+    pub fn releasedir(&self, fh: u64) {
+        self.release(fh);
+    }
+
+    /// `getxattr`: only [`SOURCE_XATTR`] exists. `size` is the caller's buffer (0: asks the
+    /// value's size).
+    pub fn getxattr(
+        &self,
+        req: Requester,
+        ino: u64,
+        name: &OsStr,
+        size: u32,
+    ) -> Result<Xattr, FsError> {
+        if name != OsStr::new(SOURCE_XATTR) {
+            return Err(FsError::NoAttribute);
+        }
+        let acting = self.act_for(req)?;
+        let path = self.source_path(ino, &acting)?;
+        xattr_reply(size, path.as_os_str().as_bytes())
+    }
+
+    /// `listxattr`.
+    pub fn listxattr(&self, req: Requester, ino: u64, size: u32) -> Result<Xattr, FsError> {
+        let has_source = self
+            .act_for(req)
+            .and_then(|acting| self.source_path(ino, &acting))
+            .is_ok();
+        let names = match has_source {
+            true => format!("{SOURCE_XATTR}\0").into_bytes(),
+            false => Vec::new(),
+        };
+        xattr_reply(size, &names)
+    }
+
+    /// `statfs`: the figures of SOURCE's file system.
+    pub fn statfs(&self) -> Result<StatFs, FsError> {
+        statvfs(&self.settings.source).map_err(FsError::io("statfs"))
+    }
+
+    /// `setattr`: refused (read-only), except the size-0 truncation `echo cmd > control` makes
+    /// (`O_TRUNC` arrives as a setattr), which changes nothing.
+    pub fn setattr(&self, ino: u64, change: SetAttr) -> Result<(Attr, Duration), FsError> {
+        if ino == CONTROL_INO && change.size == Some(0) && !change.changes_mode_or_owner {
+            return Ok((self.virtual_attr(CONTROL_INO, Kind::File, 0o200), ATTR_TTL));
+        }
+        Err(FsError::ReadOnly)
+    }
+
+    /// `access`: writing is refused everywhere but the control file; reading is checked by
+    /// the kernel (`default_permissions`) and by the open itself.
+    pub fn access(&self, ino: u64, write: bool) -> Result<(), FsError> {
+        if write && ino != CONTROL_INO {
+            return Err(FsError::ReadOnly);
+        }
+        Ok(())
+    }
+
+    /// `write`: only a control command, to a control handle; returns the bytes taken.
+    pub fn write(&self, ino: u64, fh: u64, data: &[u8]) -> Result<usize, FsError> {
+        let is_control = self
+            .handles
+            .get(fh)
+            .is_ok_and(|h| matches!(h.kind, Handle::Control));
+        if ino != CONTROL_INO || !is_control {
+            return Err(FsError::ReadOnly);
+        }
+        self.run_control(data).inspect_err(|reason| {
+            let command = String::from_utf8_lossy(&data[..data.len().min(200)]);
+            tracing::warn!(command = %command.trim(), %reason, "control command refused");
+        })?;
+        Ok(data.len())
+    }
+
+    /// The per-operation figures (`ops` in the stats).
+    fn ops(&self) -> &OpStats {
+        &self.store.counters().ops
+    }
+
+    fn abs(&self, rel: &Path) -> PathBuf {
+        self.settings.source.join(rel)
+    }
+
+    /// The path to reach `rel` by for a request: below SOURCE only, when acting as its user
+    /// (see [`SourceRoot`]).
+    fn reach(&self, rel: &Path, acting: &Acting) -> PathBuf {
+        self.source_root.path_for(rel, acting)
+    }
+
+    /// Starts serving `req` under the access rule.
+    fn act_for(&self, req: Requester) -> Result<Acting, FsError> {
+        self.access.act_for(req.uid, req.gid, req.pid).map_err(|e| {
+            tracing::warn!(error = %e, pid = req.pid, "request refused");
+            FsError::Refused(e)
+        })
+    }
+
+    fn stats_json(&self) -> Vec<u8> {
+        (self.render_stats)(&StatsView {
+            store: &self.store,
+            window: &self.window,
+            source: &self.settings.source,
+            passthrough: self.settings.passthrough,
+            started: self.started,
+            governor: &self.settings.governor,
+            inodes: self.inodes.len(),
+            handles: self.handles.len(),
+        })
+    }
+
+    /// The attributes of inode `ino`, a source path or a virtual file, and how long the kernel
+    /// may keep them.
+    fn attr(&self, ino: u64, acting: &Acting) -> Result<(Attr, Duration), FsError> {
+        let virtual_attr = |kind, perm| Ok((self.virtual_attr(ino, kind, perm), ATTR_TTL));
+        match ino {
+            CONTROL_DIR_INO => virtual_attr(Kind::Directory, 0o555),
+            STATS_INO => virtual_attr(Kind::File, 0o444),
+            CONTROL_INO => virtual_attr(Kind::File, 0o200),
+            _ => self.source_attr(ino, acting),
+        }
+    }
+
+    /// How long the kernel may keep an entry or its attributes: not at all for a link shown as
+    /// its target on a shared mount (see the module docs).
+    fn ttl(&self, via_link: bool) -> Duration {
+        if via_link && self.access.sharing().is_shared() {
+            Duration::ZERO
+        } else {
+            ATTR_TTL
+        }
+    }
+
+    /// Attributes of a source inode. An inode whose path now holds another object (the file was
+    /// replaced or deleted) keeps answering with its last attributes: the kernel may still have
+    /// it open, and must not shrink or refill an old mapping from the new file.
+    fn source_attr(&self, ino: u64, acting: &Acting) -> Result<(Attr, Duration), FsError> {
+        let entry = self.inodes.entry(ino).ok_or(FsError::NotFound)?;
+        match present_as(&self.reach(&entry.path, acting), acting.follow_links()) {
+            Ok((meta, kind, via_link)) if entry.object.is_none_or(|o| o == object_id(&meta)) => {
+                let attr = Attr::of_source(ino, &meta, kind);
+                self.inodes.remember(ino, attr);
+                Ok((attr, self.ttl(via_link)))
+            }
+            Ok(_) => entry
+                .attr
+                .map(|a| (a, self.ttl(true)))
+                .ok_or(FsError::Stale),
+            Err(e) => match entry.attr {
+                Some(attr) if e.kind() == std::io::ErrorKind::NotFound => {
+                    Ok((attr, self.ttl(true)))
+                }
+                _ => Err(FsError::io("stat")(e)),
+            },
+        }
+    }
+
+    /// Looks `rel` up in SOURCE: the object there, presented, and its entry's timeout.
+    fn present(&self, rel: &Path, acting: &Acting) -> Result<(ObjectAttr, Duration), FsError> {
+        let (meta, kind, via_link) = present_as(&self.reach(rel, acting), acting.follow_links())
+            .map_err(FsError::io("lookup"))?;
+        let attr = Attr::of_source(0, &meta, kind);
+        Ok(((object_id(&meta), attr), self.ttl(via_link)))
+    }
+
+    fn virtual_attr(&self, ino: u64, kind: Kind, perm: u16) -> Attr {
+        Attr {
+            ino,
+            size: 0,
+            blocks: 0,
+            atime: self.started,
+            mtime: SystemTime::now(),
+            ctime: SystemTime::now(),
+            crtime: self.started,
+            kind,
+            perm,
+            nlink: if kind == Kind::Directory { 2 } else { 1 },
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            blksize: 4096,
+        }
+    }
+
+    fn child(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        acting: &Acting,
+    ) -> Result<(Attr, Duration), FsError> {
+        if parent == ROOT_INO && name == CONTROL_DIR {
+            return self.attr(CONTROL_DIR_INO, acting);
+        }
+        if parent == CONTROL_DIR_INO {
+            return match name.to_str() {
+                Some("stats") => self.attr(STATS_INO, acting),
+                Some("control") => self.attr(CONTROL_INO, acting),
+                _ => Err(FsError::NotFound),
+            };
+        }
+        let parent_path = self.inodes.entry(parent).ok_or(FsError::NotFound)?.path;
+        let rel = parent_path.join(plain_name(name)?);
+        let ((object, attr), ttl) = self.present(&rel, acting)?;
+        let ino = self.inodes.looked_up(&rel, object, attr);
+        Ok((Attr { ino, ..attr }, ttl))
+    }
+
+    /// Lists directory `ino`; also returns the inodes the listing numbered that no lookup
+    /// holds (pruned again when the listing is released).
+    fn list_dir(&self, ino: u64, acting: &Acting) -> Result<(Vec<DirEntry>, Vec<u64>), FsError> {
+        let entry = |ino, kind, name: &str| DirEntry {
+            ino,
+            kind,
+            name: name.into(),
+        };
+        let mut entries = vec![
+            entry(ino, Kind::Directory, "."),
+            entry(ino, Kind::Directory, ".."),
+        ];
+        if ino == CONTROL_DIR_INO {
+            entries.push(entry(STATS_INO, Kind::File, "stats"));
+            entries.push(entry(CONTROL_INO, Kind::File, "control"));
+            return Ok((entries, Vec::new()));
+        }
+        let rel = self.inodes.entry(ino).ok_or(FsError::NotFound)?.path;
+        if ino == ROOT_INO {
+            entries.push(entry(CONTROL_DIR_INO, Kind::Directory, CONTROL_DIR));
+        }
+        let mut numbered = Vec::new();
+        let listing =
+            std::fs::read_dir(self.reach(&rel, acting)).map_err(FsError::io("readdir"))?;
+        for dir_entry in listing {
+            let name = dir_entry.map_err(FsError::io("readdir"))?.file_name();
+            if ino == ROOT_INO && name == CONTROL_DIR {
+                continue; // hidden by the control directory
+            }
+            let path = rel.join(&name);
+            let Ok(((object, attr), _)) = self.present(&path, acting) else {
+                continue; // vanished since read_dir listed it
+            };
+            let (child, new) = self.inodes.ino_of(&path, object, attr);
+            if new {
+                numbered.push(child);
+            }
+            entries.push(DirEntry {
+                ino: child,
+                kind: attr.kind,
+                name,
+            });
+        }
+        Ok((entries, numbered))
+    }
+
+    /// The SOURCE path behind `ino`, if it is a regular file there ([`SOURCE_XATTR`]). On a
+    /// shared mount, only for a requester who can open that file itself: the path is of no use
+    /// to anyone else, and tells them where private files live.
+    fn source_path(&self, ino: u64, acting: &Acting) -> Result<PathBuf, FsError> {
+        let entry = self.inodes.entry(ino).ok_or(FsError::NoAttribute)?;
+        let (abs, reach) = (self.abs(&entry.path), self.reach(&entry.path, acting));
+        match present_as(&reach, acting.follow_links()) {
+            Ok((_, Kind::File, _)) => {}
+            Ok(_) => return Err(FsError::NoAttribute),
+            Err(e) => return Err(FsError::io("getxattr")(e)),
+        }
+        if self.access.sharing().is_shared() {
+            open_for_request(&reach, acting.follow_links()).map_err(|_| FsError::NoAttribute)?;
+        }
+        Ok(abs)
+    }
+
+    /// Carries out one control command; on error nothing has changed.
+    fn run_control(&self, data: &[u8]) -> Result<(), FsError> {
+        let command = control::parse(data).map_err(|e| FsError::Control(e.to_string()))?;
+        match command {
+            // The budget goes through the governor, which also steers it under memory pressure.
+            Command::RamCache(bytes) => {
+                self.settings.governor.set_configured(bytes);
+                tracing::info!(budget = bytes, "cache budget changed");
+                Ok(())
+            }
+            command => control::apply(&self.store, &self.settings.source, command)
+                .map_err(|e| FsError::Control(e.to_string())),
+        }
+    }
+
+    /// Inode `ino` went from the table: what was kept per inode goes with it.
+    fn pruned(&self, ino: u64) {
+        lock(&self.page_cache_generations).remove(&ino);
+        lock(&self.backings).remove(&ino);
+    }
+}
+
+/// A source object and its presented attributes (number not yet assigned).
+type ObjectAttr = (inodes::ObjectId, Attr);
+
+/// A name from the kernel as a single relative path component (never `..`, `.` or a path).
+fn plain_name(name: &OsStr) -> Result<&Path, FsError> {
+    let path = Path::new(name);
+    let mut components = path.components();
+    match (components.next(), components.next()) {
+        (Some(Component::Normal(_)), None) if !name.as_bytes().contains(&b'/') => Ok(path),
+        _ => Err(FsError::NotFound),
+    }
+}
+
+/// The source object a presented entry stands for.
+fn object_id(meta: &std::fs::Metadata) -> inodes::ObjectId {
+    (meta.dev(), meta.ino())
+}
+
+/// A getxattr/listxattr answer for `value`: its size when asked (`size == 0`), else the value,
+/// or `TooSmall` (ERANGE) if it does not fit the caller's buffer.
+fn xattr_reply(size: u32, value: &[u8]) -> Result<Xattr, FsError> {
+    match u32::try_from(value.len()) {
+        Ok(len) if size == 0 => Ok(Xattr::Size(len)),
+        Ok(len) if len <= size => Ok(Xattr::Data(value.to_vec())),
+        _ => Err(FsError::TooSmall),
+    }
+}
+
+fn statvfs(path: &Path) -> std::io::Result<StatFs> {
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    let mut out = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: c_path is a valid NUL-terminated string and `out` is a valid statvfs buffer.
+    let rc = unsafe { libc::statvfs(c_path.as_ptr(), out.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: statvfs returned 0, so it filled `out`.
+    let s = unsafe { out.assume_init() };
+    Ok(StatFs {
+        blocks: s.f_blocks,
+        bfree: s.f_bfree,
+        bavail: s.f_bavail,
+        files: s.f_files,
+        ffree: s.f_ffree,
+        bsize: s.f_bsize as u32,
+        namelen: s.f_namemax as u32,
+        frsize: s.f_frsize as u32,
+    })
+}
