@@ -389,26 +389,33 @@ proptest! {
     }
 }
 
+/// ComfyUI's view phase: reads 4 KiB at the start of every tensor, in name order, each checked
+/// against `bytes`; returns how many tensors were touched.
+fn touch_tensors_in_name_order(store: &ModelStore, file: &Arc<ModelFile>, bytes: &[u8]) -> usize {
+    let Layout::Indexed { index, .. } = file.layout() else {
+        panic!("malformed")
+    };
+    let mut starts: Vec<(&str, u64)> = index
+        .tensors
+        .iter()
+        .map(|t| (t.name.as_str(), t.start))
+        .collect();
+    starts.sort();
+    for (_, start) in &starts {
+        let got = store.read(file, *start, 4096).unwrap();
+        let end = (*start as usize + 4096).min(bytes.len());
+        assert_eq!(&got[..], &bytes[*start as usize..end]);
+    }
+    starts.len()
+}
+
 /// ComfyUI's first pass: one small read at the start of every tensor, in name order. Each is a
 /// probe: served bit-exact from the source, nothing cached, nothing prefetched, no block
 /// visited; then a sequential pass over the file goes through the cache as before.
 #[test]
 fn tensor_touches_are_probes_and_prefetch_nothing() {
     let (_dir, bytes, store, file) = opened(48 << 20, 12 << 20, 11);
-    let Layout::Indexed { index, .. } = file.layout() else {
-        panic!("malformed")
-    };
-    let mut starts: Vec<(String, u64)> = index
-        .tensors
-        .iter()
-        .map(|t| (t.name.clone(), t.start))
-        .collect();
-    starts.sort();
-    for (_, start) in &starts {
-        let got = store.read(&file, *start, 4096).unwrap();
-        let end = (*start as usize + 4096).min(bytes.len());
-        assert_eq!(&got[..], &bytes[*start as usize..end]);
-    }
+    let touched = touch_tensors_in_name_order(&store, &file, &bytes);
     let c = store.counters();
     assert!(Counters::get(&c.probe_bytes) > 0);
     assert_eq!(
@@ -422,7 +429,7 @@ fn tensor_touches_are_probes_and_prefetch_nothing() {
         "probes cache nothing"
     );
     assert!(
-        Counters::get(&c.disk_read_bytes) <= starts.len() as u64 * 4096,
+        Counters::get(&c.disk_read_bytes) <= touched as u64 * 4096,
         "only the touched bytes were read"
     );
     // A reader streaming the file afterwards is served through the cache.
@@ -452,29 +459,16 @@ fn a_reload_touching_resident_chunks_prefetches_nothing() {
             &dir.path().join("m.safetensors"),
         )
         .unwrap();
-    let Layout::Indexed { index, .. } = reopened.layout() else {
-        panic!("malformed")
-    };
-    let mut starts: Vec<(String, u64)> = index
-        .tensors
-        .iter()
-        .map(|t| (t.name.clone(), t.start))
-        .collect();
-    starts.sort();
     let c = store.counters();
     let (hits, disk) = (Counters::get(&c.hits), Counters::get(&c.disk_read_bytes));
-    for (_, start) in &starts {
-        let got = store.read(&reopened, *start, 4096).unwrap();
-        let end = (*start as usize + 4096).min(bytes.len());
-        assert_eq!(&got[..], &bytes[*start as usize..end]);
-    }
+    let touched = touch_tensors_in_name_order(&store, &reopened, &bytes);
     assert!(exec.is_empty(), "touches queued {} prefetches", exec.len());
     assert!(
         Counters::get(&c.hits) > hits,
         "resident chunks served touches"
     );
     assert!(
-        Counters::get(&c.disk_read_bytes) - disk <= starts.len() as u64 * 4096,
+        Counters::get(&c.disk_read_bytes) - disk <= touched as u64 * 4096,
         "only touched bytes were read"
     );
     assert_eq!(read_all(&store, &reopened, 1 << 20), bytes);
