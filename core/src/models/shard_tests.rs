@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use super::shards::{discover, FoundBy, Membership, Registry};
+use super::tests::read_all;
 use super::*;
 use crate::prefetch::saved::SavedOrders;
 use crate::prefetch::ManualExecutor;
@@ -87,17 +88,6 @@ fn sharded(
         .unwrap();
     }
     out
-}
-
-fn read_all(store: &ModelStore, file: &Arc<ModelFile>, step: u32) -> Vec<u8> {
-    let mut out = Vec::new();
-    loop {
-        let got = store.read(file, out.len() as u64, step).unwrap();
-        if got.is_empty() {
-            return out;
-        }
-        out.extend_from_slice(&got);
-    }
 }
 
 fn open(store: &ModelStore, dir: &Path, name: &str) -> Arc<ModelFile> {

@@ -53,7 +53,8 @@ fn opened(
     (dir, content, store, file)
 }
 
-fn read_all(store: &ModelStore, file: &Arc<ModelFile>, step: u32) -> Vec<u8> {
+/// The whole file, read from offset 0 in requests of `step` bytes (shared with `shard_tests`).
+pub(super) fn read_all(store: &ModelStore, file: &Arc<ModelFile>, step: u32) -> Vec<u8> {
     let mut out = Vec::new();
     loop {
         let got = store.read(file, out.len() as u64, step).unwrap();
