@@ -28,7 +28,8 @@ pub mod access;
 pub mod budget;
 pub mod cache;
 pub mod control;
-#[cfg(target_os = "linux")]
+// Linux and Windows: its OS-facing pieces are in `fs::platform`.
+#[cfg(any(target_os = "linux", windows))]
 pub mod fs;
 pub mod index;
 pub mod kernel_cache;

@@ -2,8 +2,7 @@
 //! end converts them to its kernel's structure.
 
 use std::fs::Metadata;
-use std::os::unix::fs::MetadataExt;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 /// What an entry is presented as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -20,17 +19,7 @@ pub enum Kind {
 impl Kind {
     /// The kind of a source entry as `stat` (or `lstat`) sees it.
     pub fn of(meta: &Metadata) -> Kind {
-        use std::os::unix::fs::FileTypeExt;
-        let t = meta.file_type();
-        match () {
-            _ if t.is_dir() => Kind::Directory,
-            _ if t.is_symlink() => Kind::Symlink,
-            _ if t.is_fifo() => Kind::NamedPipe,
-            _ if t.is_char_device() => Kind::CharDevice,
-            _ if t.is_block_device() => Kind::BlockDevice,
-            _ if t.is_socket() => Kind::Socket,
-            _ => Kind::File,
-        }
+        super::platform::kind_of(meta)
     }
 }
 
@@ -56,30 +45,6 @@ pub struct Attr {
 impl Attr {
     /// The attributes of source object `meta`, presented as `kind` under number `ino`.
     pub fn of_source(ino: u64, meta: &Metadata, kind: Kind) -> Attr {
-        Attr {
-            ino,
-            size: meta.size(),
-            blocks: meta.blocks(),
-            atime: time(meta.atime(), meta.atime_nsec()),
-            mtime: time(meta.mtime(), meta.mtime_nsec()),
-            ctime: time(meta.ctime(), meta.ctime_nsec()),
-            crtime: time(meta.mtime(), meta.mtime_nsec()),
-            kind,
-            perm: (meta.mode() & 0o7777) as u16,
-            nlink: meta.nlink() as u32,
-            uid: meta.uid(),
-            gid: meta.gid(),
-            rdev: meta.rdev() as u32,
-            blksize: meta.blksize() as u32,
-        }
-    }
-}
-
-/// A `stat` time (seconds and nanoseconds since the epoch, possibly before it).
-fn time(secs: i64, nsecs: i64) -> SystemTime {
-    if secs >= 0 {
-        UNIX_EPOCH + Duration::new(secs as u64, nsecs.clamp(0, 999_999_999) as u32)
-    } else {
-        UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs())
+        super::platform::attr_of(ino, meta, kind)
     }
 }

@@ -4,8 +4,9 @@ use std::io;
 
 use thiserror::Error;
 
-use crate::access::AccessError;
+use super::platform::AccessError;
 use crate::models::{OpenError, ReadError};
+#[cfg(target_os = "linux")]
 use crate::source::SourceError;
 
 /// Why a filesystem operation failed. Every variant maps to exactly one errno
@@ -69,7 +70,9 @@ impl FsError {
         move |source| FsError::Io { op, source }
     }
 
-    /// The errno the kernel gets for this error.
+    /// The errno the kernel gets for this error. (Windows: the front end maps to `NTSTATUS`,
+    /// see `platform`'s docs.)
+    #[cfg(target_os = "linux")]
     pub fn errno(&self) -> i32 {
         match self {
             FsError::NotFound => libc::ENOENT,
@@ -94,6 +97,7 @@ impl FsError {
 }
 
 /// The OS's own errno of `e`, EIO when it carries none.
+#[cfg(target_os = "linux")]
 fn os_errno(e: &io::Error) -> i32 {
     match e.raw_os_error() {
         Some(code) if code > 0 => code,
@@ -101,7 +105,7 @@ fn os_errno(e: &io::Error) -> i32 {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
 

@@ -45,23 +45,23 @@ pub mod error;
 mod handles;
 pub mod inodes;
 mod open;
+mod platform;
 pub mod present;
-#[cfg(test)]
+// Linux only: the model of SOURCE makes symbolic links (a privilege on Windows), keeps
+// objects alive with `O_PATH` and checks errnos.
+#[cfg(all(test, target_os = "linux"))]
 mod reference_tests;
 #[cfg(test)]
 mod tests;
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
 use crossbeam::channel::Sender;
 
-use crate::access::{open_for_request, AccessRule, Acting, Sharing, SourceRoot};
 use crate::budget::Governor;
 use crate::control::{self, Command};
 use crate::kernel_cache::{InodeRange, KernelCacheWindow};
@@ -75,7 +75,9 @@ use handles::{Handle, Handles};
 use inodes::Inodes;
 pub use inodes::{CONTROL_DIR_INO, CONTROL_INO, ROOT_INO, STATS_INO};
 pub use open::{OpenFlags, Opened};
-use present::present_as;
+pub use platform::{oflag, AccessError, Sharing};
+use platform::{open_for_request, AccessRule, Acting, SourceRoot};
+use present::{present_as, present_object};
 
 /// How long the kernel may trust attributes and lookups. Half a second keeps the promise that
 /// a change in SOURCE shows within a second, and still saves most repeated `stat`s of a loader
@@ -203,8 +205,7 @@ impl<B: Send + Sync> TierFs<B> {
         invalidations: Sender<InodeRange>,
         render_stats: RenderStats,
     ) -> TierFs<B> {
-        // SAFETY: getuid/getgid cannot fail and touch no memory.
-        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        let (uid, gid) = platform::daemon_ids();
         TierFs {
             access: AccessRule::new(settings.sharing),
             source_root: SourceRoot::open(&settings.source),
@@ -338,7 +339,7 @@ impl<B: Send + Sync> TierFs<B> {
         }
         let acting = self.act_for(req)?;
         let path = self.source_path(ino, &acting)?;
-        xattr_reply(size, path.as_os_str().as_bytes())
+        xattr_reply(size, &platform::path_bytes(&path))
     }
 
     /// `listxattr`.
@@ -356,7 +357,7 @@ impl<B: Send + Sync> TierFs<B> {
 
     /// `statfs`: the figures of SOURCE's file system.
     pub fn statfs(&self) -> Result<StatFs, FsError> {
-        statvfs(&self.settings.source).map_err(FsError::io("statfs"))
+        platform::statfs(&self.settings.source).map_err(FsError::io("statfs"))
     }
 
     /// `setattr`: refused (read-only), except the size-0 truncation `echo cmd > control` makes
@@ -456,8 +457,8 @@ impl<B: Send + Sync> TierFs<B> {
     /// it open, and must not shrink or refill an old mapping from the new file.
     fn source_attr(&self, ino: u64, acting: &Acting) -> Result<(Attr, Duration), FsError> {
         let entry = self.inodes.entry(ino).ok_or(FsError::NotFound)?;
-        match present_as(&self.reach(&entry.path, acting), acting.follow_links()) {
-            Ok((meta, kind, via_link)) if entry.object.is_none_or(|o| o == object_id(&meta)) => {
+        match present_object(&self.reach(&entry.path, acting), acting.follow_links()) {
+            Ok((object, meta, kind, via_link)) if entry.object.is_none_or(|o| o == object) => {
                 let attr = Attr::of_source(ino, &meta, kind);
                 self.inodes.remember(ino, attr);
                 Ok((attr, self.ttl(via_link)))
@@ -477,10 +478,11 @@ impl<B: Send + Sync> TierFs<B> {
 
     /// Looks `rel` up in SOURCE: the object there, presented, and its entry's timeout.
     fn present(&self, rel: &Path, acting: &Acting) -> Result<(ObjectAttr, Duration), FsError> {
-        let (meta, kind, via_link) = present_as(&self.reach(rel, acting), acting.follow_links())
-            .map_err(FsError::io("lookup"))?;
+        let (object, meta, kind, via_link) =
+            present_object(&self.reach(rel, acting), acting.follow_links())
+                .map_err(FsError::io("lookup"))?;
         let attr = Attr::of_source(0, &meta, kind);
-        Ok(((object_id(&meta), attr), self.ttl(via_link)))
+        Ok(((object, attr), self.ttl(via_link)))
     }
 
     fn virtual_attr(&self, ino: u64, kind: Kind, perm: u16) -> Attr {
@@ -618,14 +620,9 @@ fn plain_name(name: &OsStr) -> Result<&Path, FsError> {
     let path = Path::new(name);
     let mut components = path.components();
     match (components.next(), components.next()) {
-        (Some(Component::Normal(_)), None) if !name.as_bytes().contains(&b'/') => Ok(path),
+        (Some(Component::Normal(_)), None) if !platform::name_has_separator(name) => Ok(path),
         _ => Err(FsError::NotFound),
     }
-}
-
-/// The source object a presented entry stands for.
-fn object_id(meta: &std::fs::Metadata) -> inodes::ObjectId {
-    (meta.dev(), meta.ino())
 }
 
 /// A getxattr/listxattr answer for `value`: its size when asked (`size == 0`), else the value,
@@ -636,27 +633,4 @@ fn xattr_reply(size: u32, value: &[u8]) -> Result<Xattr, FsError> {
         Ok(len) if len <= size => Ok(Xattr::Data(value.to_vec())),
         _ => Err(FsError::TooSmall),
     }
-}
-
-fn statvfs(path: &Path) -> std::io::Result<StatFs> {
-    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
-    let mut out = std::mem::MaybeUninit::<libc::statvfs>::uninit();
-    // SAFETY: c_path is a valid NUL-terminated string and `out` is a valid statvfs buffer.
-    let rc = unsafe { libc::statvfs(c_path.as_ptr(), out.as_mut_ptr()) };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: statvfs returned 0, so it filled `out`.
-    let s = unsafe { out.assume_init() };
-    Ok(StatFs {
-        blocks: s.f_blocks,
-        bfree: s.f_bfree,
-        bavail: s.f_bavail,
-        files: s.f_files,
-        ffree: s.f_ffree,
-        bsize: s.f_bsize as u32,
-        namelen: s.f_namemax as u32,
-        frsize: s.f_frsize as u32,
-    })
 }

@@ -6,15 +6,15 @@ use std::io;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::access::{open_for_request, Acting};
 use crate::models::{is_model_path, ModelFile, OpenModel, ReadBytes, ServeMode};
-use crate::source::{read_full_at, SourceIdentity};
+use crate::source::read_full_at;
 use crate::stats::ops::Op;
 use crate::sync::lock;
 
 use super::handles::Handle;
-use super::present::present_as;
-use super::{object_id, FsError, Kind, Requester, TierFs};
+use super::platform::{self, oflag, open_for_request, Acting};
+use super::present::present_object;
+use super::{FsError, Kind, Requester, TierFs};
 use super::{CONTROL_DIR_INO, CONTROL_INO, STATS_INO};
 
 /// A model read taking longer than this is logged: it means the disk is saturated or a reader
@@ -55,7 +55,7 @@ impl<B: Send + Sync> TierFs<B> {
             if ino == CONTROL_INO {
                 return self.open_control(req, flags);
             }
-            if flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
+            if flags & oflag::ACCMODE != oflag::RDONLY || flags & oflag::TRUNC != 0 {
                 return Err(FsError::ReadOnly);
             }
             match ino {
@@ -138,13 +138,13 @@ impl<B: Send + Sync> TierFs<B> {
         let entry = self.inodes.entry(ino).ok_or(FsError::NotFound)?;
         let (rel, abs) = (entry.path.clone(), self.abs(&entry.path));
         let (reach, follow_links) = (self.reach(&rel, &acting), acting.follow_links());
-        match present_as(&reach, follow_links) {
+        match present_object(&reach, follow_links) {
             // The path holds another object than this inode: the kernel looks it up again.
-            Ok((meta, _, _)) if entry.object.is_some_and(|o| o != object_id(&meta)) => {
+            Ok((object, ..)) if entry.object.is_some_and(|o| o != object) => {
                 return Err(FsError::Stale)
             }
-            Ok((_, Kind::File, _)) => {}
-            Ok((_, Kind::Directory, _)) => return Err(FsError::IsDirectory),
+            Ok((_, _, Kind::File, _)) => {}
+            Ok((_, _, Kind::Directory, _)) => return Err(FsError::IsDirectory),
             Ok(_) => return Err(FsError::Denied("not a regular file")),
             Err(e) => return Err(FsError::io("open")(e)),
         }
@@ -152,20 +152,24 @@ impl<B: Send + Sync> TierFs<B> {
         // opened must be the object this inode stands for, whatever was swapped since.
         let file = open_for_request(&reach, follow_links).map_err(FsError::io("open"))?;
         // The rest runs with the daemon's own rights: it only serves what `file` is.
+        // (Windows: nothing was switched, so there is nothing to give back.)
+        #[cfg_attr(windows, allow(clippy::drop_non_drop))]
         drop(acting);
         let opened = file.metadata().map_err(FsError::io("fstat"))?;
-        if entry.object.is_some_and(|o| o != object_id(&opened)) {
+        let object = platform::file_object_id(&file, &opened).map_err(FsError::io("fstat"))?;
+        if entry.object.is_some_and(|o| o != object) {
             return Err(FsError::Stale);
         }
         if is_model_path(&rel) {
+            let identity = platform::file_identity(&file, &opened).map_err(FsError::io("fstat"))?;
             // Malformed model files are served by the read path too (uncached), never with
             // passthrough: the kernel refuses a passthrough open of an inode that is open in
             // cached mode, which a model file's earlier, well-formed version may still be.
             // The requester's own descriptor becomes the handle's source descriptor when the
             // version has none open (`ModelStore::open_handle_with`).
-            return match self.store.open_handle_with(&rel, &abs, file) {
+            return match platform::open_model(&self.store, &rel, &abs, file) {
                 // Cached bytes are served only for the version the requester itself opened.
-                Ok(Some(model)) if model.source().identity() == SourceIdentity::of(&opened) => {
+                Ok(Some(model)) if model.source().identity() == identity => {
                     self.open_model(ino, model, open_backing)
                 }
                 Ok(_) => Err(FsError::Stale),
@@ -214,7 +218,7 @@ impl<B: Send + Sync> TierFs<B> {
             ),
         };
         if mode == ServeMode::Passthrough {
-            match self.backing(ino, || open_backing(model.source().reopen()?)) {
+            match self.backing(ino, || open_backing(platform::reopen(model.source())?)) {
                 Ok(backing) => {
                     modes.entry(ino).or_insert((mode, 0)).1 += 1;
                     let handle = Handle::ModelPassthrough(model, Arc::clone(&backing));
@@ -267,7 +271,7 @@ impl<B: Send + Sync> TierFs<B> {
 
     /// Opens the control file: write-only, for the mounting user (or root).
     fn open_control(&self, req: Requester, flags: i32) -> Result<Opened<B>, FsError> {
-        if flags & libc::O_ACCMODE != libc::O_WRONLY {
+        if flags & oflag::ACCMODE != oflag::WRONLY {
             return Err(FsError::Denied("the control file is write-only"));
         }
         if req.uid != self.uid && req.uid != 0 {

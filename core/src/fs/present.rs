@@ -21,6 +21,8 @@ use std::io;
 use std::path::Path;
 
 use super::attr::Kind;
+use super::inodes::ObjectId;
+use super::platform;
 
 /// The metadata to show for `abs` and the kind to show it as, following links only if
 /// `follow_links`; the flag returned says whether `abs` is a link presented as its target.
@@ -41,6 +43,15 @@ pub fn present_as(abs: &Path, follow_links: bool) -> io::Result<(Metadata, Kind,
     }
 }
 
+/// [`present_as`], with the identity of the source object presented.
+pub fn present_object(
+    abs: &Path,
+    follow_links: bool,
+) -> io::Result<(ObjectId, Metadata, Kind, bool)> {
+    let (meta, kind, via_link) = present_as(abs, follow_links)?;
+    Ok((platform::object_id(abs, &meta, kind)?, meta, kind, via_link))
+}
+
 /// Whether the symlink `abs` resolves to a directory that contains the link itself.
 fn points_at_ancestor(abs: &Path) -> bool {
     let (Ok(target), Some(parent)) = (fs::canonicalize(abs), abs.parent()) else {
@@ -49,7 +60,8 @@ fn points_at_ancestor(abs: &Path) -> bool {
     fs::canonicalize(parent).map_or(true, |parent| parent.starts_with(&target))
 }
 
-#[cfg(test)]
+// Symbolic links on Windows need a privilege the test user (and wine) may not have.
+#[cfg(all(test, unix))]
 mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
