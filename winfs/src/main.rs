@@ -3,8 +3,9 @@
 //!
 //! This crate is the Windows counterpart of `fs/` (the FUSE adapter) and, like it, only
 //! translates: [`path`] names what a WinFsp file name points at, [`status`] turns every error
-//! into an `NTSTATUS` in one place, `winfsp_fs` answers WinFsp's requests with
-//! `tierfs_core` calls, and `mount` runs the WinFsp host. The first two are plain Rust, tested
+//! into an `NTSTATUS` in one place, `winfsp_fs` answers WinFsp's requests with calls of the
+//! core filesystem type the FUSE adapter uses too (`tierfs_core::fs::TierFs`), and `mount`
+//! runs the WinFsp host. The first two are plain Rust, tested
 //! on any platform; the last two exist only on Windows.
 //!
 //! What this front end was checked against is stated in the README ("Windows"): it compiles

@@ -1,5 +1,5 @@
-//! Running the WinFsp host (Windows only): checks SOURCE, builds the core's [`ModelStore`],
-//! mounts [`TierWinFs`] at the drive letter or folder, and serves until Ctrl-C.
+//! Running the WinFsp host (Windows only): checks SOURCE, builds the core's [`ModelStore`]
+//! and budget [`Governor`], mounts [`TierWinFs`] at the drive letter or folder, and serves until Ctrl-C.
 //!
 //! Volume parameters, and why:
 //! - `file_info_timeout` 500 ms (not `u32::MAX`): `u32::MAX` would turn on WinFsp's use of the
@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use thiserror::Error;
+use tierfs_core::budget::{self, BudgetTarget, Governor};
 use tierfs_core::models::ModelStore;
 use tierfs_core::prefetch::saved::SavedOrders;
 use tierfs_core::size::format_size;
@@ -88,7 +89,12 @@ pub fn run(request: MountRequest) -> Result<(), MountError> {
         request.budget,
         SavedOrders::load(request.state_file.clone()),
     ));
-    let fs = TierWinFs::new(source.clone(), request.mountpoint.clone(), store);
+    // The budget is fixed on Windows (the memory pressure watcher is Linux only); the governor
+    // is what the control file's `ram-cache` goes through.
+    let target: Arc<dyn BudgetTarget> = store.clone();
+    let floor = budget::default_floor(request.budget);
+    let governor = Arc::new(Governor::new(target, request.budget, floor));
+    let fs = TierWinFs::new(source.clone(), request.mountpoint.clone(), store, governor);
     // Fine-grained guards: reads of different files (and of one file) run concurrently, which
     // the core is built for.
     let mut host: FileSystemHost<TierWinFs, FineGuard> =

@@ -7,10 +7,12 @@
 
 use std::path::PathBuf;
 
-use crate::status::FsError;
+use tierfs_core::fs::FsError;
+
+use crate::status::WinError;
 
 /// Name of the control directory at the mount root (as on Linux).
-pub const CONTROL_DIR: &str = ".tierfs";
+pub const CONTROL_DIR: &str = tierfs_core::fs::CONTROL_DIR;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
@@ -22,10 +24,10 @@ pub enum Target {
 }
 
 /// Resolves the WinFsp file name `name` (backslash-separated, leading backslash optional).
-pub fn resolve(name: &str) -> Result<Target, FsError> {
+pub fn resolve(name: &str) -> Result<Target, WinError> {
     let parts: Vec<&str> = name.split('\\').filter(|p| !p.is_empty()).collect();
     if let Some(bad) = parts.iter().find(|p| is_unsafe(p)) {
-        return Err(FsError::InvalidName((*bad).to_owned()));
+        return Err(WinError::InvalidName((*bad).to_owned()));
     }
     match parts.as_slice() {
         [dir] if dir.eq_ignore_ascii_case(CONTROL_DIR) => Ok(Target::ControlDir),
@@ -35,10 +37,10 @@ pub fn resolve(name: &str) -> Result<Target, FsError> {
             } else if file.eq_ignore_ascii_case("control") {
                 Ok(Target::Control)
             } else {
-                Err(FsError::NotFound)
+                Err(FsError::NotFound.into())
             }
         }
-        [dir, ..] if dir.eq_ignore_ascii_case(CONTROL_DIR) => Err(FsError::NotFound),
+        [dir, ..] if dir.eq_ignore_ascii_case(CONTROL_DIR) => Err(FsError::NotFound.into()),
         _ => Ok(Target::Source(parts.iter().collect())),
     }
 }
@@ -64,7 +66,7 @@ mod tests {
         assert_eq!(resolve("\\.tierfs\\control").unwrap(), Target::Control);
         assert!(matches!(
             resolve("\\.tierfs\\other"),
-            Err(FsError::NotFound)
+            Err(WinError::Fs(FsError::NotFound))
         ));
         for bad in [
             "\\..\\secret",
@@ -74,7 +76,7 @@ mod tests {
             "\\a/b",
         ] {
             assert!(
-                matches!(resolve(bad), Err(FsError::InvalidName(_))),
+                matches!(resolve(bad), Err(WinError::InvalidName(_))),
                 "{bad}"
             );
         }
