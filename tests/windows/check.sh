@@ -4,7 +4,8 @@
 #     (tests/windows/wine-runner.sh is cargo's runner for that target, .cargo/config.toml);
 #  2. the WinFsp front end (winfs/) type-checked and clippy-clean for that target, against
 #     winfsp-sys's pre-generated bindings (nothing can link WinFsp here: that needs MSVC);
-#  3. winfs's platform-neutral unit tests (name resolution, NTSTATUS mapping, CLI) on Linux.
+#  3. winfs's platform-neutral unit tests (name resolution, NTSTATUS mapping, CLI, and the
+#     translation onto the core filesystem type, winfs/src/tree.rs) on Linux.
 # Needs: rustup target x86_64-pc-windows-gnu, Debian packages gcc-mingw-w64-x86-64 and wine64
 # (.ci/run installs all three). Every step is bounded; the whole takes about 3-5 minutes cold.
 set -euo pipefail

@@ -3,21 +3,23 @@
 //!
 //! This crate is the Windows counterpart of `fs/` (the FUSE adapter) and, like it, only
 //! translates: [`path`] names what a WinFsp file name points at, [`status`] turns every error
-//! into an `NTSTATUS` in one place, `winfsp_fs` answers WinFsp's requests with calls of the
-//! core filesystem type the FUSE adapter uses too (`tierfs_core::fs::TierFs`), and `mount`
-//! runs the WinFsp host. The first two are plain Rust, tested
-//! on any platform; the last two exist only on Windows.
+//! into an `NTSTATUS` in one place, [`tree`] turns paths and access masks into calls of the
+//! core filesystem type the FUSE adapter uses too (`tierfs_core::fs::TierFs`), `winfsp_fs`
+//! answers WinFsp's requests through it, and `mount` runs the WinFsp host. The first three are
+//! plain Rust, tested on any platform; the last two exist only on Windows.
 //!
 //! What this front end was checked against is stated in the README ("Windows"): it compiles
 //! and passes clippy for `x86_64-pc-windows-gnu`; it has not been run against a real WinFsp.
 
 #[cfg(windows)]
 mod mount;
-// Off Windows only the tests use the name and error mapping.
+// Off Windows only the tests use the name and error mapping and the translation.
 #[cfg_attr(not(windows), allow(dead_code))]
 mod path;
 #[cfg_attr(not(windows), allow(dead_code))]
 mod status;
+#[cfg_attr(not(windows), allow(dead_code))]
+mod tree;
 #[cfg(windows)]
 mod winfsp_fs;
 
