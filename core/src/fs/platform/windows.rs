@@ -129,7 +129,7 @@ pub fn daemon_ids() -> (u32, u32) {
 /// Opened with attribute access only and every sharing mode, so that a file another process
 /// holds open without sharing still answers; directories need `FILE_FLAG_BACKUP_SEMANTICS`,
 /// and an entry presented as a link is the link itself.
-pub fn object_id(abs: &Path, _meta: &Metadata, kind: Kind) -> io::Result<ObjectId> {
+pub fn object_id(abs: &Path, meta: &Metadata, kind: Kind) -> io::Result<ObjectId> {
     let mut flags = FILE_FLAG_BACKUP_SEMANTICS;
     if kind == Kind::Symlink {
         flags |= FILE_FLAG_OPEN_REPARSE_POINT;
@@ -139,7 +139,7 @@ pub fn object_id(abs: &Path, _meta: &Metadata, kind: Kind) -> io::Result<ObjectI
         .share_mode(FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE)
         .custom_flags(flags)
         .open(abs)?;
-    file_object_id(&file, _meta)
+    file_object_id(&file, meta)
 }
 
 /// The source object open as `file`.
