@@ -446,8 +446,10 @@ def clean_stale() -> None:
             Cgroup.remove_path(p)
 
 
-def run_reader(plan: Path, file: Path, cgroup: Cgroup | None = None) -> dict:
-    cmd = [sys.executable, str(READER), str(plan), str(file)]
+def run_reader(plan: Path, file: Path | list[Path], cgroup: Cgroup | None = None) -> dict:
+    """One reader.py pass; `file` is the model's file, or its shards (the plan's groups name them)."""
+    files = file if isinstance(file, list) else [file]
+    cmd = [sys.executable, str(READER), str(plan), *map(str, files)]
     if cgroup is not None:
         cmd += ["--cgroup", str(cgroup.path)]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
