@@ -42,8 +42,9 @@ baseline s / tierfs s, so above 1 means faster through the mount):
    pass time of passes 2.. vs the plain file read by a reader whose memory cgroup is limited to
    the budget (>= 1.5 x), and disk bytes per later pass <= 1.15 x (model - budget).  The
    daemon runs in a memory cgroup of budget + 64 MiB.  Twice: the model as one .safetensors,
-   and (issue 12) the same tensors as 4 shards + index.json, read shard by shard in index order
-   (each shard's groups in model order) by the same reader, against the plain shards.
+   and (issue 12) the same tensors as 4 shards + index.json, read by the same reader shard by
+   shard in index order, each shard's tensors in index (= file, name) order as diffusers and
+   transformers load a shard, grouped by block as the single file's are, against the plain shards.
 
 --quick uses small files (whole run < 6 min); the default sizes are realistic (~1.5-3 GiB DiTs
 from tests/python/gen.py, tensors in name order like real writers) and take ~25 min.  Generated
@@ -216,11 +217,16 @@ def model_bytes(path: Path) -> int:
 
 
 def plan_groups(path: Path) -> list[dict]:
-    """reader.py groups of a model: its tensors grouped by block in model order; for a sharded
-    model shard by shard in index order, each shard's groups in model order, each group naming
-    its shard (`file`: the index in model_files)."""
-    return [{"name": name if not is_index(path) else f"{f.name}:{name}", "ranges": ranges, "file": i}
-            for i, f in enumerate(model_files(path)) for name, ranges in bench.model_order_groups(f)]
+    """reader.py groups of a model: its tensors grouped by block, in model order.  A sharded
+    model is read as loaders.py's sharded loaders and diffusers / transformers read it: shard by
+    shard in index order, each shard's tensors in index order (the weight_map's order, which is
+    the shard's file order: writers sort by name), grouped by block like the single file's, each
+    group naming its shard (`file`: the index in model_files)."""
+    if not is_index(path):
+        return [{"name": name, "ranges": ranges, "file": 0} for name, ranges in bench.model_order_groups(path)]
+    return [{"name": f"{f.name}:{name}", "ranges": ranges, "file": i}
+            for i, f in enumerate(model_files(path))
+            for name, ranges in sorted(bench.model_order_groups(f), key=lambda g: min(s for s, _ in g[1]))]
 
 
 def models_note(stats: dict) -> str:

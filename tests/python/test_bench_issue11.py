@@ -92,6 +92,10 @@ def test_sharded_model_files_and_plan(tmp_path):
     assert issue11.model_files(single) == [single]
     groups = issue11.plan_groups(index)
     assert [g["file"] for g in groups] == sorted(g["file"] for g in groups)  # shard by shard
+    # each shard's tensors in index (file) order: the groups' first bytes ascend within a shard
+    for i in range(len(files)):
+        firsts = [min(s for s, _ in g["ranges"]) for g in groups if g["file"] == i]
+        assert firsts == sorted(firsts), i
     for i, f in enumerate(files):
         want = sorted((s, e) for _, s, e in gen.tensor_ranges(f))
         got = sorted(tuple(r) for g in groups if g["file"] == i for r in g["ranges"])
