@@ -405,11 +405,14 @@ _EXTRA: list[str] | None = None
 
 def mount_extra() -> list[str]:
     """`--no-state` where the binary has it: every mount starts without learned block orders
-    (cold means cold), and the benchmark leaves nothing in the system's state dir."""
+    (cold means cold), and the benchmark leaves nothing in the system's state dir. Plus the
+    words of `$TIERFS_BENCH_MOUNT_ARGS`, e.g. `--no-model-passthrough` to measure the chunk
+    cache where a model fits the budget (it is otherwise passed through to the kernel)."""
     global _EXTRA
     if _EXTRA is None:
         h = subprocess.run([str(BIN), "mount", "--help"], capture_output=True, text=True).stdout
         _EXTRA = ["--no-state"] if "--no-state" in h else []
+        _EXTRA += os.environ.get("TIERFS_BENCH_MOUNT_ARGS", "").split()
     return _EXTRA
 
 
