@@ -125,3 +125,35 @@ def test_reader_reads_a_sharded_plan(tmp_path):
     out = json.loads(p.stdout)
     assert out["bytes"] == sum(e - s for f in files for _, s, e in gen.tensor_ranges(f))
     assert len(out["groups"]) == len(issue11.plan_groups(index))
+
+
+def test_point1_loaders_by_model_and_cases():
+    """The issue-12 loaders read their own models and run the cold cases only; the others the
+    point-1 file and every case."""
+    table = issue11.loaders_table()
+    assert {"gguf", "sharded"} <= set(table)
+    assert issue11.loaders_by_model(["comfy", "gguf", "sharded", "pread"]) == {
+        "p1": ["comfy", "pread"], "p4_gguf": ["gguf"], "p1_shards": ["sharded"]}
+    assert issue11.point1_cases("gguf") == issue11.point1_cases("sharded") == issue11.COLD_CASES
+    assert issue11.point1_cases("comfy") == issue11.ALL_CASES
+    assert [c[1] for c in issue11.COLD_CASES] == ["mount cold slow", "mount cold fast", "mount cold slow quarter"]
+    assert {c[1] for c in issue11.COLD_CASES} <= {c[1] for c in issue11.ALL_CASES}
+
+
+@pytest.mark.timeout(60)
+def test_gguf_and_sharded_passes_read_every_tensor(tmp_path):
+    """`--pass gguf` and `--pass sharded` (the child processes point 1 times) read every tensor
+    byte of a small GGUF and of a small sharded model."""
+    import json
+    import subprocess
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import gen
+    import gen_gguf
+    g = gen_gguf.make_dit_gguf(tmp_path / "m.gguf", seed=3, dim=256, n_double=1, n_single=1)
+    index = gen_gguf.make_sharded(tmp_path / "s", issue11.SHARD_STEM, gen.sorted_dit_specs(64, 128, 6), 3, seed=2)
+    want = {"gguf": (g, sum(t[4] - t[3] for t in gen_gguf.gguf_tensors(g))),
+            "sharded": (index, sum(e - s for f in issue11.model_files(index) for _, s, e in gen.tensor_ranges(f)))}
+    for name, (path, nbytes) in want.items():
+        p = subprocess.run([sys.executable, str(issue11.HERE / "issue11.py"), "--pass", name, str(path)],
+                           capture_output=True, text=True, timeout=50, check=True)
+        assert json.loads(p.stdout.strip().splitlines()[-1])["bytes"] == nbytes, name
