@@ -405,11 +405,14 @@ _EXTRA: list[str] | None = None
 
 def mount_extra() -> list[str]:
     """`--no-state` where the binary has it: every mount starts without learned block orders
-    (cold means cold), and the benchmark leaves nothing in the system's state dir."""
+    (cold means cold), and the benchmark leaves nothing in the system's state dir. Plus the
+    words of `$TIERFS_BENCH_MOUNT_ARGS`, e.g. `--no-model-passthrough` to measure the chunk
+    cache where a model fits the budget (it is otherwise passed through to the kernel)."""
     global _EXTRA
     if _EXTRA is None:
         h = subprocess.run([str(BIN), "mount", "--help"], capture_output=True, text=True).stdout
         _EXTRA = ["--no-state"] if "--no-state" in h else []
+        _EXTRA += os.environ.get("TIERFS_BENCH_MOUNT_ARGS", "").split()
     return _EXTRA
 
 
@@ -446,8 +449,10 @@ def clean_stale() -> None:
             Cgroup.remove_path(p)
 
 
-def run_reader(plan: Path, file: Path, cgroup: Cgroup | None = None) -> dict:
-    cmd = [sys.executable, str(READER), str(plan), str(file)]
+def run_reader(plan: Path, file: Path | list[Path], cgroup: Cgroup | None = None) -> dict:
+    """One reader.py pass; `file` is the model's file, or its shards (the plan's groups name them)."""
+    files = file if isinstance(file, list) else [file]
+    cmd = [sys.executable, str(READER), str(plan), *map(str, files)]
     if cgroup is not None:
         cmd += ["--cgroup", str(cgroup.path)]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Block-order streaming reader used by bench.py (rows 3 and 4); one pass per process.
 
-    reader.py PLAN.json FILE [--cgroup /sys/fs/cgroup/memory/NAME] [--threads 8] [--piece 2MiB]
+    reader.py PLAN.json FILE [FILE ...] [--cgroup /sys/fs/cgroup/memory/NAME] [--threads 8] [--piece 2MiB]
 
 PLAN.json is ``{"groups": [{"name": ..., "ranges": [[start, end], ...], "compute_s": x}, ...]}``
-in the order to read them (model order).  For each group the reader splits every tensor's
+in the order to read them (model order).  A group may name ``"file": i``, the i-th FILE (default
+0): a sharded model is read shard by shard, each shard opened when its first group comes and
+closed when a group of another file follows, as a loader opens one shard after another.  For each group the reader splits every tensor's
 byte range into `piece`-sized pieces and has a pool of `threads` threads ``pread`` them from
 one shared descriptor (ComfyUI's dynamic-VRAM re-read pattern), then "computes" (sleeps)
 ``compute_s``.  With ``--cgroup`` the process first moves itself into that cgroup, so its
@@ -37,7 +39,7 @@ def proc_io_read_bytes() -> int:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("plan")
-    ap.add_argument("file")
+    ap.add_argument("files", nargs="+")
     ap.add_argument("--cgroup")
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--piece", type=int, default=2 << 20)
@@ -64,7 +66,7 @@ def main() -> int:
         return got
 
     io0 = proc_io_read_bytes()
-    fd = os.open(args.file, os.O_RDONLY)
+    fd, fd_file = -1, None
     out_groups = []
     total_bytes = 0
     compute_total = 0.0
@@ -73,6 +75,12 @@ def main() -> int:
             t_start = time.perf_counter()
             for g in groups:
                 t0 = time.perf_counter()
+                if g.get("file", 0) != fd_file:  # the next shard: opening it is part of the read
+                    if fd >= 0:
+                        os.close(fd)
+                        fd = -1
+                    fd_file = g.get("file", 0)
+                    fd = os.open(args.files[fd_file], os.O_RDONLY)
                 futs = [pool.submit(read_piece, fd, off, min(piece, end - off))
                         for start, end in g["ranges"] for off in range(start, end, piece)]
                 n = sum(f.result() for f in futs)
@@ -85,7 +93,8 @@ def main() -> int:
                 out_groups.append({"name": g["name"], "bytes": n, "read_s": t1 - t0, "compute_s": t2 - t1})
             total = time.perf_counter() - t_start
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
     json.dump({"total_s": total, "compute_s": compute_total, "bytes": total_bytes,
                "io_read_bytes": proc_io_read_bytes() - io0, "groups": out_groups}, sys.stdout)
     sys.stdout.write("\n")

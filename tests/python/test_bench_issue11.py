@@ -75,3 +75,85 @@ def test_blkio_service_bytes_and_throttle_verdict():
     assert sources.throttle_verdict(1.04, 1.0) == "ok"
     assert sources.throttle_verdict(2.9, 1.0) == "fast"
     assert sources.throttle_verdict(0.5, 1.0) == "starved"
+
+
+def test_sharded_model_files_and_plan(tmp_path):
+    """A sharded model's files come in index order, and its reader plan covers every tensor byte
+    of every shard exactly once, shard by shard, each group naming its shard."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import gen
+    import gen_gguf
+    specs = gen.sorted_dit_specs(64, 128, 6)
+    index = gen_gguf.make_sharded(tmp_path / "m", issue11.SHARD_STEM, specs, 3, seed=1)
+    files = issue11.model_files(index)
+    assert [f.name for f in files] == [f"{issue11.SHARD_STEM}-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
+    assert issue11.model_bytes(index) == sum(f.stat().st_size for f in files)
+    single = files[0]
+    assert issue11.model_files(single) == [single]
+    groups = issue11.plan_groups(index)
+    assert [g["file"] for g in groups] == sorted(g["file"] for g in groups)  # shard by shard
+    # each shard's tensors in index (file) order: the groups' first bytes ascend within a shard
+    for i in range(len(files)):
+        firsts = [min(s for s, _ in g["ranges"]) for g in groups if g["file"] == i]
+        assert firsts == sorted(firsts), i
+    for i, f in enumerate(files):
+        want = sorted((s, e) for _, s, e in gen.tensor_ranges(f))
+        got = sorted(tuple(r) for g in groups if g["file"] == i for r in g["ranges"])
+        assert got == want, f.name
+    assert {g["file"] for g in issue11.plan_groups(single)} == {0}
+
+
+def test_models_note():
+    st = {"models": [{"name": "m/x.safetensors.index.json", "shards": [{}, {}], "blocks": 7, "order_learned": True}]}
+    assert issue11.models_note(st) == "stats model m/x.safetensors.index.json: 2 shards, 7 blocks, order learned True"
+    assert issue11.models_note({}) == "no model in the stats' models[]"
+
+
+def test_reader_reads_a_sharded_plan(tmp_path):
+    """reader.py over a sharded model's plan reads every tensor byte of every shard."""
+    import json
+    import subprocess
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import gen
+    import gen_gguf
+    index = gen_gguf.make_sharded(tmp_path / "m", issue11.SHARD_STEM, gen.sorted_dit_specs(64, 128, 6), 3, seed=2)
+    files = issue11.model_files(index)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"groups": [dict(g, compute_s=0.0) for g in issue11.plan_groups(index)]}))
+    p = subprocess.run([sys.executable, str(issue11.HERE / "reader.py"), str(plan), *map(str, files)],
+                       capture_output=True, text=True, timeout=60, check=True)
+    out = json.loads(p.stdout)
+    assert out["bytes"] == sum(e - s for f in files for _, s, e in gen.tensor_ranges(f))
+    assert len(out["groups"]) == len(issue11.plan_groups(index))
+
+
+def test_point1_loaders_by_model_and_cases():
+    """The issue-12 loaders read their own models and run the cold cases only; the others the
+    point-1 file and every case."""
+    table = issue11.loaders_table()
+    assert {"gguf", "sharded"} <= set(table)
+    assert issue11.loaders_by_model(["comfy", "gguf", "sharded", "pread"]) == {
+        "p1": ["comfy", "pread"], "p4_gguf": ["gguf"], "p1_shards": ["sharded"]}
+    assert issue11.point1_cases("gguf") == issue11.point1_cases("sharded") == issue11.COLD_CASES
+    assert issue11.point1_cases("comfy") == issue11.ALL_CASES
+    assert [c[1] for c in issue11.COLD_CASES] == ["mount cold slow", "mount cold fast", "mount cold slow quarter"]
+    assert {c[1] for c in issue11.COLD_CASES} <= {c[1] for c in issue11.ALL_CASES}
+
+
+@pytest.mark.timeout(60)
+def test_gguf_and_sharded_passes_read_every_tensor(tmp_path):
+    """`--pass gguf` and `--pass sharded` (the child processes point 1 times) read every tensor
+    byte of a small GGUF and of a small sharded model."""
+    import json
+    import subprocess
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import gen
+    import gen_gguf
+    g = gen_gguf.make_dit_gguf(tmp_path / "m.gguf", seed=3, dim=256, n_double=1, n_single=1)
+    index = gen_gguf.make_sharded(tmp_path / "s", issue11.SHARD_STEM, gen.sorted_dit_specs(64, 128, 6), 3, seed=2)
+    want = {"gguf": (g, sum(t[4] - t[3] for t in gen_gguf.gguf_tensors(g))),
+            "sharded": (index, sum(e - s for f in issue11.model_files(index) for _, s, e in gen.tensor_ranges(f)))}
+    for name, (path, nbytes) in want.items():
+        p = subprocess.run([sys.executable, str(issue11.HERE / "issue11.py"), "--pass", name, str(path)],
+                           capture_output=True, text=True, timeout=50, check=True)
+        assert json.loads(p.stdout.strip().splitlines()[-1])["bytes"] == nbytes, name
