@@ -30,17 +30,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "python"))
 import gen  # noqa: E402
+from ops_overhead import spawn_mount  # noqa: E402
 
 
 def mount(binary: Path, src: Path, mnt: Path, log: Path) -> subprocess.Popen:
-    proc = subprocess.Popen([str(binary), "mount", str(src), str(mnt), "--ram-cache", "256MiB", "--no-state"],
-                            stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 30
-    while not (mnt / ".tierfs" / "stats").exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"{binary} did not mount: {log.read_text()[-2000:]}")
-        time.sleep(0.05)
-    return proc
+    return spawn_mount(binary, src, mnt, log, "--ram-cache", "256MiB", "--no-state")
 
 
 def scan(root: Path, names: list[str]) -> float:

@@ -223,19 +223,14 @@ def load_sharded_pread(index: Path) -> int:
     """`index` is the model's index.json: every shard in name order, each tensor (weight_map
     order) read in 2 MiB pieces by 8 threads, as bench.py's reader does (no fadvise)."""
     weight_map = json.loads(index.read_text())["weight_map"]
+    from reader import pread_exact
     local = __import__("threading").local()
 
     def piece(fd: int, off: int, n: int) -> int:
         buf = getattr(local, "buf", None)
         if buf is None:
             buf = local.buf = memoryview(bytearray(CHUNK))
-        got = 0
-        while got < n:
-            k = os.preadv(fd, [buf[: n - got]], off + got)
-            if k <= 0:
-                raise OSError(f"short read at {off + got}")
-            got += k
-        return got
+        return pread_exact(fd, buf, off, n)
 
     n = 0
     with ThreadPoolExecutor(THREADS) as pool:

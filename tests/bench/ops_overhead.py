@@ -38,7 +38,12 @@ def mount(binary: Path, src: Path, mnt: Path, budget: str, log: Path) -> subproc
     # (and its recorder) out of the measurement: keep the file in the chunk cache.
     help_text = subprocess.run([str(binary), "mount", "--help"], capture_output=True, text=True).stdout
     extra = ["--no-model-passthrough"] if "--no-model-passthrough" in help_text else []
-    proc = subprocess.Popen([str(binary), "mount", str(src), str(mnt), "--ram-cache", budget, "--no-state", *extra],
+    return spawn_mount(binary, src, mnt, log, "--ram-cache", budget, "--no-state", *extra)
+
+
+def spawn_mount(binary: Path, src: Path, mnt: Path, log: Path, *args: str) -> subprocess.Popen:
+    """`binary mount src mnt *args` in the foreground, returned once the mount answers (30 s)."""
+    proc = subprocess.Popen([str(binary), "mount", str(src), str(mnt), *args],
                             stdout=log.open("wb"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
     while not (mnt / ".tierfs" / "stats").exists():

@@ -36,6 +36,17 @@ def proc_io_read_bytes() -> int:
     return 0
 
 
+def pread_exact(fd: int, buf: memoryview, off: int, n: int) -> int:
+    """Reads exactly `n` bytes at `off` into `buf` (short reads retried); an early end is an error."""
+    got = 0
+    while got < n:
+        k = os.preadv(fd, [buf[: n - got]], off + got)
+        if k <= 0:
+            raise OSError(f"short read at {off + got} (wanted {n - got})")
+        got += k
+    return got
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("plan")
@@ -57,13 +68,7 @@ def main() -> int:
         buf = getattr(local, "buf", None)
         if buf is None:
             buf = local.buf = memoryview(bytearray(piece))
-        got = 0
-        while got < n:
-            k = os.preadv(fd, [buf[: n - got]], off + got)
-            if k <= 0:
-                raise OSError(f"short read at {off + got} (wanted {n - got})")
-            got += k
-        return got
+        return pread_exact(fd, buf, off, n)
 
     io0 = proc_io_read_bytes()
     fd, fd_file = -1, None
