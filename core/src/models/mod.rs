@@ -356,7 +356,7 @@ impl ModelFile {
         if streaming == usize::MAX {
             return true;
         }
-        span.block != streaming && access.next_blocks(streaming, 1).first() != Some(&span.block)
+        span.block != streaming && !access.follows(streaming, span.block)
     }
 
     /// Whether chunk `chunk` is already cached or being read.

@@ -161,6 +161,14 @@ impl AccessOrder {
         Touch::Again
     }
 
+    /// How many first touches of the current pass came after `block`'s; `None` if `block` is
+    /// not in the current pass (or out of range). A touch with a lag over [`TOLERANCE`] starts
+    /// a new pass.
+    pub fn lag(&self, block: usize) -> Option<usize> {
+        let &at = self.in_pass.get(block)?;
+        (at != ABSENT).then(|| self.pass.len() - 1 - at)
+    }
+
     fn first_touch(&mut self, block: usize) -> Touch {
         if self.pass.len() <= TOLERANCE && self.prev_tail.contains(&block) {
             return Touch::Again;
