@@ -199,20 +199,17 @@ impl Chunk {
     }
 
     /// Whether threads of a reader that just moved on may still be reading this chunk: it is in
-    /// the block the reader left and a reader got it since `recent`, or it was prefetched,
-    /// nobody got it yet and the reader left its block at most `TOLERANCE` blocks ago. (A
-    /// thread behind the others has yet to read it: evicted as a block needed last, it was
-    /// read again by that thread and counted as wasted prefetch. Under load, threads of
-    /// `models::tests::concurrent_sequential_readers_account_prefetch_exactly` fell 2–3 blocks
-    /// behind.)
+    /// the block the reader left, and a reader got it since `recent` or it was prefetched and
+    /// nobody got it yet (a thread behind the others has yet to read it: evicted as the block
+    /// needed last, it was read again by that thread and counted as wasted prefetch, as
+    /// `models::tests::concurrent_sequential_readers_account_prefetch_exactly` saw under load).
     fn may_be_in_use(&self, recent: u64) -> bool {
-        let Some(owner) = &self.owner else {
-            return false;
-        };
-        if self.unread_prefetch.load(Ordering::Relaxed) {
-            return owner.access.is_just_behind(owner.block);
-        }
-        self.last_read.load(Ordering::Relaxed) >= recent && owner.access.is_previous(owner.block)
+        (self.last_read.load(Ordering::Relaxed) >= recent
+            || self.unread_prefetch.load(Ordering::Relaxed))
+            && self
+                .owner
+                .as_ref()
+                .is_some_and(|o| o.access.is_previous(o.block))
     }
 
     fn file_counters(&self) -> Option<&crate::prefetch::access::FileCounters> {
