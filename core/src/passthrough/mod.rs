@@ -29,6 +29,31 @@
 //! One inode of the mount is served in one mode while it has open handles (the kernel cannot mix
 //! cached and passthrough opens of one inode); that stickiness is the adapter's, which knows the
 //! inodes.
+//!
+//! **`O_DIRECT` readers** (runai-model-streamer 0.17.1 opens `O_RDONLY | O_DIRECT` and reads with
+//! io_uring) are passed through like any other open, and so keep what they asked for: the kernel
+//! hands their reads to the backing file as direct reads, which go to the source device and leave
+//! nothing in its page cache. Such an open reserves the file's size while it is open; closed, it
+//! parks nothing (`cachestat` finds no page resident). They get the plain file's speed, which is
+//! the most any mode gives them here. Measured on the issue 11 fast source (ext4 on zram, 1.5 GiB
+//! DiT, one runai process for every pass; `tests/bench/odirect.py`, results in
+//! `tests/bench/odirect-results.md`, 2026-12-02):
+//! - the plain file pinned in the page cache: 0.59 s (median of 8), 1558 MiB read from the
+//!   device on every pass: `O_DIRECT` ignores the page cache, so a "warm" plain file is a disk
+//!   read;
+//! - through passthrough, passes alternating with the plain file's: 0.62 s, 1558 MiB from the
+//!   device too (plain / mount 0.96; 1.02 in an earlier run of 8 pairs). Single passes range
+//!   0.54–1.69 s on both sides: the loader's own CPU time (equal to its wall time, the daemon's
+//!   is 0.00–0.02 s) jumps on a shared 2-core VM. `dd bs=1M iflag=direct`: 0.27 s against
+//!   0.32 s, device read in full;
+//! - served from tierfs's RAM instead (`--no-model-passthrough`, chunk cache holding the whole
+//!   file): 0 bytes from the device but 0.77–0.79 s (0.84–2.13 s in an earlier run), since every
+//!   read is a FUSE request to the daemon;
+//! - a RAM-backed backing file would not help either: the model on tmpfs takes runai 0.32–0.40 s
+//!   plain but 0.64–1.13 s through a passthrough mount of that tmpfs folder. Passthrough's
+//!   asynchronous direct path (~2.5 GB/s here), not the device, is the limit.
+//!
+//! So `O_DIRECT` opens are not treated apart, and tierfs keeps no RAM copy for them.
 
 pub mod residency;
 
