@@ -185,6 +185,8 @@ def test_o_direct_reads_of_a_passthrough_model_bypass_the_page_cache(mount, src)
     assert _file_stats(m, "a.safetensors")["mode"] == "passthrough"
     cached = page_cache_bytes(src / "a.safetensors")
     assert cached < len(want) // 8, f"O_DIRECT reads left {cached / MiB:.1f} MiB in the source's page cache"
+    pt = m.stats()["passthrough"]
+    assert pt["open_files"] == 0 and pt["parked_bytes"] < len(want) // 8, pt  # closed: nothing resident, nothing parked
     # a buffered open of the same inode afterwards: passthrough too, same bytes
     assert (m.mnt / "a.safetensors").read_bytes() == want
     assert _file_stats(m, "a.safetensors")["mode"] == "passthrough"
