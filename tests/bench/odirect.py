@@ -44,16 +44,31 @@ import sources  # noqa: E402
 MiB = 1 << 20
 
 
+def cpu_s(pid: int | None) -> float:
+    """User + system CPU seconds of process `pid` (all its threads; 0 when gone or None)."""
+    if pid is None:
+        return 0.0
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class Meter:
+    """Times a pass and counts what it cost: device bytes (the blkio cgroup), the loader's CPU
+    seconds and the daemon's."""
+
     def __init__(self, thr: sources.Throttle):
         self.thr, self.lines, self.times = thr, [], {}
 
-    def rec(self, label: str, fn) -> float:
-        b0 = self.thr.read_bytes()
+    def rec(self, label: str, fn, loader: int | None = None, daemon: int | None = None) -> float:
+        b0, l0, d0 = self.thr.read_bytes(), cpu_s(loader), cpu_s(daemon)
         s = fn()
         disk = (self.thr.read_bytes() - b0) / MiB
         self.times.setdefault(label, []).append(s)
-        line = f"{label:<44} {s:7.3f} s  device {disk:6.0f} MiB"
+        line = (f"{label:<40} {s:6.3f} s  device {disk:5.0f} MiB  loader CPU {cpu_s(loader) - l0:5.2f} s"
+                + (f"  daemon CPU {cpu_s(daemon) - d0:4.2f} s" if daemon else ""))
         print(line, flush=True)
         self.lines.append(line)
         return s
@@ -81,12 +96,12 @@ def run(args, root: Path, model: Path, mt: Meter) -> None:
         try:
             p = m.mnt / f.name
             sources.drop_caches()
-            mt.rec("runai passthrough cold", lambda: lp.load(p))
+            mt.rec("runai passthrough cold", lambda: lp.load(p), lp.p.pid, m.pid)
             with bench.Pinned(f):
                 lp.load(f)
                 for _ in range(args.pairs):
-                    mt.rec("runai plain, pinned in the page cache", lambda: lp.load(f))
-                    mt.rec("runai passthrough, loaded before", lambda: lp.load(p))
+                    mt.rec("runai plain, pinned in the page cache", lambda: lp.load(f), lp.p.pid)
+                    mt.rec("runai passthrough, loaded before", lambda: lp.load(p), lp.p.pid, m.pid)
                 for _ in range(3):
                     mt.rec("dd iflag=direct plain, pinned", lambda: dd_direct(f))
                     mt.rec("dd iflag=direct passthrough", lambda: dd_direct(p))
@@ -97,9 +112,9 @@ def run(args, root: Path, model: Path, mt: Meter) -> None:
         try:
             p = m.mnt / f.name
             sources.drop_caches()
-            mt.rec("runai chunk cache cold", lambda: lp.load(p))
+            mt.rec("runai chunk cache cold", lambda: lp.load(p), lp.p.pid, m.pid)
             for _ in range(3):
-                mt.rec("runai chunk cache, loaded before", lambda: lp.load(p))
+                mt.rec("runai chunk cache, loaded before", lambda: lp.load(p), lp.p.pid, m.pid)
             mt.lines.append(f"modes: {I.file_modes(m.stats(), f.name)}")
         finally:
             m.close()
@@ -113,8 +128,8 @@ def run(args, root: Path, model: Path, mt: Meter) -> None:
                 lp.load(g)
                 lp.load(p)
                 for _ in range(3):
-                    mt.rec("runai tmpfs plain", lambda: lp.load(g))
-                    mt.rec("runai tmpfs through passthrough", lambda: lp.load(p))
+                    mt.rec("runai tmpfs plain", lambda: lp.load(g), lp.p.pid)
+                    mt.rec("runai tmpfs through passthrough", lambda: lp.load(p), lp.p.pid, m.pid)
                 mt.lines.append(f"modes: {I.file_modes(m.stats(), g.name)}")
             finally:
                 m.close()
@@ -156,11 +171,13 @@ def main() -> int:
     summary.append(f"- runai plain / passthrough, loaded before: {pair:.2f}")
     print("\n".join(summary))
     if args.out:
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         args.out.write_text("\n".join([
             "# O_DIRECT loader (runai-model-streamer) warm passes: where they come from",
-            "", f"`sudo .venv/bin/python tests/bench/odirect.py --pairs {args.pairs}` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-            f"{model.name}, {model.stat().st_size / MiB:.0f} MiB, fast source {disk.kind}; binary {args.tierfs})",
-            "", "Medians:", "", *summary, "", "Every pass (device = bytes the blkio cgroup read from the source device):",
+            "", f"`sudo .venv/bin/python tests/bench/odirect.py --pairs {args.pairs}` ({when}, {model.name}, "
+            f"{model.stat().st_size / MiB:.0f} MiB, fast source {disk.kind}; binary {args.tierfs})",
+            "", "Medians:", "", *summary, "",
+            "Every pass (device: bytes the blkio cgroup read from the source device; CPU: user + system):",
             "", "```", *mt.lines, "```", ""]))
     return 0
 

@@ -38,20 +38,22 @@
 //! the most any mode gives them here. Measured on the issue 11 fast source (ext4 on zram, 1.5 GiB
 //! DiT, one runai process for every pass; `tests/bench/odirect.py`, results in
 //! `tests/bench/odirect-results.md`, 2026-12-02):
-//! - the plain file pinned in the page cache: 0.59 s (median of 8), 1558 MiB read from the
-//!   device on every pass: `O_DIRECT` ignores the page cache, so a "warm" plain file is a disk
-//!   read;
-//! - through passthrough, passes alternating with the plain file's: 0.62 s, 1558 MiB from the
-//!   device too (plain / mount 0.96; 1.02 in an earlier run of 8 pairs). Single passes range
-//!   0.54–1.69 s on both sides: the loader's own CPU time (equal to its wall time, the daemon's
-//!   is 0.00–0.02 s) jumps on a shared 2-core VM. `dd bs=1M iflag=direct`: 0.27 s against
-//!   0.32 s, device read in full;
+//! - the plain file pinned in the page cache: 1558 MiB read from the device on every pass
+//!   (`O_DIRECT` ignores the page cache, so a "warm" plain file is a disk read), 0.77 s median of
+//!   8 passes;
+//! - through passthrough, passes alternating with the plain file's: 1558 MiB from the device
+//!   too, 0.66 s (plain / mount 1.17; 0.96 and 1.02 in two earlier runs of 8 pairs). Single
+//!   passes range 0.56–1.64 s on both sides, and the loader's CPU time equals its wall time in
+//!   each (the daemon's: 0.01–0.02 s): the spread is the loader's own CPU on a shared 2-core VM.
+//!   `dd bs=1M iflag=direct`: 0.265 s both ways, device read in full;
 //! - served from tierfs's RAM instead (`--no-model-passthrough`, chunk cache holding the whole
-//!   file): 0 bytes from the device but 0.77–0.79 s (0.84–2.13 s in an earlier run), since every
-//!   read is a FUSE request to the daemon;
-//! - a RAM-backed backing file would not help either: the model on tmpfs takes runai 0.32–0.40 s
-//!   plain but 0.64–1.13 s through a passthrough mount of that tmpfs folder. Passthrough's
-//!   asynchronous direct path (~2.5 GB/s here), not the device, is the limit.
+//!   file): 0 bytes from the device but 0.72–1.21 s: every read is a FUSE request, and the
+//!   loader's 0.32 s of CPU and the daemon's 0.42 s add up to the wall time (one request at a
+//!   time, in effect);
+//! - a RAM-backed backing file would not help either: the model on tmpfs takes runai 0.30–0.32 s
+//!   plain (0.6 s of CPU: two cores) but 0.56–1.03 s through a passthrough mount of that tmpfs
+//!   folder (CPU = wall: one core). Passthrough's asynchronous direct path, not the device, is
+//!   the limit here.
 //!
 //! So `O_DIRECT` opens are not treated apart, and tierfs keeps no RAM copy for them.
 
