@@ -31,31 +31,29 @@
 //! inodes.
 //!
 //! **`O_DIRECT` readers** (runai-model-streamer 0.17.1 opens `O_RDONLY | O_DIRECT` and reads with
-//! io_uring) are passed through like any other open, and so keep what they asked for: the kernel
-//! hands their reads to the backing file as direct reads, which go to the source device and leave
-//! nothing in its page cache. Such an open reserves the file's size while it is open; closed, it
-//! parks nothing (`cachestat` finds no page resident). They get the plain file's speed, which is
-//! the most any mode gives them here. Measured on the issue 11 fast source (ext4 on zram, 1.5 GiB
-//! DiT, one runai process for every pass; `tests/bench/odirect.py`, results in
-//! `tests/bench/odirect-results.md`, 2026-12-02):
+//! io_uring) are not passed through on a first open: the kernel would hand their reads to the
+//! backing file as direct reads, which go to the source device on every pass and never touch the
+//! page cache this tier keeps. They are served from the chunk cache instead (`TierFs::open_model`
+//! in `crate::fs`), which keeps what the first pass read, and the FUSE adapter asks for
+//! `FUSE_ASYNC_DIO` so that their reads reach the daemon as parallel requests. An `O_DIRECT` open
+//! of an inode already open in passthrough joins it (one inode, one mode). Measured on the issue
+//! 11 fast source (ext4 on zram, 1.5 GiB DiT, one runai process for every pass;
+//! `tests/bench/odirect.py`, results in `tests/bench/odirect-results.md`, 2026-12-02):
 //! - the plain file pinned in the page cache: 1558 MiB read from the device on every pass
-//!   (`O_DIRECT` ignores the page cache, so a "warm" plain file is a disk read), 0.77 s median of
-//!   8 passes;
-//! - through passthrough, passes alternating with the plain file's: 1558 MiB from the device
-//!   too, 0.66 s (plain / mount 1.17; 0.96 and 1.02 in two earlier runs of 8 pairs). Single
-//!   passes range 0.56–1.64 s on both sides, and the loader's CPU time equals its wall time in
-//!   each (the daemon's: 0.01–0.02 s): the spread is the loader's own CPU on a shared 2-core VM.
-//!   `dd bs=1M iflag=direct`: 0.265 s both ways, device read in full;
-//! - served from tierfs's RAM instead (`--no-model-passthrough`, chunk cache holding the whole
-//!   file): 0 bytes from the device but 0.72–1.21 s: every read is a FUSE request, and the
-//!   loader's 0.32 s of CPU and the daemon's 0.42 s add up to the wall time (one request at a
-//!   time, in effect);
-//! - a RAM-backed backing file would not help either: the model on tmpfs takes runai 0.30–0.32 s
-//!   plain (0.6 s of CPU: two cores) but 0.56–1.03 s through a passthrough mount of that tmpfs
-//!   folder (CPU = wall: one core). Passthrough's asynchronous direct path, not the device, is
-//!   the limit here.
+//!   (`O_DIRECT` ignores the page cache, so a "warm" plain file is a disk read), 0.51–2.28 s,
+//!   median 0.67 s of 8; the loader's CPU time equals its wall time: the spread is the loader's
+//!   own CPU on a shared 2-core VM;
+//! - passthrough (as before this rule): 1558 MiB from the device too, 0.51–0.72 s;
+//! - the chunk cache, loaded before: 0 bytes from the device, 0.39–0.52 s, median 0.40 s
+//!   (plain / mount 1.67); before `FUSE_ASYNC_DIO` the requests came one at a time: 0.72–1.21 s;
+//! - a RAM-backed passthrough backing would not do as well: the model on tmpfs takes runai
+//!   0.31–0.44 s plain but 0.64–2.69 s through passthrough (the CPU time of one core: the
+//!   asynchronous direct path of passthrough is serial here).
 //!
-//! So `O_DIRECT` opens are not treated apart, and tierfs keeps no RAM copy for them.
+//! The cost is for synchronous `O_DIRECT` readers with small reads, which passthrough served at
+//! the device's speed: `dd bs=1M iflag=direct` takes 0.79 s cold (0.27 s plain) and 0.42 s
+//! read before (plain 0.27 s, a 5.8 GB/s RAM device; each 1 MiB read is one request).
+//! Cold, the first pass costs what any chunk-cache read costs (runai cold 0.96 s).
 
 pub mod residency;
 
