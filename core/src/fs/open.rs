@@ -67,10 +67,7 @@ impl<B: Send + Sync> TierFs<B> {
                         keep_cache: false,
                     },
                 }),
-                ino => {
-                    let direct = flags & oflag::DIRECT != 0;
-                    self.open_source(ino, self.act_for(req)?, direct, open_backing)
-                }
+                ino => self.open_source(ino, self.act_for(req)?, open_backing),
             }
         })
     }
@@ -136,7 +133,6 @@ impl<B: Send + Sync> TierFs<B> {
         &self,
         ino: u64,
         acting: Acting,
-        direct: bool,
         open_backing: &dyn Fn(File) -> io::Result<B>,
     ) -> Result<Opened<B>, FsError> {
         let entry = self.inodes.entry(ino).ok_or(FsError::NotFound)?;
@@ -174,7 +170,7 @@ impl<B: Send + Sync> TierFs<B> {
             return match platform::open_model(&self.store, &rel, &abs, file) {
                 // Cached bytes are served only for the version the requester itself opened.
                 Ok(Some(model)) if model.source().identity() == identity => {
-                    self.open_model(ino, model, direct, open_backing)
+                    self.open_model(ino, model, open_backing)
                 }
                 Ok(_) => Err(FsError::Stale),
                 Err(e) => {
@@ -203,16 +199,13 @@ impl<B: Send + Sync> TierFs<B> {
 
     /// Opens a model file in the mode its inode is already served in, or, for the inode's
     /// first open, passthrough if the file fits the budget (`ModelStore::choose_mode`).
-    ///
-    /// A first open with `O_DIRECT` (`direct`) is served from the chunk cache instead: through
-    /// passthrough its reads would go to the source device on every pass, bypassing the page
-    /// cache the tier keeps, while the chunk cache keeps what the first pass read and serves
-    /// the next passes from tierfs's RAM (see `crate::passthrough`, "O_DIRECT readers").
+    /// `O_DIRECT` opens follow the same rule: passthrough gives them the plain file's speed and
+    /// semantics; serving them from the chunk cache made reloads faster but cold loads slower
+    /// than the plain file (`crate::passthrough`, "O_DIRECT readers").
     fn open_model(
         &self,
         ino: u64,
         model: OpenModel,
-        direct: bool,
         open_backing: &dyn Fn(File) -> io::Result<B>,
     ) -> Result<Opened<B>, FsError> {
         let mut modes = lock(&self.open_modes);
@@ -224,7 +217,7 @@ impl<B: Send + Sync> TierFs<B> {
             Some((ServeMode::Cache, _)) => ServeMode::Cache,
             None => self.store.choose_mode(
                 &model,
-                self.settings.passthrough && self.settings.model_passthrough && !direct,
+                self.settings.passthrough && self.settings.model_passthrough,
             ),
         };
         if mode == ServeMode::Passthrough {
@@ -247,7 +240,7 @@ impl<B: Send + Sync> TierFs<B> {
         }
         modes.entry(ino).or_insert((ServeMode::Cache, 0)).1 += 1;
         drop(modes);
-        let flags = self.model_open_flags(ino, model.generation(), direct);
+        let flags = self.model_open_flags(ino, model.generation());
         let fh = self.add_handle(ino, Handle::Model(model));
         Ok(Opened::Served { fh, flags })
     }
@@ -313,15 +306,10 @@ impl<B: Send + Sync> TierFs<B> {
     /// it had just read in again (the stress test, with readers opening the same model every
     /// second or two, spent its disk bandwidth on that). When the generation changed (the file
     /// was rewritten in place), the flag is left out, so the stale pages go.
-    ///
-    /// An `O_DIRECT` open (`direct`) is answered without `direct_io`: its reads bypass the page
-    /// cache anyway, and in page-cache mode the kernel sends each one as parallel requests
-    /// (`FUSE_ASYNC_DIO`, even for a synchronous `read()`), where `direct_io` would send a
-    /// synchronous one as serial requests of `max_pages`.
-    fn model_open_flags(&self, ino: u64, generation: u64, direct: bool) -> OpenFlags {
+    fn model_open_flags(&self, ino: u64, generation: u64) -> OpenFlags {
         let previous = lock(&self.page_cache_generations).insert(ino, generation);
         OpenFlags {
-            direct_io: self.direct_io_mmap && !direct,
+            direct_io: self.direct_io_mmap,
             keep_cache: previous == Some(generation),
         }
     }

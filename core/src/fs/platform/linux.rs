@@ -23,7 +23,6 @@ pub mod oflag {
     pub const RDWR: i32 = libc::O_RDWR;
     pub const ACCMODE: i32 = libc::O_ACCMODE;
     pub const TRUNC: i32 = libc::O_TRUNC;
-    pub const DIRECT: i32 = libc::O_DIRECT;
 }
 
 /// Opens a handle of the model file at `rel` (source `abs`), adopting `opened` (the

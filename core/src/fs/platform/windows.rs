@@ -29,8 +29,6 @@ pub mod oflag {
     pub const RDWR: i32 = 2;
     pub const ACCMODE: i32 = 3;
     pub const TRUNC: i32 = 0o1000;
-    /// No `O_DIRECT` reaches this adapter (WinFsp has no such open flag).
-    pub const DIRECT: i32 = 0;
 }
 
 /// Who may use the mount: WinFsp checks every open against the volume's security descriptor
