@@ -211,6 +211,7 @@ mod tests {
 /// instead of 8.8; the prefetch still kept its lead, as the reader computes between blocks.
 /// A reader that waits for a chunk a worker is reading stops using the CPU, which leaves it to
 /// that worker: a low priority delays prefetch, it does not starve a reader.
+#[cfg(target_os = "linux")]
 const PREFETCH_NICE: i32 = 10;
 
 /// Lowers the calling thread's CPU priority to [`PREFETCH_NICE`] (Linux; a no-op elsewhere).
