@@ -26,6 +26,7 @@ use crate::sync::{lock, read, write, Mutex, MutexGuard, RwLock};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crate::prefetch::order::{AccessOrder, Touch};
+use crate::prefetch::pace::ReaderPace;
 
 /// Most blocks fetched ahead of the reader. Every block held ahead is a block less of the
 /// resident set that repeated passes keep (and so one more block read per pass), so depth only
@@ -60,6 +61,8 @@ pub struct FileAccess {
     /// current block are consumed (see `cache::Chunk::distance`).
     visit: AtomicU64,
     depth: AtomicUsize,
+    /// Whether the reader computes between blocks (see [`ReaderPace`]).
+    pub pace: ReaderPace,
     pub counters: FileCounters,
 }
 
@@ -87,6 +90,7 @@ impl FileAccess {
             epoch: AtomicU64::new(0),
             visit: AtomicU64::new(0),
             depth: AtomicUsize::new(1),
+            pace: ReaderPace::default(),
             counters: FileCounters::default(),
         }
     }
@@ -102,6 +106,7 @@ impl FileAccess {
             *write(&self.position) = positions(&order);
         }
         self.visit.fetch_add(1, Ordering::Relaxed);
+        self.pace.entered_block();
         let left = self.current.swap(block, Ordering::Relaxed);
         self.previous.store(left, Ordering::Relaxed);
         let predicted = left != NONE && order.next_after(left, 1).first() == Some(&block);
