@@ -8,7 +8,11 @@ What is checked, each through a real mount against the source bytes:
 - the budget holds for the source page cache passthrough fills: a second model that needs the
   room drops the first one's page cache once it is closed, and `drop` drops it too;
 - a model replaced while a passthrough handle is open: the old handle keeps the old bytes, a
-  new open gets the new ones.
+  new open gets the new ones;
+- `O_DIRECT` opens (runai-model-streamer's, with io_uring, and plain aligned `pread`s) are
+  served by passthrough too, bit-exact, and bypass the page cache as on the plain file; with
+  the chunk cache serving the file, runai's parallel O_DIRECT requests are bit-exact and a
+  reload reads nothing from disk.
 """
 
 from __future__ import annotations
@@ -151,3 +155,91 @@ def test_replaced_model_old_handle_old_bytes_new_open_new_bytes(mount, src):
         assert os.pread(held.fileno(), len(old), 0) == old, "the old handle must keep the old bytes"
         assert (m.mnt / "a.safetensors").read_bytes() == new, "a new open must see the new file"
         assert os.pread(held.fileno(), len(old), 0) == old
+
+
+def _direct_read_all(path: Path, bs: int = MiB) -> bytes:
+    """The whole file read with O_DIRECT: `bs`-byte reads at aligned offsets into a page-aligned
+    buffer (an anonymous mapping), until a short read (the end of the file)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    buf = mmap.mmap(-1, bs)
+    out = bytearray()
+    try:
+        while True:
+            n = os.preadv(fd, [buf], len(out))
+            out += buf[:n]
+            if n < bs:
+                return bytes(out)
+    finally:
+        os.close(fd)
+        buf.close()
+
+
+def test_o_direct_reads_of_a_passthrough_model_bypass_the_page_cache(mount, src):
+    """An O_DIRECT open of a model that fits is passed through like any other open: the bytes are
+    the source's, and the reads go to the source device as they do on the plain file, leaving
+    nothing in its page cache (core/src/passthrough: O_DIRECT readers)."""
+    want = _model(src / "a.safetensors", 4, 8)  # ~200 MiB
+    drop_caches()
+    m = mount(src, "512MiB")
+    if not _passthrough_available(m):
+        pytest.fail("this kernel/daemon offers no FUSE passthrough: the mode cannot be tested here")
+    assert _direct_read_all(m.mnt / "a.safetensors") == want
+    assert _file_stats(m, "a.safetensors")["mode"] == "passthrough"
+    cached = page_cache_bytes(src / "a.safetensors")
+    assert cached < len(want) // 8, f"O_DIRECT reads left {cached / MiB:.1f} MiB in the source's page cache"
+    pt = m.stats()["passthrough"]
+    assert pt["open_files"] == 0 and pt["parked_bytes"] < len(want) // 8, pt  # closed: nothing resident, nothing parked
+    # a buffered open of the same inode afterwards: passthrough too, same bytes
+    assert (m.mnt / "a.safetensors").read_bytes() == want
+    assert _file_stats(m, "a.safetensors")["mode"] == "passthrough"
+
+
+def test_runai_streamer_through_passthrough_bit_exact(mount, src):
+    """runai-model-streamer opens with O_DIRECT and reads with io_uring (asynchronous direct
+    reads, which the kernel hands to the backing file as direct reads): every tensor bit-exact."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (.ci/run installs it)")
+    streamer = pytest.importorskip("runai_model_streamer",
+                                   reason="runai-model-streamer is not installed (.ci/run installs it)")
+    want = _model(src / "a.safetensors", 4, 9)
+    m = mount(src, "512MiB")
+    if not _passthrough_available(m):
+        pytest.fail("this kernel/daemon offers no FUSE passthrough: the mode cannot be tested here")
+    got = {}
+    with streamer.SafetensorsStreamer() as s:
+        s.stream_file(str(m.mnt / "a.safetensors"))
+        for name, t in s.get_tensors():
+            got[name] = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    ranges = gen.tensor_ranges(src / "a.safetensors")
+    assert sorted(got) == sorted(name for name, _, _ in ranges)
+    bad = [name for name, start, end in ranges if got[name] != want[start:end]]
+    assert not bad, f"{len(bad)} tensors differ from the source: {bad[:5]}"
+    assert _file_stats(m, "a.safetensors")["mode"] == "passthrough"
+
+
+def test_runai_streamer_from_the_chunk_cache_bit_exact_and_reloaded_from_ram(mount, src):
+    """The same loader with the chunk cache serving the file (`--no-model-passthrough`): its
+    asynchronous O_DIRECT reads reach the daemon as parallel requests (FUSE_ASYNC_DIO, in any
+    order), every tensor bit-exact, and a reload reads nothing from disk."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (.ci/run installs it)")
+    streamer = pytest.importorskip("runai_model_streamer",
+                                   reason="runai-model-streamer is not installed (.ci/run installs it)")
+    want = _model(src / "a.safetensors", 4, 11)
+    m = mount(src, "512MiB", ("--no-model-passthrough",))
+    ranges = gen.tensor_ranges(src / "a.safetensors")
+
+    def load() -> None:
+        got = {}
+        with streamer.SafetensorsStreamer() as s:
+            s.stream_file(str(m.mnt / "a.safetensors"))
+            for name, t in s.get_tensors():
+                got[name] = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        assert sorted(got) == sorted(name for name, _, _ in ranges)
+        bad = [name for name, start, end in ranges if got[name] != want[start:end]]
+        assert not bad, f"{len(bad)} tensors differ from the source: {bad[:5]}"
+
+    load()
+    assert _file_stats(m, "a.safetensors")["mode"] == "cache"
+    disk0 = m.stats()["disk"]["read_bytes"]
+    assert disk0 >= len(want) - 64 * 1024, "the first load read the file from disk"
+    load()
+    assert m.stats()["disk"]["read_bytes"] == disk0, "the reload read the disk"

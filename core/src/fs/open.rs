@@ -199,6 +199,9 @@ impl<B: Send + Sync> TierFs<B> {
 
     /// Opens a model file in the mode its inode is already served in, or, for the inode's
     /// first open, passthrough if the file fits the budget (`ModelStore::choose_mode`).
+    /// `O_DIRECT` opens follow the same rule: passthrough gives them the plain file's speed and
+    /// semantics; serving them from the chunk cache made reloads faster but cold loads slower
+    /// than the plain file (`crate::passthrough`, "O_DIRECT readers").
     fn open_model(
         &self,
         ino: u64,

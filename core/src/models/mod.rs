@@ -815,11 +815,14 @@ impl ModelStore {
         let (bytes, outcome) = file
             .fetch_chunk(&self.cache, chunk, Want::Read)?
             .ok_or(ReadError::NoChunk)?;
-        if let (Outcome::Miss, Some(access)) = (outcome, file.access()) {
-            Counters::add(
-                &access.counters.stall_ns,
-                started.elapsed().as_nanos() as u64,
-            );
+        if let Some(access) = file.access() {
+            access.pace.read_done();
+            if outcome == Outcome::Miss {
+                Counters::add(
+                    &access.counters.stall_ns,
+                    started.elapsed().as_nanos() as u64,
+                );
+            }
         }
         let stop = end.min(span.end);
         let counter = match outcome {

@@ -474,3 +474,83 @@ fn a_reload_touching_resident_chunks_prefetches_nothing() {
     );
     assert_eq!(read_all(&store, &reopened, 1 << 20), bytes);
 }
+
+/// Reads block `block` whole, checking its bytes; queued prefetches run after each request, as
+/// when the disk keeps ahead of the reader. Returns how long it took.
+fn read_block(
+    (store, exec, file, bytes): (&ModelStore, &ManualExecutor, &Arc<ModelFile>, &[u8]),
+    block: usize,
+) -> std::time::Duration {
+    let started = std::time::Instant::now();
+    let plan = file.plan().unwrap();
+    for &chunk in plan.block_chunks(block) {
+        let span = *plan.get(chunk).unwrap();
+        let mut pos = span.start;
+        while pos < span.end {
+            let step = (span.end - pos).min(1 << 20) as u32;
+            let got = store.read(file, pos, step).unwrap();
+            assert_eq!(&got[..], &bytes[pos as usize..pos as usize + got.len()]);
+            pos += got.len() as u64;
+            exec.run_pending();
+        }
+    }
+    started.elapsed()
+}
+
+/// Chunks of `block` that are neither cached nor being read.
+fn chunks_missing(store: &ModelStore, file: &ModelFile, block: usize) -> Vec<usize> {
+    let plan = file.plan().unwrap();
+    let chunks = plan.block_chunks(block).iter().copied();
+    chunks
+        .filter(|&c| !file.chunk_present(store.cache(), c))
+        .collect()
+}
+
+/// Walks blocks 1–3 in order (`pause` says how long to stop after each), then enters block 4
+/// with a one-byte read: returns the chunks of block 5 not prefetched by then. Blocks are larger
+/// than an eighth of the budget (index 0 is `(other)`; index k + 1 is `blocks.k`).
+fn next_block_missing_after_walk(pause: bool) -> Vec<usize> {
+    let (_dir, bytes, exec, store, file) = opened_manual(64 << 20, 12 << 20, 3);
+    let block_bytes = file.plan().unwrap().block_bytes(5);
+    assert!(block_bytes > (12 << 20) / 8, "{block_bytes}");
+    let reader = (&store, &*exec, &file, &bytes[..]);
+    for block in 1..=3 {
+        let reading = read_block(reader, block);
+        if pause {
+            // Compute: longer than the reading and than pace::MIN_PAUSE, however slow the
+            // machine (a sleep lasts at least this long).
+            std::thread::sleep(reading + std::time::Duration::from_millis(10));
+        }
+    }
+    let first = file.plan().unwrap().block_chunks(4)[0];
+    let start = file.plan().unwrap().get(first).unwrap().start;
+    let got = store.read(&file, start, 1).unwrap();
+    assert_eq!(got[0], bytes[start as usize]);
+    exec.run_pending();
+    chunks_missing(&store, &file, 5)
+}
+
+/// Blocks larger than an eighth of the budget, a reader that computes between blocks: it gets
+/// the whole next block ahead as soon as it enters a block, the block it is in not using up
+/// the lead (issue 11 point 3: 210 MB blocks through a 1 GiB budget stalled 23 points above
+/// the pass from RAM when it did).
+#[test]
+fn a_computing_reader_gets_a_whole_large_block_ahead() {
+    let missing = next_block_missing_after_walk(true);
+    assert!(
+        missing.is_empty(),
+        "chunks of the next block not prefetched: {missing:?}"
+    );
+}
+
+/// The same walk without pauses (a loader, a repeated pass): the block the reader is in counts
+/// towards the lead, which leaves no room for the next whole block, so the resident set that
+/// later passes keep is not spent on it.
+#[test]
+fn a_reader_that_does_not_compute_keeps_the_ordinary_lead() {
+    let missing = next_block_missing_after_walk(false);
+    assert!(
+        !missing.is_empty(),
+        "the next block was prefetched whole for a reader that does not pause"
+    );
+}

@@ -29,6 +29,38 @@
 //! One inode of the mount is served in one mode while it has open handles (the kernel cannot mix
 //! cached and passthrough opens of one inode); that stickiness is the adapter's, which knows the
 //! inodes.
+//!
+//! **`O_DIRECT` readers** (runai-model-streamer 0.17.1 opens `O_RDONLY | O_DIRECT` and reads with
+//! io_uring) are passed through like any other open, and so keep what they asked for: the kernel
+//! hands their reads to the backing file as direct reads, which go to the source device and leave
+//! nothing in its page cache. Such an open reserves the file's size while it is open; closed, it
+//! parks nothing (`cachestat` finds no page resident). Measured on the issue 11 fast source (ext4
+//! on zram, 1.5 GiB DiT, one runai process for every pass; `tests/bench/odirect.py`, results in
+//! `tests/bench/odirect-results.md` and, with `FUSE_ASYNC_DIO`, `odirect-results-async-dio.md`,
+//! 2026-12-02):
+//! - the plain file pinned in the page cache: 1558 MiB read from the device on every pass
+//!   (`O_DIRECT` ignores the page cache, so a "warm" plain file is a disk read), 0.77 s median
+//!   of 8;
+//! - through passthrough, passes alternating with the plain file's: 1558 MiB from the device
+//!   too, 0.66 s (plain / mount 1.17; 0.96 and 1.02 in two other runs of 8 pairs). Single
+//!   passes range over 0.5–1.7 s on both sides, and the loader's CPU time equals its wall time
+//!   in each (the daemon's: 0.00–0.02 s): the spread is the loader's own CPU on a shared 2-core
+//!   VM. `dd bs=1M iflag=direct`: 0.265 s both ways, device read in full;
+//! - the chunk cache (`--no-model-passthrough`), loaded before: 0 bytes from the device,
+//!   0.44–0.81 s (0.72–1.21 s before the adapter asked for `FUSE_ASYNC_DIO`, when the requests
+//!   came one at a time). Faster than the plain file, but its cold pass is the chunk cache's
+//!   (0.92 s cold), and serving every first `O_DIRECT` open from the chunk cache, tried on the
+//!   issue 11 runai rows (`tests/bench/issue11-results-runai-trial.md`), took warm to 1.17–1.20
+//!   but cold fast to 0.64–1.33 and cold slow to 0.91–1.07, rows passthrough passes (2.02–2.23,
+//!   1.06–1.59): the rule was dropped;
+//! - a RAM-backed passthrough backing would not help: the model on tmpfs takes runai 0.30–0.32 s
+//!   plain but 0.56–1.03 s through a passthrough mount of that tmpfs folder (the loader's CPU
+//!   equals its wall time through passthrough, about twice it on tmpfs: the asynchronous direct
+//!   path of passthrough runs on one core here).
+//!
+//! So `O_DIRECT` opens are not treated apart, and tierfs keeps no RAM copy for them; where the
+//! chunk cache serves them (a model larger than the room, or already cached), `FUSE_ASYNC_DIO`
+//! lets their reads run in parallel.
 
 pub mod residency;
 

@@ -40,6 +40,7 @@ use crate::sync::{lock, read, write, Mutex, MutexGuard, RwLock};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crate::prefetch::order::{AccessOrder, Touch, TOLERANCE};
+use crate::prefetch::pace::ReaderPace;
 
 /// Most blocks fetched ahead of the reader. Every block held ahead is a block less of the
 /// resident set that repeated passes keep (and so one more block read per pass), so depth only
@@ -87,6 +88,8 @@ pub struct FileAccess {
     /// A block touched far behind the reader, not yet confirmed as the start of a new pass
     /// (taken under `order`'s lock).
     restart: Mutex<Option<usize>>,
+    /// Whether the reader computes between blocks (see [`ReaderPace`]).
+    pub pace: ReaderPace,
     pub counters: FileCounters,
 }
 
@@ -115,6 +118,7 @@ impl FileAccess {
             visit: AtomicU64::new(0),
             depth: AtomicUsize::new(1),
             restart: Mutex::new(None),
+            pace: ReaderPace::default(),
             counters: FileCounters::default(),
         }
     }
@@ -139,6 +143,7 @@ impl FileAccess {
             *write(&self.position) = positions(&order);
         }
         self.visit.fetch_add(1, Ordering::Relaxed);
+        self.pace.entered_block();
         let left = self.current.swap(block, Ordering::Relaxed);
         self.previous.store(left, Ordering::Relaxed);
         let from = opened.unwrap_or(left);

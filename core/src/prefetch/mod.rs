@@ -30,6 +30,7 @@
 pub mod access;
 pub mod executor;
 pub mod order;
+pub mod pace;
 pub mod saved;
 
 use std::collections::HashSet;
@@ -171,39 +172,37 @@ impl Prefetcher {
         }
         // Blocks held ahead are taken from what repeated passes keep resident, so the lead is
         // capped: an eighth of the budget (LEAD_SHARE), or one whole next block where that is
-        // larger, up to BLOCK_LEAD_SHARE of the budget. An eighth alone was too little for real blocks
-        // (170–700 MB): with 210 MB blocks and a 1 GiB budget the lead was never one whole
-        // block, and a reader computing 1.5× the disk time per block stalled 31 % of the pass,
-        // 23 points above the same pass from RAM (issue 11). Consumed chunks of the current
-        // block are evicted first (`cache::Chunk::distance`), so the lead mostly replaces bytes
-        // the reader is done with rather than the resident set.
+        // larger, up to BLOCK_LEAD_SHARE of the budget. Consumed chunks of the current block are
+        // evicted first (`cache::Chunk::distance`), so the lead mostly replaces bytes the reader
+        // is done with rather than the resident set.
         //
-        // The current block counts towards the lead, so with 210 MB blocks and a 1 GiB budget
-        // the 210 MB lead is used up by the block the reader is in and the next block is not
-        // queued (each block is then read on demand behind the sequential read-ahead). Counting
-        // only the blocks ahead was tried: the streaming stall of issue 11 point 3 fell from
-        // 27.9 to 3.9–6.5 points above the RAM pass, but later passes of
-        // tests/python/test_prefetch.py::test_repeated_passes_read_only_the_excess[shuffled]
-        // read 417–422 MiB against its 416.6 MiB bound (1.15 × (file − budget)), so it was
-        // taken back until the lead can be held without costing the resident set.
-        //
-        // A second try (branch `lead`, 2026-12-02) counted only the blocks ahead when the next
-        // block is over an eighth of the budget, except for a reader going on in file order
-        // where the file goes elsewhere (that kept `dd bs=4k` at 1.00× the file). The 210 MB
-        // stall fell from 23.4 to 4.1–6.4 points and the shuffled test held, but a whole block
-        // held ahead is a block less of resident set on every repeated pass: issue 11 point 5
-        // with 8 passes read 1.14 (one file) and 1.16 (4 shards; goal 1.15) × (model − budget)
-        // per later pass, against 1.13 and 1.13 without it in the same session, and the creep
-        // started at pass 3 instead of 4. Not merged: the stall goal needs a lead that repeated
-        // passes do not pay for, e.g. one taken only while the reader is computing (stalls).
+        // Whether the block the reader is in counts towards the lead depends on the reader:
+        // - It counts, except as below. Counting only the blocks ahead let two 18 MiB blocks
+        //   ahead instead of one, and later passes of
+        //   tests/python/test_prefetch.py::test_repeated_passes_read_only_the_excess[shuffled]
+        //   read 417–422 MiB against its 416.6 MiB bound (1.15 × (file − budget)).
+        // - It does not when the next block is over an eighth of the budget and the reader
+        //   computes between blocks ([`pace`]). With the current block counted, the one-block
+        //   lead was used up by the block the reader is in, the next block was never queued,
+        //   and each block was read on demand: issue 11 point 3 (210 MB blocks, 1 GiB budget,
+        //   compute 1.35× the block's disk time) stalled 23.4 points above the pass from RAM.
+        //   Taken for every reader (branch `lead-trial`), the whole-block lead cut that to
+        //   2.0–6.4 points, but a reader that does not compute gains little from it (the disk
+        //   is its bottleneck either way) and pays a block of resident set on every pass:
+        //   issue 11 point 5 (8 passes, same model) read 1.14–1.16 × (model − budget) per later
+        //   pass against 1.13 (goal 1.15), and `dd bs=4k` of a name-sorted file, whose next
+        //   block in the file is not the next in the order, read 1.10× the file.
         let budget = self.cache.budget();
         let next_block = blocks.get(1).map_or(0, |(b, files)| block_bytes(files, *b));
+        let whole_block_lead = next_block > budget / LEAD_SHARE && access.pace.computing();
         let limit = (budget / LEAD_SHARE)
             .max(next_block)
             .min(budget / BLOCK_LEAD_SHARE.1 * BLOCK_LEAD_SHARE.0);
         let mut ahead = 0;
         for (b, files) in blocks {
-            ahead += block_bytes(&files, b);
+            if b != block || !whole_block_lead {
+                ahead += block_bytes(&files, b);
+            }
             if ahead > limit && b != block {
                 break;
             }
