@@ -339,11 +339,27 @@ fn run(
     epoch: Option<u64>,
 ) {
     lock(queued).remove(&file.chunk_key(chunk));
+    if epoch.is_some() {
+        defer_lead_while_reading(file, chunk);
+    }
     let stale = epoch.is_some_and(|epoch| file.access().is_some_and(|a| a.epoch() != epoch));
     if stale || file.chunk_present(cache, chunk) {
         return;
     }
     if let Err(e) = file.prefetch_chunk(cache, chunk) {
         tracing::trace!(file = %file.display_path().display(), chunk, error = %e, "prefetch not done; the reader will fetch it if needed");
+    }
+}
+
+/// For a reader that computes between blocks, waits (a bounded time) until it pauses before
+/// reading a chunk of a block *ahead* of it: that read then overlaps the reader's compute, not its
+/// reading (see [`pace::ReaderPace::wait_until_paused`]). Chunks of the block the reader is in
+/// are never held back.
+fn defer_lead_while_reading(file: &dyn PrefetchTarget, chunk: usize) {
+    let (Some(access), Some(span)) = (file.access(), file.plan().and_then(|p| p.get(chunk))) else {
+        return;
+    };
+    if access.pace.computing() && !access.is_current(span.block) {
+        access.pace.wait_until_paused();
     }
 }
