@@ -209,6 +209,10 @@ mod tests {
 /// 31 ms with nothing prefetching (tests/bench/issue11.py point 3). At nice 10 the cold pass
 /// stalled 4.2–4.7 points above the pass from RAM instead of 5.3–6.8, and with 53 MB blocks 5.9
 /// instead of 8.8; the prefetch still kept its lead, as the reader computes between blocks.
+/// With the lead deferred to the reader's pauses (`pace::ReaderPace::wait_until_paused`) it
+/// still matters, as reads of the current block's rest and the first chunks of a deferred block
+/// overlap the reader's reading: 3 passes each, same session, 53 MB blocks 3.2 points at nice 10
+/// against 5.1 at nice 0 (210 MB blocks: 3.1 and 1.5, within the run-to-run spread).
 /// A reader that waits for a chunk a worker is reading stops using the CPU, which leaves it to
 /// that worker: a low priority delays prefetch, it does not starve a reader.
 #[cfg(target_os = "linux")]

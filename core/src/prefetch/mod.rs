@@ -339,6 +339,9 @@ fn run(
     epoch: Option<u64>,
 ) {
     lock(queued).remove(&file.chunk_key(chunk));
+    if epoch.is_some() {
+        defer_lead_while_reading(file, chunk);
+    }
     if stale(file, chunk, epoch) || file.chunk_present(cache, chunk) {
         return;
     }
@@ -362,4 +365,17 @@ fn stale(file: &dyn PrefetchTarget, chunk: usize, epoch: Option<u64>) -> bool {
         .and_then(|p| p.get(chunk))
         .is_some_and(|span| access.is_just_behind(span.block));
     access.epoch() != epoch || passed
+}
+
+/// For a reader that computes between blocks, waits (a bounded time) until it pauses before
+/// reading a chunk of a block *ahead* of it: that read then overlaps the reader's compute, not its
+/// reading (see [`pace::ReaderPace::wait_until_paused`]). Chunks of the block the reader is in
+/// are never held back.
+fn defer_lead_while_reading(file: &dyn PrefetchTarget, chunk: usize) {
+    let (Some(access), Some(span)) = (file.access(), file.plan().and_then(|p| p.get(chunk))) else {
+        return;
+    };
+    if access.pace.computing() && !access.is_current(span.block) {
+        access.pace.wait_until_paused();
+    }
 }
