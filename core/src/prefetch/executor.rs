@@ -63,6 +63,11 @@ impl WorkerPool {
     /// Starts the threads (named `{name}-{i}`). A thread that cannot start is logged and the
     /// pool runs with fewer.
     pub fn new(name: &str, workers: usize, depth: usize) -> WorkerPool {
+        WorkerPool::with_nice(name, workers, depth, 0)
+    }
+
+    /// [`Self::new`] with threads at nice value `nice` (Linux; 0 keeps the daemon's priority).
+    pub fn with_nice(name: &str, workers: usize, depth: usize, nice: i32) -> WorkerPool {
         let (queue, tasks) = bounded::<Task>(depth);
         let pending = std::sync::Arc::new(Pending {
             count: Mutex::new(0),
@@ -74,7 +79,9 @@ impl WorkerPool {
             let spawned = thread::Builder::new()
                 .name(format!("{name}-{worker}"))
                 .spawn(move || {
-                    lower_priority();
+                    if nice != 0 {
+                        lower_priority(nice);
+                    }
                     for task in tasks {
                         task();
                         pending.done();
@@ -200,33 +207,18 @@ mod tests {
     }
 }
 
-/// Nice value of the daemon's prefetch workers: below the threads serving requests, so that a
-/// reader's requests get the CPU first and prefetch runs in the time the reader leaves.
-///
-/// Reading the source costs CPU where it is a RAM-backed device (the benchmark's zram copies
-/// every page in the reading thread) and on a small machine: on 2 cores, the prefetch of the
-/// next 210 MB block ran while the reader read the current one, and that read took 44 ms against
-/// 31 ms with nothing prefetching (tests/bench/issue11.py point 3). At nice 10 the cold pass
-/// stalled 4.2–4.7 points above the pass from RAM instead of 5.3–6.8, and with 53 MB blocks 5.9
-/// instead of 8.8; the prefetch still kept its lead, as the reader computes between blocks.
-/// With the lead deferred to the reader's pauses (`pace::ReaderPace::wait_until_paused`) it
-/// still matters, as reads of the current block's rest and the first chunks of a deferred block
-/// overlap the reader's reading: 3 passes each, same session, 53 MB blocks 3.2 points at nice 10
-/// against 5.1 at nice 0 (210 MB blocks: 3.1 and 1.5, within the run-to-run spread).
-/// A reader that waits for a chunk a worker is reading stops using the CPU, which leaves it to
-/// that worker: a low priority delays prefetch, it does not starve a reader.
-#[cfg(target_os = "linux")]
-const PREFETCH_NICE: i32 = 10;
-
-/// Lowers the calling thread's CPU priority to [`PREFETCH_NICE`] (Linux; a no-op elsewhere).
-/// Raising one's own nice value needs no privilege; a failure only leaves the priority as is.
-fn lower_priority() {
+/// Lowers the calling thread's CPU priority to `nice` (Linux; a no-op elsewhere). Raising one's
+/// own nice value needs no privilege (lowering it back would); a failure only leaves the
+/// priority as is.
+fn lower_priority(nice: i32) {
+    #[cfg(not(target_os = "linux"))]
+    let _ = nice;
     #[cfg(target_os = "linux")]
     {
         // SAFETY: setpriority(2) on this thread's own id reads and writes no memory of ours.
         let failed = unsafe {
             let tid = libc::gettid();
-            libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, PREFETCH_NICE) != 0
+            libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) != 0
         };
         if failed {
             tracing::debug!(error = %std::io::Error::last_os_error(), "prefetch worker keeps its priority");
