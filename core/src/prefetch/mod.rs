@@ -7,7 +7,10 @@
 //!   model order from the names; see [`order`]). A block's tensors may be spread over several
 //!   regions of the file; its chunks are fetched wherever they are. A jump (an unpredicted
 //!   block) bumps the file's epoch, and the workers drop block prefetches queued under an
-//!   older one, so the disk is not kept busy with blocks nobody will read soon.
+//!   older one, so the disk is not kept busy with blocks nobody will read soon. For a reader
+//!   that computes between blocks ([`pace`]) the lead may be one whole block however large, and
+//!   its blocks ahead are read by a second, lower-priority pool once the reader pauses, so the
+//!   source is read during the reader's compute.
 //! - **Sequential.** After each read, the next chunks in *file* order (up to [`READAHEAD_BYTES`],
 //!   at most a quarter of the budget) are queued, as long as they belong to the block being read
 //!   or to the block the order predicts next: this is what keeps a plain sequential reader
