@@ -112,6 +112,17 @@ def _atexit() -> None:
 atexit.register(_atexit)
 
 
+def _on_sigterm(signum: int, _frame) -> None:
+    """SIGTERM (a CI job's timeout, `kill`) skips ``atexit``: unmount and stop the daemons first,
+    then die of the signal as before."""
+    _safety_net()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+signal.signal(signal.SIGTERM, _on_sigterm)
+
+
 def abort_fuse_connection(mnt: Path) -> bool:
     """Aborts the FUSE connection of the mount at `mnt` through fusectl, which fails every
     request in flight (ENOTCONN) and frees every thread blocked on one, even when the daemon
