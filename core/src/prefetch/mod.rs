@@ -225,7 +225,8 @@ impl Prefetcher {
         //   block in the file is not the next in the order, read 1.10× the file.
         let budget = self.cache.budget();
         let next_block = blocks.get(1).map_or(0, |(b, files)| block_bytes(files, *b));
-        let whole_block_lead = next_block > budget / LEAD_SHARE && access.pace.computing();
+        let computing = access.pace.computing();
+        let whole_block_lead = next_block > budget / LEAD_SHARE && computing;
         let limit = (budget / LEAD_SHARE)
             .max(next_block)
             .min(budget / BLOCK_LEAD_SHARE.1 * BLOCK_LEAD_SHARE.0);
@@ -240,9 +241,9 @@ impl Prefetcher {
             // The block the reader is in is queued whole.
             let cap = if b == block { u64::MAX } else { limit };
             let mut queued = 0;
-            let background = b != block && access.pace.computing();
+            let background = b != block && computing;
             for f in &files {
-                if !self.queue_block(f, b, cap, &mut queued, (epoch, background)) {
+                if !self.queue_block(f, b, cap, &mut queued, epoch, background) {
                     return;
                 }
             }
@@ -251,14 +252,15 @@ impl Prefetcher {
 
     /// Queues the chunks of `block` in `file` that are not in memory, while `queued` (bytes
     /// queued for this block so far, in all its files) stays within `limit`. Returns false when
-    /// the executor is full.
+    /// the executor is full. `background`: on the background pool ([`BACKGROUND_NICE`]).
     fn queue_block<F: PrefetchTarget>(
         &self,
         file: &Arc<F>,
         block: usize,
         limit: u64,
         queued: &mut u64,
-        (epoch, background): (Option<u64>, bool),
+        epoch: Option<u64>,
+        background: bool,
     ) -> bool {
         let Some(plan) = file.plan() else {
             return true;
