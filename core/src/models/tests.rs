@@ -554,3 +554,39 @@ fn a_reader_that_does_not_compute_keeps_the_ordinary_lead() {
         "the next block was prefetched whole for a reader that does not pause"
     );
 }
+
+/// `prefetch FILE` after a reader stopped early in a pass (the control test's sequence: a full
+/// pass in a shuffled order, then the first two blocks of the next, then `drop`): the warm
+/// loads the order's first blocks and keeps them. With the reader's stale position, the first
+/// block of the order was the block it had just left, "needed last", and the warm's later
+/// chunks (whose buffers exceed their spans by alignment slack, so the budget's worth of spans
+/// overflows it) evicted it again (tests/python/test_control.py, 5 failures in 8 runs).
+#[test]
+fn a_warm_keeps_the_first_blocks_of_the_order_whatever_the_reader_left_behind() {
+    let (_dir, bytes, exec, store, file) = opened_manual(64 << 20, 16 << 20, 9);
+    let reader = (&store, &*exec, &file, &bytes[..]);
+    let access = file.access().unwrap();
+    let mut order: Vec<usize> = access.order();
+    order.reverse(); // any order but the default one
+    for &block in order.iter().chain(&order[..2]) {
+        read_block(reader, block);
+    }
+    assert!(access.learned().0, "the pass was learned");
+    assert_eq!(access.order(), order);
+    store.drop_cached();
+    // A budget of exactly the spans of the order's first blocks: the buffers overflow it.
+    let plan = file.plan().unwrap();
+    let spans: u64 = order[..6]
+        .iter()
+        .flat_map(|&block| plan.block_chunks(block))
+        .map(|&chunk| plan.get(chunk).unwrap().len())
+        .sum();
+    store.set_budget(spans);
+    store.warm(&file);
+    exec.run_pending();
+    for &block in &order[..3] {
+        let missing = chunks_missing(&store, &file, block);
+        assert!(missing.is_empty(), "block {block} not warm: {missing:?}");
+    }
+    store.cache().check_accounting();
+}

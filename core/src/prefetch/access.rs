@@ -181,6 +181,22 @@ impl FileAccess {
         }
     }
 
+    /// Forgets where the reader is: the pass in progress ends (learned if it is long enough) and
+    /// the next touch opens a new one, not a predicted step. Until then every block is needed
+    /// equally soon ([`Self::distance`] 0), so a warm, which calls this first, evicts none of
+    /// the chunks it loads for one it loads later. With the reader's old position kept, the
+    /// order's first block was often the block the reader had just left, "needed last", and
+    /// the warm evicted it for its own last chunks.
+    pub fn rewind(&self) {
+        let mut order = self.lock();
+        order.rewind();
+        *lock(&self.restart) = None;
+        *write(&self.position) = positions(&order);
+        self.current.store(NONE, Ordering::Relaxed);
+        self.previous.store(NONE, Ordering::Relaxed);
+        self.epoch.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Up to `count` blocks after `block` in the order. Until an order is learned, not past
     /// its end: the default order's first block is the next pass's start only for a reader
     /// that makes passes, and for a reader in file order it is usually elsewhere in the file.
@@ -335,6 +351,27 @@ mod tests {
         assert_eq!(access.distance(0), 6);
         assert_eq!(access.distance(3), 9, "the block just left is needed last");
         assert!(access.is_previous(3) && !access.is_previous(2));
+    }
+
+    #[test]
+    fn a_rewind_ends_the_pass_and_forgets_the_reader() {
+        let access = FileAccess::new(10, None);
+        for block in [0, 9, 8, 7, 6, 5, 4, 3, 2, 1] {
+            access.touch(block);
+        }
+        access.rewind();
+        assert_eq!(access.learned(), (true, 10), "the full pass is learned");
+        assert_eq!(access.distance(1), 0, "no block is needed before another");
+        assert!(!access.is_previous(2) && !access.is_current(1));
+        // The last blocks of the ended pass are no stragglers: the reader starts over there.
+        assert_eq!(
+            access.touch(1),
+            Step::Entered {
+                predicted: false,
+                new_pass: false
+            }
+        );
+        assert_eq!(access.distance(0), 1);
     }
 
     #[test]

@@ -316,11 +316,13 @@ impl Prefetcher {
         Some(ahead)
     }
 
-    /// Queues every block of `file`, in its order, until the budget's worth is queued.
+    /// Queues every block of `file`, in its order, until the budget's worth is queued. The
+    /// next reader is expected at the start of the order ([`FileAccess::rewind`]).
     pub fn warm<F: PrefetchTarget>(&self, file: &Arc<F>) {
         let (Some(access), Some(plan)) = (file.access(), file.plan()) else {
             return;
         };
+        access.rewind();
         let budget = self.cache.budget();
         let mut queued = 0;
         for block in access.order() {

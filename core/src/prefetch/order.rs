@@ -181,6 +181,14 @@ impl AccessOrder {
 
     /// Ends the current pass, learning it if it is long enough, and opens a new one at `block`.
     fn start_pass(&mut self, block: usize) {
+        self.end_pass();
+        self.in_pass[block] = 0;
+        self.pass.push(block);
+    }
+
+    /// Ends the current pass (learning it if it is long enough), its last blocks taken as
+    /// possible stragglers.
+    fn end_pass(&mut self) {
         if self.pass.len() * 2 >= self.blocks() {
             self.learn();
         }
@@ -193,8 +201,13 @@ impl AccessOrder {
             .saturating_sub(straggler_tail(self.blocks()));
         self.prev_tail = self.pass.split_off(tail);
         self.pass.clear();
-        self.in_pass[block] = 0;
-        self.pass.push(block);
+    }
+
+    /// The next touch starts a new pass wherever it lands: ends the current pass like a jump
+    /// back would (learning it if it is long enough), with no stragglers to expect from it.
+    pub fn rewind(&mut self) {
+        self.end_pass();
+        self.prev_tail.clear();
     }
 
     /// Makes the current pass the learned order, merging in the blocks it did not touch (see
