@@ -59,6 +59,11 @@ pub use open::OpenModel;
 use table::ModelTable;
 pub use table::DEFAULT_INDEX_CAP;
 
+/// The smallest `O_DIRECT` request served exactly when its file is larger than the chunk cache
+/// ([`ModelStore::read_direct`]). The kernel hands large `O_DIRECT` reads to FUSE in pieces of
+/// `max_pages` (1 MiB here); runai-model-streamer's pieces of 256 KiB or more carried 99.9 % of
+/// its bytes (1.63 GB in 1 796 requests, 229 of them smaller, mostly under 64 KiB).
+const DIRECT_EXACT_MIN: u64 = 256 << 10;
 /// Bytes read at first open in the hope that they hold the whole header. Most checkpoint headers
 /// are 10–200 KiB; when one is larger, exactly what it needs is read in a second request.
 const HEADER_PROBE_BYTES: u64 = 256 << 10;
@@ -885,6 +890,11 @@ impl ModelStore {
     /// like probes: exactly the bytes asked for (from resident chunks when they hold them, else
     /// from the source), no chunk loaded, no prefetch, no visit recorded (`disk.direct_bytes`).
     /// A file the cache can hold goes through it as usual, so its next load comes from RAM.
+    ///
+    /// Only requests of at least [`DIRECT_EXACT_MIN`]: a reader of small `O_DIRECT` pieces gains
+    /// from whole chunks and prefetch (`dd bs=4k iflag=direct`, 205 MB of a 425 MB model
+    /// through a 100 MiB budget: 1.96 s through the chunk cache, 5.31 s served exactly, 3.7–4.4
+    /// s from the plain file).
     pub fn read_direct(
         &self,
         file: &Arc<ModelFile>,
@@ -892,7 +902,11 @@ impl ModelStore {
         len: u32,
     ) -> Result<ReadBytes, ReadError> {
         let end = file.size().min(offset.saturating_add(u64::from(len)));
-        if file.plan().is_none() || file.size() <= self.cache.budget() || offset >= end {
+        let exact = file.plan().is_some()
+            && file.size() > self.cache.budget()
+            && u64::from(len) >= DIRECT_EXACT_MIN
+            && offset < end;
+        if !exact {
             return self.read(file, offset, len);
         }
         self.read_exact_uncached(file, offset, end, &self.counters().direct_bytes)

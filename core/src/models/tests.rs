@@ -593,7 +593,8 @@ fn a_warm_keeps_the_first_blocks_of_the_order_whatever_the_reader_left_behind() 
 
 /// `O_DIRECT` reads of a file larger than the chunk cache: exactly the bytes asked for, read
 /// once, nothing cached or prefetched (runai's heads-last pattern read 1.1x the file through
-/// the chunk cache); resident chunks still serve them. A file the cache holds goes through it.
+/// the chunk cache); resident chunks still serve them. Small pieces, and every piece of a file
+/// the cache holds, go through the cache.
 #[test]
 fn direct_reads_of_a_file_larger_than_the_cache_are_exact_and_uncached() {
     let (_dir, bytes, exec, store, file) = opened_manual(24 << 20, 8 << 20, 4);
@@ -642,6 +643,20 @@ fn direct_reads_of_a_file_larger_than_the_cache_are_exact_and_uncached() {
         Counters::get(&c.disk_read_bytes),
         disk,
         "served from the cache"
+    );
+
+    // Small direct pieces (dd bs=4k iflag=direct) go through the cache: a stream of them is
+    // served from chunks, with prefetch.
+    store.drop_cached();
+    let (start, mut pos) = (header + (8 << 20), header + (8 << 20));
+    while pos < start + (2 << 20) {
+        let got = store.read_direct(&file, pos, 4096).unwrap();
+        assert_eq!(&got[..], &bytes[pos as usize..pos as usize + 4096]);
+        pos += 4096;
+    }
+    assert!(
+        store.cache().snapshot().used_bytes > 0,
+        "4 KiB pieces were cached"
     );
 
     // A file the cache holds: its direct reads go through the cache.
