@@ -524,9 +524,13 @@ impl ModelStore {
     }
 
     /// Warms `file` into the cache in its learned (or default) block order, in the background,
-    /// up to the budget.
+    /// up to the budget. The warm ends the reader's pass in progress, which may learn it: the
+    /// order is saved then, as when a new pass ends one.
     pub fn warm(&self, file: &Arc<ModelFile>) {
         self.prefetcher.warm(file);
+        if let Some(access) = file.access().filter(|a| a.learned().0) {
+            self.saved.put(file.order_key.clone(), access.saved_order());
+        }
     }
 
     /// Holds headers and indexes of known files to `cap` bytes (`--index-cache`).
