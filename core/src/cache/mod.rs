@@ -314,9 +314,11 @@ impl ConsumedEvictions {
         self.0.insert(key, owner.access.visit());
     }
 
-    /// Whether `key` was evicted as consumed in `owner`'s current visit.
+    /// Whether `key` was evicted as consumed in `owner`'s current visit, the reader still in
+    /// its block. (A warm rewinds the reader without a new visit: its prefetches must not be
+    /// skipped, or the chunks the last pass consumed were missing from the warmed set.)
     fn contains(&self, key: ChunkKey, owner: &ChunkOwner) -> bool {
-        self.0.get(&key) == Some(&owner.access.visit())
+        owner.access.is_current(owner.block) && self.0.get(&key) == Some(&owner.access.visit())
     }
 }
 
@@ -483,6 +485,7 @@ impl ChunkCache {
     /// Drops every resident chunk.
     pub fn clear(&self) {
         let mut state = self.lock();
+        state.consumed = ConsumedEvictions::default();
         let evicted = state.resident.drain();
         for (key, chunk) in &evicted {
             self.release(&mut state, *key, chunk);

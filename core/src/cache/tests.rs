@@ -420,8 +420,14 @@ fn a_chunk_evicted_as_consumed_is_not_prefetched_again_in_the_same_visit() {
     }
     get_owned(&cache, &fx, 2, Want::Read, &owner(0)).unwrap();
     get_owned(&cache, &fx, 3, Want::Read, &owner(0)).unwrap();
-    assert!(!cache.is_present(key(0)), "the older consumed chunk was the victim");
-    assert!(cache.is_present(key(1)), "consumed too: room for a prefetch");
+    assert!(
+        !cache.is_present(key(0)),
+        "the older consumed chunk was the victim"
+    );
+    assert!(
+        cache.is_present(key(1)),
+        "consumed too: room for a prefetch"
+    );
     assert!(matches!(
         get_owned(&cache, &fx, 0, Want::Prefetch, &owner(0)),
         Err(CacheError::NoRoom)
@@ -433,4 +439,9 @@ fn a_chunk_evicted_as_consumed_is_not_prefetched_again_in_the_same_visit() {
         (&fx.data[..CHUNK as usize], Outcome::Miss)
     );
     cache.check_accounting();
+    // A warm rewinds the reader (no new visit): it prefetches the chunk again.
+    cache.forget_file(1);
+    access.rewind();
+    get_owned(&cache, &fx, 0, Want::Prefetch, &owner(0)).unwrap();
+    assert!(cache.is_present(key(0)));
 }
