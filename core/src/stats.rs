@@ -31,6 +31,9 @@ pub struct Counters {
     /// Bytes of probe reads: requests that did not continue a run, served uncached (see
     /// `models::runs`).
     pub probe_bytes: AtomicU64,
+    /// Bytes of `O_DIRECT` reads of files larger than the chunk cache, served exactly and
+    /// uncached (see `ModelStore::read_direct`).
+    pub direct_bytes: AtomicU64,
     /// Read requests issued to source files.
     pub disk_reads: AtomicU64,
     /// Source reads that failed (each one surfaced to a reader as EIO, or dropped if a prefetch).
@@ -102,6 +105,9 @@ pub struct DiskSnapshot {
     pub errors: u64,
     /// Part of `read_bytes` read for probes (uncached, no prefetch).
     pub probe_bytes: u64,
+    /// Part of `read_bytes` read for `O_DIRECT` readers of files larger than the chunk cache
+    /// (exactly what they asked for, uncached, no prefetch).
+    pub direct_bytes: u64,
 }
 
 /// `prefetch` section.

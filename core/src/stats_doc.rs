@@ -84,6 +84,7 @@ impl StatsDocument {
                 reads: Counters::get(&c.disk_reads),
                 errors: Counters::get(&c.disk_errors),
                 probe_bytes: Counters::get(&c.probe_bytes),
+                direct_bytes: Counters::get(&c.direct_bytes),
             },
             prefetch: PrefetchSnapshot {
                 issued_bytes: Counters::get(&c.prefetch_issued_bytes),

@@ -116,6 +116,11 @@ SHARD_STEM, N_SHARDS = "diffusion_pytorch_model", 4
 
 # ----------------------------------------------------------------------------- pure helpers (unit-tested)
 
+# Idle time before every timed cold load of point 1 (see Run.cold_start): past the 0.3 s after
+# which the throttle's head start no longer grew in the measurement quoted there.
+COLD_IDLE_S = 0.5
+
+
 def parse_only(s: str) -> list[int]:
     pts = sorted({int(x) for x in s.split(",") if x.strip()})
     if not pts or not set(pts) <= {1, 2, 3, 4, 5}:
@@ -129,6 +134,33 @@ def judge(value: float, op: str, goal: float) -> str:
         return "FAIL"
     ok = value >= goal if op == ">=" else value <= goal
     return "PASS" if ok else "FAIL"
+
+
+def loader_reps(name: str, reps: int) -> int:
+    """Repetitions of a loader's point-1 cases: `reps`, but at least 5 for runai, whose single
+    passes range over 0.54-1.27 s on both sides in one run (its io_uring workers and tensor
+    copies compete for the 2 CPUs; loaders' CPU time equals their wall time, see
+    core/src/passthrough): with 3, the median of its warm row flipped between 0.71 and 1.76 from
+    one run to the next."""
+    return max(reps, 5) if name == "runai" else reps
+
+
+def tie_tolerance(base_passes: list[float]) -> float:
+    """How far below 1.0 a time ratio still counts as a tie with the baseline: the baseline's own
+    run-to-run spread (1.4826 x its median absolute deviation, relative to its median: the
+    standard deviation for normal noise, robust to one slow outlier), at least 0.5 % and at
+    most 1.5 %.
+
+    Only "at least as fast" goals (>= 1.0) use it. On the slow source a loader reading the plain
+    file already reads at the throttle's rate (1.63 s for 1.63 GB at 1.0 GB/s), and through
+    passthrough the mount reads the same bytes through the same kernel path and throttle: the
+    two tie, and a strict >= 1.0 judged the noise (1.627-1.658 s for the same load on the plain
+    file in one run)."""
+    if len(base_passes) < 2:
+        return 0.005
+    mid = statistics.median(base_passes)
+    mad = statistics.median(abs(x - mid) for x in base_passes)
+    return min(0.015, max(0.005, 1.4826 * mad / mid))
 
 
 def time_ratio(base_s: float, tierfs_s: float) -> float:
@@ -663,8 +695,12 @@ class Run:
             self.modes.setdefault(label, set()).update(modes)
 
     def row(self, point: int, name: str, tierfs: str, base: str, value: float, op: str, goal: float | None,
-            goal_text: str, mode_key: str | None = None) -> None:
+            goal_text: str, mode_key: str | None = None, tie: float = 0.0) -> None:
+        """`tie`: for a ">= 1.0" goal, a ratio this far below 1.0 is a tie ([`tie_tolerance`]),
+        reported as "PASS (tie)"."""
         result = "—" if goal is None else judge(value, op, goal)
+        if result == "FAIL" and op == ">=" and goal == 1.0 and value >= 1.0 - tie:
+            result = f"PASS (tie, ±{tie * 100:.1f} %)"
         mode = ", ".join(sorted(self.modes.get(mode_key, ()))) if mode_key else ""
         self.rows.append({"point": point, "name": name, "tierfs": tierfs, "baseline": base,
                           "ratio": f"{value:.2f}" if value == value else "n/a", "goal": goal_text,
@@ -699,7 +735,7 @@ class Run:
             full, quarter = size + 256 * MiB, size // 4
             for name in group:
                 print(f"loader {name}: {table[name][0]} on {f.name}", flush=True)
-                for _ in range(self.args.reps):
+                for _ in range(loader_reps(name, self.args.reps)):
                     try:
                         with LoaderProc(name) as lp:
                             self.loader_rep(lp, name, f, full, quarter)
@@ -713,7 +749,8 @@ class Run:
                     f"{len(model_files(f))} file(s): {', '.join(x.name for x in model_files(f))}")
             self.details.append(f"- point 1 ({', '.join(group)}): model {f.relative_to(self.disk.mnt)} "
                                 f"({size / GiB:.2f} GiB, {what}), budgets {full / MiB:.0f} MiB (≥ model) and "
-                                f"{quarter / MiB:.0f} MiB (model/4); median of {self.args.reps} repetitions; per "
+                                f"{quarter / MiB:.0f} MiB (model/4); median of {self.args.reps} repetitions ("
+                                f"runai {loader_reps('runai', self.args.reps)}); per "
                                 "loader and repetition one process (imports paid once) runs all its cases")
         for name in names:
             label = table[name][0]
@@ -721,33 +758,50 @@ class Run:
             for case, mcase, scase, goal, text in point1_cases(name):
                 tm, ts = self.med(k(mcase)), self.med(k(scase))
                 self.row(1, f"{label}: {case} (s)", f"{tm:.2f}", f"{ts:.2f}", time_ratio(ts, tm), ">=", goal, text,
-                         mode_key=k(mcase))
+                         mode_key=k(mcase), tie=tie_tolerance(self.passes.get(k(scase), [])))
         self.drop_all()
 
     def note_model_modes(self, label: str, m: bench.Mount, f: Path) -> None:
         for x in model_files(f):
             self.note_modes(label, m, x.name)
 
+    @staticmethod
+    def cold_start() -> None:
+        """Before every timed cold load of point 1, source and mount alike: caches dropped, then
+        the same idle time. The throttle lets a reader that starts after an idle gap through a
+        little faster (1.5 GiB `dd` at 1.0 GB/s: 1.576-1.577 s right after another read,
+        1.541-1.553 s after 0.3-3 s idle), and the mount's passes used to start after mounting
+        (idle) while the source's started right after the previous load: a bias of ~2 % for
+        the mount, as large as the differences the slow-source rows are about."""
+        sources.drop_caches()
+        time.sleep(COLD_IDLE_S)
+
     def loader_rep(self, lp: LoaderProc, name: str, f: Path, full: int, quarter: int) -> None:
         """One repetition of a loader's point-1 cases on the model `f` (a file or an index.json)."""
         k = lambda case: f"p1 {name} {case}"  # noqa: E731
+        # An untimed load first: the first load in a fresh process pays one-time costs (lazy
+        # imports, first faults of the loader's code) that the timed passes must not, least of
+        # all only the first of them, which is the source's (load_file, cold slow: 2.36, 2.10,
+        # 1.81 s as a process's first load against 1.63 s for every later one).
+        self.slow(False)
+        lp.load(f)
         self.slow(True)
-        sources.drop_caches()
+        self.cold_start()
         self.rec(k("source cold slow"), lp.load(f))
         for budget, case in ((full, "mount cold slow"), (quarter, "mount cold slow quarter")):
             m = self.mount(budget)
             try:
-                sources.drop_caches()
+                self.cold_start()
                 self.rec(k(case), lp.load(self.on_mount(m, f)))
                 self.note_model_modes(k(case), m, f)
             finally:
                 m.close()
         self.slow(False)
-        sources.drop_caches()
+        self.cold_start()
         self.rec(k("source cold fast"), lp.load(f))
         m = self.mount(full)
         try:
-            sources.drop_caches()
+            self.cold_start()
             self.rec(k("mount cold fast"), lp.load(self.on_mount(m, f)))
             self.note_model_modes(k("mount cold fast"), m, f)
             if point1_cases(name) is COLD_CASES:
@@ -1116,7 +1170,8 @@ def render(cmd: str, elapsed: float, info: dict, raw: dict, run: Run) -> str:
     has_mode = any(r["mode"] for r in run.rows)
     head = "| point | row | tierfs | baseline | ratio | goal | result |" + (" mode |" if has_mode else "")
     sep = "|---|---|---:|---:|---:|---|---|" + ("---|" if has_mode else "")
-    n_pass = sum(r["result"] == "PASS" for r in run.rows)
+    n_pass = sum(r["result"].startswith("PASS") for r in run.rows)
+    n_tie = sum(r["result"].startswith("PASS (tie") for r in run.rows)
     n_fail = sum(r["result"] == "FAIL" for r in run.rows)
     return "\n".join([
         "# Issue 11: loaders through the mount vs the plain file (one run)",
@@ -1133,7 +1188,9 @@ def render(cmd: str, elapsed: float, info: dict, raw: dict, run: Run) -> str:
         f"- sources: {info['device']}; raw cold sequential read (1 MiB read()): fast {raw.get('fast', 0):.2f} GB/s, "
         f"slow {raw.get('slow', 0):.2f} GB/s (blkio read_bps_device {run.args.slow_bps / 1e9:.2f} GB/s on every "
         "process of the run, tierfs daemon included)",
-        f"- result: {n_pass} PASS, {n_fail} FAIL",
+        f"- result: {n_pass} PASS, {n_fail} FAIL" + (
+            f" ({n_tie} of the PASS are ties: a time ratio below 1.0 by less than the baseline's own run-to-run "
+            "spread, see `tie_tolerance` in the harness)" if n_tie else ""),
         "",
         head, sep,
         *(f"| {r['point']} | {r['name']} | {r['tierfs']} | {r['baseline']} | {r['ratio']} | {r['goal']} | "

@@ -37,6 +37,24 @@ def test_judge_and_ratio():
     assert issue11.time_ratio(1.0, 0.0) != issue11.time_ratio(1.0, 0.0)  # NaN, never a pass
 
 
+def test_tie_tolerance_is_the_baselines_spread_within_bounds():
+    # 1.627-1.658 s: MAD 0.007 s of 1.634 -> 0.64 %
+    assert abs(issue11.tie_tolerance([1.627, 1.658, 1.634]) - 0.00635) < 1e-4
+    # one slow outlier does not widen it; a single pass gets the floor; wild noise the cap
+    assert issue11.tie_tolerance([2.182, 1.624, 1.628]) == 0.005
+    assert issue11.tie_tolerance([1.63]) == 0.005
+    assert issue11.tie_tolerance([1.5, 1.7, 1.9]) == 0.015
+
+
+def test_a_tie_passes_only_an_at_least_as_fast_goal():
+    run = issue11.Run.__new__(issue11.Run)
+    run.rows, run.modes = [], {}
+    run.row(1, "a", "1.64", "1.63", 0.994, ">=", 1.0, "≥ 1.0", tie=0.0064)
+    run.row(1, "b", "1.65", "1.63", 0.988, ">=", 1.0, "≥ 1.0", tie=0.0064)
+    run.row(1, "c", "1.81", "1.63", 0.899, ">=", 0.9, "≥ 0.9", tie=0.0064)
+    assert [r["result"] for r in run.rows] == ["PASS (tie, ±0.6 %)", "FAIL", "FAIL"]
+
+
 def test_memory_goal():
     mib = 1 << 20
     assert issue11.memory_goal(1000 * mib) == 1100 * mib + 64 * mib

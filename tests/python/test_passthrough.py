@@ -12,7 +12,8 @@ What is checked, each through a real mount against the source bytes:
 - `O_DIRECT` opens (runai-model-streamer's, with io_uring, and plain aligned `pread`s) are
   served by passthrough too, bit-exact, and bypass the page cache as on the plain file; with
   the chunk cache serving the file, runai's parallel O_DIRECT requests are bit-exact and a
-  reload reads nothing from disk.
+  reload reads nothing from disk; through a budget below the file they are served exactly
+  (`disk.direct_bytes`), the file read once, nothing prefetched.
 """
 
 from __future__ import annotations
@@ -243,3 +244,33 @@ def test_runai_streamer_from_the_chunk_cache_bit_exact_and_reloaded_from_ram(mou
     assert disk0 >= len(want) - 64 * 1024, "the first load read the file from disk"
     load()
     assert m.stats()["disk"]["read_bytes"] == disk0, "the reload read the disk"
+
+
+def test_runai_streamer_through_a_budget_below_the_file_reads_it_once(mount, src):
+    """runai through a budget a quarter of the file (the chunk cache serves it, and cannot hold
+    it): its O_DIRECT reads get exactly the bytes they ask for, so the file is read from disk
+    once, with no prefetch (runai reads the head of each worker's range last; served through
+    chunks, those were loaded, evicted and loaded again: 1.1x the file). Every tensor
+    bit-exact; the pieces runai asked for as plain `pread`s with O_DIRECT too."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (.ci/run installs it)")
+    streamer = pytest.importorskip("runai_model_streamer",
+                                   reason="runai-model-streamer is not installed (.ci/run installs it)")
+    want = _model(src / "a.safetensors", 8, 12)  # ~400 MiB
+    m = mount(src, f"{len(want) // 4 // MiB}MiB")
+    ranges = gen.tensor_ranges(src / "a.safetensors")
+    got = {}
+    with streamer.SafetensorsStreamer() as s:
+        s.stream_file(str(m.mnt / "a.safetensors"))
+        for name, t in s.get_tensors():
+            got[name] = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    assert sorted(got) == sorted(name for name, _, _ in ranges)
+    bad = [name for name, start, end in ranges if got[name] != want[start:end]]
+    assert not bad, f"{len(bad)} tensors differ from the source: {bad[:5]}"
+    st = m.stats()
+    assert _file_stats(m, "a.safetensors")["mode"] == "cache"
+    data = len(want) - ranges[0][1]
+    disk = st["disk"]
+    assert disk["direct_bytes"] >= data - 8 * MiB, disk
+    assert disk["read_bytes"] <= len(want) + 8 * MiB, f"read {disk['read_bytes'] / len(want):.2f}x the file: {disk}"
+    assert st["prefetch"]["issued_bytes"] == 0, st["prefetch"]
+    assert _direct_read_all(m.mnt / "a.safetensors") == want

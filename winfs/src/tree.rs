@@ -27,7 +27,7 @@ use std::sync::Arc;
 use crossbeam_channel::Receiver;
 use tierfs_core::budget::Governor;
 use tierfs_core::fs::{
-    oflag, Attr, FsError, Kind, Opened, Requester, Settings, Sharing, StatsView, TierFs,
+    oflag, Attr, FsError, Kind, Opened, ReadKind, Requester, Settings, Sharing, StatsView, TierFs,
     CONTROL_DIR_INO, CONTROL_INO, ROOT_INO, STATS_INO,
 };
 use tierfs_core::kernel_cache::{InodeRange, KernelCacheWindow};
@@ -47,6 +47,13 @@ const REQUESTER: Requester = Requester {
     uid: 0,
     gid: 0,
     pid: 0,
+};
+
+/// WinFsp reads are the reader's own (no page-cache fill reaches the daemon as a read), and no
+/// `O_DIRECT` flag comes with them.
+const READER: ReadKind = ReadKind {
+    from_reader: true,
+    o_direct: false,
 };
 
 /// The filesystem's passthrough backing object: none (passthrough is a FUSE mode; the core
@@ -176,7 +183,7 @@ impl Tree {
             return Err(FsError::IsDirectory.into());
         };
         let want = u32::try_from(buffer.len()).unwrap_or(u32::MAX);
-        let bytes = self.fs.read(open.ino, fh, offset, want, true)?;
+        let bytes = self.fs.read(open.ino, fh, offset, want, READER)?;
         if bytes.is_empty() && !buffer.is_empty() {
             return Err(WinError::EndOfFile);
         }
@@ -291,7 +298,7 @@ impl Tree {
     fn read_to_end(&self, ino: u64, fh: u64) -> Result<u64, WinError> {
         let mut len = 0;
         loop {
-            let bytes = self.fs.read(ino, fh, len, 1 << 20, true)?;
+            let bytes = self.fs.read(ino, fh, len, 1 << 20, READER)?;
             if bytes.is_empty() {
                 return Ok(len);
             }

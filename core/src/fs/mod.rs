@@ -74,7 +74,7 @@ pub use error::FsError;
 use handles::{Handle, Handles};
 use inodes::Inodes;
 pub use inodes::{CONTROL_DIR_INO, CONTROL_INO, ROOT_INO, STATS_INO};
-pub use open::{OpenFlags, Opened};
+pub use open::{OpenFlags, Opened, ReadKind};
 pub use platform::{oflag, AccessError, Sharing};
 use platform::{open_for_request, AccessRule, Acting, SourceRoot};
 use present::{present_as, present_object};

@@ -31,6 +31,16 @@ pub struct OpenFlags {
     pub keep_cache: bool,
 }
 
+/// Who asks for a read, as far as the front end can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ReadKind {
+    /// A reader's own `read()` call, not a page-cache fill (kernel readahead, `mmap` faults).
+    pub from_reader: bool,
+    /// The reader opened the file `O_DIRECT` (the FUSE request carries the open's flags): see
+    /// `ModelStore::read_direct`.
+    pub o_direct: bool,
+}
+
 /// How an `open` is answered.
 #[derive(Debug)]
 pub enum Opened<B> {
@@ -73,19 +83,22 @@ impl<B: Send + Sync> TierFs<B> {
     }
 
     /// `read` of handle `fh` (of inode `ino`): up to `size` bytes at `offset`, fewer only at
-    /// the end of the file. `from_reader` says the kernel sent it for a `read()` call rather
-    /// than to fill its page cache (FUSE: the request carries the reader's lock owner).
+    /// the end of the file; `kind` says who asks ([`ReadKind`]).
     pub fn read(
         &self,
         ino: u64,
         fh: u64,
         offset: u64,
         size: u32,
-        from_reader: bool,
+        kind: ReadKind,
     ) -> Result<ReadBytes, FsError> {
+        let ReadKind {
+            from_reader,
+            o_direct,
+        } = kind;
         let (bytes, model) = self
             .ops()
-            .time(Op::Read, || self.read_handle(fh, offset, size))?;
+            .time(Op::Read, || self.read_handle(fh, offset, size, o_direct))?;
         // Which reads fill the mounted file's page cache: with `direct_io`, a `read()` goes
         // straight into the reader's buffer, and only `mmap` faults (kernel readahead) land in
         // the page cache. Recording direct reads in the window would only cost a needless
@@ -316,9 +329,17 @@ impl<B: Send + Sync> TierFs<B> {
 
     /// The bytes a `read` of handle `fh` answers, and whether they are a model file's (which
     /// the kernel may keep in the mounted file's page cache: see `read`).
-    fn read_handle(&self, fh: u64, offset: u64, size: u32) -> Result<(ReadBytes, bool), FsError> {
+    fn read_handle(
+        &self,
+        fh: u64,
+        offset: u64,
+        size: u32,
+        o_direct: bool,
+    ) -> Result<(ReadBytes, bool), FsError> {
         match &self.handles.get(fh)?.kind {
-            Handle::Model(model) => Ok((self.read_model(model.file(), offset, size)?, true)),
+            Handle::Model(model) => {
+                Ok((self.read_model(model.file(), offset, size, o_direct)?, true))
+            }
             Handle::Plain(file) => Ok((ReadBytes::Owned(pread_full(file, offset, size)?), false)),
             Handle::Stats(json) => {
                 let start = (offset as usize).min(json.len());
@@ -338,9 +359,14 @@ impl<B: Send + Sync> TierFs<B> {
         model: &Arc<ModelFile>,
         offset: u64,
         size: u32,
+        o_direct: bool,
     ) -> Result<ReadBytes, FsError> {
         let started = Instant::now();
-        let result = self.store.read(model, offset, size);
+        let result = if o_direct {
+            self.store.read_direct(model, offset, size)
+        } else {
+            self.store.read(model, offset, size)
+        };
         let elapsed = started.elapsed();
         if elapsed > SLOW_READ {
             tracing::warn!(file = %model.path().display(), offset, size, ms = elapsed.as_millis() as u64, "slow read");

@@ -20,7 +20,7 @@ use std::sync::OnceLock;
 use proptest::prelude::*;
 use proptest::sample::Index;
 
-use super::tests::{me, synth_model, Fixture};
+use super::tests::{me, synth_model, Fixture, READER};
 use super::*;
 use crate::models::is_model_path;
 
@@ -365,7 +365,7 @@ impl Model {
                 let got = self
                     .fx
                     .fs
-                    .read(handle.ino, handle.fh, start as u64, *size, true);
+                    .read(handle.ino, handle.fh, start as u64, *size, READER);
                 let got = got.unwrap_or_else(|e| panic!("read {handle:?}: {e}"));
                 assert!(
                     got[..] == content[start..end],

@@ -17,6 +17,12 @@ use std::sync::Arc;
 use crossbeam::channel::{unbounded, Receiver};
 
 use super::*;
+
+/// A reader's own `read()` call on a handle opened without `O_DIRECT`.
+pub(super) const READER: ReadKind = ReadKind {
+    from_reader: true,
+    o_direct: false,
+};
 use crate::budget::{BudgetTarget, Governor};
 use crate::kernel_cache::{InodeRange, KernelCacheWindow};
 use crate::models::ModelStore;
@@ -90,7 +96,7 @@ impl Fixture {
     pub fn read_all(&self, ino: u64, fh: u64) -> Result<Vec<u8>, FsError> {
         let mut out = Vec::new();
         loop {
-            let bytes = self.fs.read(ino, fh, out.len() as u64, 100_000, true)?;
+            let bytes = self.fs.read(ino, fh, out.len() as u64, 100_000, READER)?;
             if bytes.is_empty() {
                 return Ok(out);
             }
@@ -167,7 +173,7 @@ fn serves_plain_and_model_files_bit_exact() {
         assert_eq!(&fx.read_all(attr.ino, fh).unwrap(), expected, "{rel}");
         let tail = fx
             .fs
-            .read(attr.ino, fh, attr.size - 10, 4096, true)
+            .read(attr.ino, fh, attr.size - 10, 4096, READER)
             .unwrap();
         assert_eq!(&tail[..], &expected[expected.len() - 10..]);
         fx.fs.release(fh);
@@ -204,7 +210,7 @@ fn errors_are_the_filesystems_own() {
     let file = fx.lookup_path(Path::new("f.txt")).unwrap();
     let write = fx.fs.open(me(), file.ino, oflag::RDWR, &no_backing);
     assert!(matches!(err(write.map(drop)), FsError::ReadOnly));
-    let read = fx.fs.read(file.ino, 12345, 0, 10, true).map(drop);
+    let read = fx.fs.read(file.ino, 12345, 0, 10, READER).map(drop);
     assert!(matches!(err(read), FsError::BadHandle));
     let read_control = fx.fs.open(me(), CONTROL_INO, oflag::RDONLY, &no_backing);
     assert!(matches!(err(read_control.map(drop)), FsError::Denied(_)));
@@ -241,7 +247,10 @@ fn errors_are_the_ones_the_kernel_expects() {
         .fs
         .open(me(), file.ino, libc::O_RDONLY | libc::O_TRUNC, &no_backing);
     assert_eq!(errno(trunc), libc::EROFS);
-    assert_eq!(errno(fx.fs.read(file.ino, 12345, 0, 10, true)), libc::EBADF);
+    assert_eq!(
+        errno(fx.fs.read(file.ino, 12345, 0, 10, READER)),
+        libc::EBADF
+    );
     assert_eq!(errno(fx.fs.access(file.ino, true)), libc::EROFS);
     assert!(fx.fs.access(file.ino, false).is_ok());
     let link = fx.lookup_path(Path::new("dangling")).unwrap();

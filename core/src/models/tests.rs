@@ -590,3 +590,86 @@ fn a_warm_keeps_the_first_blocks_of_the_order_whatever_the_reader_left_behind() 
     }
     store.cache().check_accounting();
 }
+
+/// `O_DIRECT` reads of a file larger than the chunk cache: exactly the bytes asked for, read
+/// once, nothing cached or prefetched (runai's heads-last pattern read 1.1x the file through
+/// the chunk cache); resident chunks still serve them. Small pieces, and every piece of a file
+/// the cache holds, go through the cache.
+#[test]
+fn direct_reads_of_a_file_larger_than_the_cache_are_exact_and_uncached() {
+    let (_dir, bytes, exec, store, file) = opened_manual(24 << 20, 8 << 20, 4);
+    let c = store.counters();
+    let (mut asked, mut pos) = (0u64, 0u64);
+    // Aligned 1 MiB pieces from the second MiB on, then the unaligned head: like runai.
+    let mut pieces: Vec<(u64, u32)> = (1..=((bytes.len() as u64 - 1) >> 20))
+        .map(|mib| (mib << 20, 1 << 20))
+        .collect();
+    pieces.push((0, 1 << 20));
+    for (offset, len) in pieces {
+        let got = store.read_direct(&file, offset, len).unwrap();
+        let end = (offset + u64::from(len)).min(bytes.len() as u64);
+        assert_eq!(&got[..], &bytes[offset as usize..end as usize]);
+        exec.run_pending();
+        asked += end - offset;
+        pos = pos.max(end);
+    }
+    assert_eq!(pos, bytes.len() as u64);
+    let header = file.header_end().unwrap();
+    let from_disk = Counters::get(&c.disk_read_bytes);
+    assert!(
+        from_disk <= asked && from_disk + header >= asked,
+        "{from_disk} of {asked}"
+    );
+    assert_eq!(Counters::get(&c.direct_bytes), from_disk);
+    assert_eq!(Counters::get(&c.prefetch_issued_bytes), 0);
+    assert_eq!(store.cache().snapshot().used_bytes, 0, "nothing cached");
+
+    // Resident chunks serve them: a stream (past its first megabyte, a probe) caches chunks,
+    // a direct read of one is a hit.
+    let plan = file.plan().unwrap();
+    let mut pos = header;
+    while pos < header + (4 << 20) {
+        pos += store.read(&file, pos, 256 << 10).unwrap().len() as u64;
+    }
+    exec.run_pending();
+    let last = plan.chunk_at(pos - 1).unwrap();
+    let span = *plan.get(last).unwrap();
+    let disk = Counters::get(&c.disk_read_bytes);
+    assert!(file.chunk_present(store.cache(), last));
+    let got = store.read_direct(&file, span.start, 4096).unwrap();
+    let want = &bytes[span.start as usize..span.start as usize + 4096];
+    assert_eq!(&got[..], want);
+    assert_eq!(
+        Counters::get(&c.disk_read_bytes),
+        disk,
+        "served from the cache"
+    );
+
+    // Small direct pieces (dd bs=4k iflag=direct) go through the cache: a stream of them is
+    // served from chunks, with prefetch.
+    store.drop_cached();
+    let (start, mut pos) = (header + (8 << 20), header + (8 << 20));
+    while pos < start + (2 << 20) {
+        let got = store.read_direct(&file, pos, 4096).unwrap();
+        assert_eq!(&got[..], &bytes[pos as usize..pos as usize + 4096]);
+        pos += 4096;
+    }
+    assert!(
+        store.cache().snapshot().used_bytes > 0,
+        "4 KiB pieces were cached"
+    );
+
+    // A file the cache holds: its direct reads go through the cache.
+    let (_dir, bytes, _exec, store, file) = opened_manual(4 << 20, 8 << 20, 4);
+    let mut got = Vec::new();
+    while got.len() < bytes.len() {
+        got.extend_from_slice(
+            &store
+                .read_direct(&file, got.len() as u64, 256 << 10)
+                .unwrap(),
+        );
+    }
+    assert_eq!(got, bytes);
+    assert!(store.cache().snapshot().used_bytes > 0);
+    assert_eq!(Counters::get(&store.counters().direct_bytes), 0);
+}

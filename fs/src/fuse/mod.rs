@@ -23,7 +23,9 @@ use fuser::{
 };
 use tierfs_core::access::Sharing;
 use tierfs_core::budget::Governor;
-use tierfs_core::fs::{self as core_fs, Attr, FsError, Kind, Opened, Requester, SetAttr, Xattr};
+use tierfs_core::fs::{
+    self as core_fs, Attr, FsError, Kind, Opened, ReadKind, Requester, SetAttr, Xattr,
+};
 use tierfs_core::kernel_cache::{InodeRange, KernelCacheWindow};
 use tierfs_core::models::ModelStore;
 
@@ -164,16 +166,18 @@ impl Filesystem for TierFs {
         fh: FileHandle,
         offset: u64,
         size: u32,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
         // The kernel tells `read()` calls from page-cache fills for us: direct reads carry the
         // reader's lock owner (`fuse_direct_io` passes `current->files`), readahead never does.
-        match self
-            .fs
-            .read(ino.0, fh.0, offset, size, lock_owner.is_some())
-        {
+        // Every request carries the open's flags (`file->f_flags`), O_DIRECT among them.
+        let kind = ReadKind {
+            from_reader: lock_owner.is_some(),
+            o_direct: flags.0 & libc::O_DIRECT != 0,
+        };
+        match self.fs.read(ino.0, fh.0, offset, size, kind) {
             Ok(bytes) => reply.data(&bytes),
             Err(e) => reply.error(errno(&e)),
         }
