@@ -54,6 +54,7 @@
 
 pub mod plan;
 mod resident;
+mod served;
 
 #[cfg(all(test, loom))]
 mod loom_tests;
@@ -66,6 +67,7 @@ use std::time::Instant;
 use thiserror::Error;
 
 use resident::{Resident, VictimQueue};
+use served::Served;
 
 use crate::prefetch::access::FileAccess;
 use crate::source::{self, AlignedBytes, SourceError};
@@ -143,6 +145,8 @@ pub struct Chunk {
     /// The owner's visit ([`FileAccess::visit`]) in which a reader last got it: a chunk of the
     /// current block read in the current visit has been consumed (see [`Chunk::distance`]).
     read_visit: AtomicU64,
+    /// Which of its bytes readers were served in the owner's latest visit ([`served`]).
+    served: Served,
 }
 
 impl Chunk {
@@ -158,6 +162,18 @@ impl Chunk {
         self.bytes.as_slice().len() as u64
     }
 
+    /// A reader was served `range` of the chunk's bytes (not a probe: see [`served`]).
+    pub fn served(&self, range: &std::ops::Range<usize>) {
+        let visit = self.owner.as_ref().map_or(0, |o| o.access.visit());
+        self.served
+            .mark(visit, range.start as u64, range.end as u64, self.len());
+    }
+
+    /// Whether readers were served every byte of it in the owner's current visit.
+    fn finished(&self, owner: &ChunkOwner) -> bool {
+        self.served.finished(owner.access.visit(), self.len())
+    }
+
     /// How soon the chunk is needed again (larger: later; 0 when unknown).
     ///
     /// A chunk of the block the reader is in, which the reader already got during this visit
@@ -168,17 +184,26 @@ impl Chunk {
     /// set) to keep bytes the reader has finished with: `cat` of a 2.1 GB file of ~210 MB
     /// blocks through a 512 MiB budget read 1.17× the file from disk, 1.3 GB of prefetch
     /// wasted (issue 11).
+    ///
+    /// A chunk of the current block whose every byte readers were served in this visit is
+    /// consumed at once, recent or not ([`served`] tells why a time window alone let later
+    /// passes creep).
     fn distance(&self, recent: u64) -> usize {
         let Some(owner) = &self.owner else { return 0 };
         let last_read = self.last_read.load(Ordering::Relaxed);
         let consumed = last_read != 0
-            && last_read < recent
             && owner.access.is_current(owner.block)
-            && self.read_visit.load(Ordering::Relaxed) == owner.access.visit();
+            && self.read_visit.load(Ordering::Relaxed) == owner.access.visit()
+            && (last_read < recent || self.finished(owner));
         if consumed {
             return usize::MAX;
         }
         owner.distance()
+    }
+
+    /// Whether the reader has consumed it in its current visit of the chunk's block.
+    fn is_consumed(&self, recent: u64) -> bool {
+        self.distance(recent) == usize::MAX
     }
 
     /// Whether a reader is in this chunk's block now (its chunks are ranked one by one for
@@ -203,6 +228,9 @@ impl Chunk {
     /// nobody got it yet (a thread behind the others has yet to read it: evicted as the block
     /// needed last, it was read again by that thread and counted as wasted prefetch, as
     /// `models::tests::concurrent_sequential_readers_account_prefetch_exactly` saw under load).
+    ///
+    /// A chunk whose every byte was served in the visit a reader last got it in is not in use:
+    /// a straggling thread has nothing left to read of it.
     fn may_be_in_use(&self, recent: u64) -> bool {
         (self.last_read.load(Ordering::Relaxed) >= recent
             || self.unread_prefetch.load(Ordering::Relaxed))
@@ -210,6 +238,9 @@ impl Chunk {
                 .owner
                 .as_ref()
                 .is_some_and(|o| o.access.is_previous(o.block))
+            && !self
+                .served
+                .finished(self.read_visit.load(Ordering::Relaxed), self.len())
     }
 
     fn file_counters(&self) -> Option<&crate::prefetch::access::FileCounters> {
@@ -256,6 +287,39 @@ struct State {
     loading: HashMap<ChunkKey, Arc<Loading>>,
     /// Resident file bytes per file generation (without alignment slack), for the stats.
     per_file: HashMap<u64, u64>,
+    /// Chunks evicted as consumed, with their owner's visit then ([`ConsumedEvictions`]).
+    consumed: ConsumedEvictions,
+}
+
+/// Chunks evicted because the reader had consumed them in its current visit of their block.
+///
+/// A block prefetch still working through the block the reader is in (the reader outran it)
+/// found such a chunk absent and read it again: it was needed only in the next pass, so it was
+/// evicted unread, wasted. Once chunks the reader was served in full were consumed at once
+/// ([`served`]), this was 260 chunks read twice in the first 3 passes of issue 11 point 5
+/// (traced per chunk: every one evicted as consumed, reloaded by the block's prefetch 1–100 ms
+/// later). A prefetch of a chunk listed here for its owner's current visit is skipped.
+#[derive(Default)]
+struct ConsumedEvictions(HashMap<ChunkKey, u64>);
+
+impl ConsumedEvictions {
+    /// More than a few blocks' worth of chunks: the list is dropped and starts again (a
+    /// forgotten entry costs at most one redundant prefetch).
+    const MAX: usize = 4096;
+
+    fn insert(&mut self, key: ChunkKey, owner: &ChunkOwner) {
+        if self.0.len() >= Self::MAX {
+            self.0.clear();
+        }
+        self.0.insert(key, owner.access.visit());
+    }
+
+    /// Whether `key` was evicted as consumed in `owner`'s current visit, the reader still in
+    /// its block. (A warm rewinds the reader without a new visit: its prefetches must not be
+    /// skipped, or the chunks the last pass consumed were missing from the warmed set.)
+    fn contains(&self, key: ChunkKey, owner: &ChunkOwner) -> bool {
+        owner.access.is_current(owner.block) && self.0.get(&key) == Some(&owner.access.visit())
+    }
 }
 
 /// The mount-wide chunk cache.
@@ -316,6 +380,7 @@ impl ChunkCache {
                 resident: Resident::default(),
                 loading: HashMap::new(),
                 per_file: HashMap::new(),
+                consumed: ConsumedEvictions::default(),
             }),
             room: Condvar::new(),
             counters,
@@ -420,6 +485,7 @@ impl ChunkCache {
     /// Drops every resident chunk.
     pub fn clear(&self) {
         let mut state = self.lock();
+        state.consumed = ConsumedEvictions::default();
         let evicted = state.resident.drain();
         for (key, chunk) in &evicted {
             self.release(&mut state, *key, chunk);
@@ -513,6 +579,9 @@ impl ChunkCache {
             }
             state = wait(&self.room, state);
         }
+        if want == Want::Prefetch && owner.is_some_and(|o| state.consumed.contains(key, o)) {
+            return (Plan::Skip, evicted);
+        }
         // A reader's chunk is needed now and may evict anything; a prefetched one only what is
         // needed later than itself.
         let needed_in = match want {
@@ -565,6 +634,7 @@ impl ChunkCache {
                     owner: owner.cloned(),
                     last_read: AtomicU64::new(if want == Want::Read { self.now() } else { 0 }),
                     read_visit: AtomicU64::new(owner.map_or(0, |o| o.access.visit())),
+                    served: Served::default(),
                 })
             })
             .map_err(|e| {
@@ -625,14 +695,18 @@ impl ChunkCache {
             return false;
         }
         let mut victims = None;
+        let recent = self.recent();
         while state.used + extra > state.budget {
-            let victims = victims.get_or_insert_with(|| state.resident.victims(self.recent()));
+            let victims = victims.get_or_insert_with(|| state.resident.victims(recent));
             let Some(key) = Self::victim(victims, &state.resident, needed_in) else {
                 return false;
             };
             let Some(chunk) = state.resident.pop(&key) else {
                 return false;
             };
+            if let Some(owner) = chunk.owner.as_ref().filter(|_| chunk.is_consumed(recent)) {
+                state.consumed.insert(key, owner);
+            }
             Counters::add(&self.counters.evicted_bytes, chunk.footprint());
             self.release(state, key, &chunk);
             evicted.push(chunk);

@@ -369,3 +369,79 @@ fn unread_chunks_of_the_current_block_are_kept_from_prefetch() {
         Err(CacheError::NoRoom)
     ));
 }
+
+/// A chunk of the current block that the reader was served in full is consumed at once, without
+/// waiting out the recency guard; one it got only part of stays (issue 11 point 5: a reader at
+/// RAM speed went through whole blocks within the guard, and the last block of the order was
+/// evicted instead).
+#[test]
+fn finished_chunks_of_the_current_block_go_first_at_once() {
+    let fx = fixture(4);
+    let cache = ChunkCache::new(3 * CHUNK, Arc::new(Counters::default()));
+    let access = Arc::new(FileAccess::new(3, None));
+    let owner = |block| ChunkOwner {
+        access: Arc::clone(&access),
+        block,
+    };
+    access.touch(0);
+    let (whole, _) = get_owned(&cache, &fx, 0, Want::Read, &owner(0)).unwrap();
+    let (half, _) = get_owned(&cache, &fx, 1, Want::Read, &owner(0)).unwrap();
+    get_owned(&cache, &fx, 2, Want::Prefetch, &owner(2)).unwrap(); // needed two blocks on
+    whole.served(&(0..CHUNK as usize / 2));
+    whole.served(&(CHUNK as usize / 2..CHUNK as usize));
+    half.served(&(0..CHUNK as usize / 2));
+    // No sleep: both chunks are within the recency guard.
+    get_owned(&cache, &fx, 3, Want::Read, &owner(0)).unwrap();
+    assert!(
+        !cache.is_present(key(0)),
+        "the finished chunk was the victim"
+    );
+    assert!(cache.is_present(key(1)), "the half-read chunk stays");
+    assert!(cache.is_present(key(2)), "the block ahead stays");
+    cache.check_accounting();
+}
+
+/// A block prefetch that the reader outran does not read again a chunk evicted as consumed in
+/// the same visit (it would be evicted unread: issue 11 point 5 traced 260 such reads in 3
+/// passes); the reader itself still gets it.
+#[test]
+fn a_chunk_evicted_as_consumed_is_not_prefetched_again_in_the_same_visit() {
+    let fx = fixture(4);
+    let cache = ChunkCache::new(3 * CHUNK, Arc::new(Counters::default()));
+    let access = Arc::new(FileAccess::new(2, None));
+    let owner = |block| ChunkOwner {
+        access: Arc::clone(&access),
+        block,
+    };
+    access.touch(0);
+    for chunk in 0..2 {
+        let (got, _) = get_owned(&cache, &fx, chunk, Want::Read, &owner(0)).unwrap();
+        got.served(&(0..CHUNK as usize));
+    }
+    get_owned(&cache, &fx, 2, Want::Read, &owner(0)).unwrap();
+    get_owned(&cache, &fx, 3, Want::Read, &owner(0)).unwrap();
+    assert!(
+        !cache.is_present(key(0)),
+        "the older consumed chunk was the victim"
+    );
+    assert!(
+        cache.is_present(key(1)),
+        "consumed too: room for a prefetch"
+    );
+    assert!(matches!(
+        get_owned(&cache, &fx, 0, Want::Prefetch, &owner(0)),
+        Err(CacheError::NoRoom)
+    ));
+    assert!(!cache.is_present(key(0)));
+    let (again, outcome) = get_owned(&cache, &fx, 0, Want::Read, &owner(0)).unwrap();
+    assert_eq!(
+        (again.as_slice(), outcome),
+        (&fx.data[..CHUNK as usize], Outcome::Miss)
+    );
+    cache.check_accounting();
+    // A warm rewinds the reader (no new visit): it prefetches the chunk again.
+    cache.forget_file(1);
+    access.rewind();
+    get_owned(&cache, &fx, 0, Want::Prefetch, &owner(0)).unwrap();
+    assert!(cache.is_present(key(0)));
+}

@@ -839,11 +839,9 @@ impl ModelStore {
             Outcome::Miss => &self.counters().miss_bytes,
         };
         Counters::add(counter, stop - pos);
-        Ok((
-            bytes,
-            (pos - span.start) as usize..(stop - span.start) as usize,
-            stop,
-        ))
+        let range = (pos - span.start) as usize..(stop - span.start) as usize;
+        bytes.served(&range);
+        Ok((bytes, range, stop))
     }
 
     /// Serves a probe ([`runs`]): exactly `[offset, end)`, with no chunk cached, no prefetch

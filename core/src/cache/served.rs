@@ -1,0 +1,157 @@
+//! Which parts of a chunk readers have been served during one visit of its block, so the cache
+//! can tell a chunk the reader has *finished* from one it is still reading.
+//!
+//! Why: the cache used to call a chunk of the reader's block consumed (needed only next pass)
+//! once the reader had not got it for [`super::RECENTLY_READ`] (50 ms). A reader going through
+//! resident blocks at RAM speed reads a whole ~210 MB block within that window, so at its first
+//! miss nothing behind it looked consumed and the victims were the chunks of the *last* block
+//! of the order, still needed in the same pass. From the 4th of 8 passes on (issue 11 point 5,
+//! 2.11 GB model through a 1 GiB budget) about 35 chunks a pass were read twice, 1.12–1.19 ×
+//! (model − budget) per pass instead of 1.01–1.02. A wall-clock window cannot fix it: 10 ms
+//! only delayed the creep, and treating every chunk behind the reader as consumed evicted the
+//! chunk under the reader's own 2 MiB pieces (up to 53 double reads a pass). Knowing that every
+//! byte of the chunk was served in this visit needs no window: such a chunk is not needed again
+//! until the next visit, whatever the reader's speed.
+//!
+//! How: the chunk is cut into [`GRANULES`] equal granules (128 KiB for a 4 MiB chunk, the
+//! kernel's usual FUSE read size); a granule is marked served when a read covers its *last*
+//! byte. The marks and the visit they belong to share one atomic word, so a read of a new visit
+//! starts the marks afresh without a lock. Marking a granule by its last byte (not by covering
+//! all of it) lets reads that do not start on a granule boundary finish a chunk: a sequential
+//! reader has served every byte before the last one it got. Marks are idempotent, so the same
+//! bytes read twice never finish a chunk early. The price is that a read *starting* inside a
+//! granule marks it although that granule's head may still be unread by another thread; such
+//! a chunk may be evicted and read again (never wrong bytes), which needs reads smaller than a
+//! granule arriving out of order.
+//!
+//! Measured (issue 11 point 5, 8 passes, same session, `tests/bench/passes-results.md`): later
+//! passes read 1.04–1.09 GB (max 1.03–1.05 × (model − budget)) where main read 1.14–1.17 GB
+//! (1.12–1.13 ×). This needs [`super::ConsumedEvictions`] too: alone, chunks consumed at
+//! once were read again by the block prefetch the reader had outrun (1.17–1.44 GB a pass).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Granules per chunk: the low 32 bits of the word are the marks, the high 32 the visit.
+const GRANULES: u64 = 32;
+
+/// The served granules of one chunk and the visit they belong to.
+#[derive(Debug, Default)]
+pub(super) struct Served(AtomicU64);
+
+impl Served {
+    /// Bytes `[start, end)` of a chunk of `len` bytes were served during `visit`.
+    pub(super) fn mark(&self, visit: u64, start: u64, end: u64, len: u64) {
+        let bits = granules(start, end.min(len), len);
+        let visit = visit_tag(visit);
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |word| {
+                let marks = if word >> 32 == visit { word & MARKS } else { 0 };
+                Some(visit << 32 | marks | bits)
+            });
+    }
+
+    /// Whether every byte of a chunk of `len` bytes was served during `visit`.
+    pub(super) fn finished(&self, visit: u64, len: u64) -> bool {
+        let word = self.0.load(Ordering::Relaxed);
+        len > 0 && word >> 32 == visit_tag(visit) && word & MARKS == all(len)
+    }
+}
+
+const MARKS: u64 = (1 << GRANULES) - 1;
+
+fn visit_tag(visit: u64) -> u64 {
+    visit & 0xffff_ffff
+}
+
+/// Bytes per granule of a chunk of `len` bytes.
+fn granule(len: u64) -> u64 {
+    len.div_ceil(GRANULES).max(1)
+}
+
+/// The marks of every granule of a chunk of `len` bytes.
+fn all(len: u64) -> u64 {
+    let count = len.div_ceil(granule(len));
+    (1u64 << count) - 1
+}
+
+/// The granules whose last byte lies in `[start, end)`.
+fn granules(start: u64, end: u64, len: u64) -> u64 {
+    if start >= end {
+        return 0;
+    }
+    let size = granule(len);
+    let first = start / size;
+    // The last granule may be short: it ends at `len`.
+    let stop = if end == len {
+        len.div_ceil(size)
+    } else {
+        end / size
+    };
+    if stop <= first {
+        return 0;
+    }
+    ((1u64 << (stop - first)) - 1) << first
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LEN: u64 = 4 << 20;
+
+    #[test]
+    fn sequential_pieces_finish_the_chunk_at_the_last_byte() {
+        let served = Served::default();
+        let piece = 2 << 20;
+        served.mark(7, 0, piece, LEN);
+        assert!(!served.finished(7, LEN), "half a chunk is not finished");
+        served.mark(7, piece, LEN, LEN);
+        assert!(served.finished(7, LEN));
+        assert!(!served.finished(8, LEN), "finished in visit 7, not in 8");
+    }
+
+    #[test]
+    fn unaligned_sequential_reads_finish_the_chunk() {
+        let served = Served::default();
+        let mut at = 0;
+        while at < LEN {
+            let end = (at + 100_003).min(LEN);
+            assert!(!served.finished(1, LEN));
+            served.mark(1, at, end, LEN);
+            at = end;
+        }
+        assert!(served.finished(1, LEN));
+    }
+
+    #[test]
+    fn rereading_the_same_bytes_never_finishes_it() {
+        let served = Served::default();
+        for _ in 0..100 {
+            served.mark(3, 0, LEN - 1, LEN);
+        }
+        assert!(!served.finished(3, LEN), "the last byte was never served");
+    }
+
+    #[test]
+    fn a_new_visit_starts_afresh() {
+        let served = Served::default();
+        served.mark(1, 0, LEN, LEN);
+        assert!(served.finished(1, LEN));
+        served.mark(2, 0, LEN / 2, LEN);
+        assert!(!served.finished(2, LEN));
+        assert!(!served.finished(1, LEN));
+    }
+
+    #[test]
+    fn short_and_odd_chunks() {
+        for len in [1, 31, 32, 33, 4095, 3 * 4096 + 17] {
+            let served = Served::default();
+            served.mark(0, 0, len - 1, len);
+            assert!(!served.finished(0, len), "len {len}: last byte unserved");
+            served.mark(0, len - 1, len, len);
+            assert!(served.finished(0, len), "len {len}");
+        }
+        assert!(!Served::default().finished(0, 0));
+    }
+}
