@@ -195,6 +195,22 @@ def test_o_direct_reads_of_a_passthrough_model_bypass_the_page_cache(mount, src)
     assert _file_stats(m, "a.safetensors")["mode"] == "passthrough"
 
 
+def _runai_load_bit_exact(path: Path, src_path: Path, want: bytes) -> None:
+    """Every tensor of `path` through runai-model-streamer, compared with `want`'s bytes."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (.ci/run installs it)")
+    streamer = pytest.importorskip("runai_model_streamer",
+                                   reason="runai-model-streamer is not installed (.ci/run installs it)")
+    ranges = gen.tensor_ranges(src_path)
+    got = {}
+    with streamer.SafetensorsStreamer() as s:
+        s.stream_file(str(path))
+        for name, t in s.get_tensors():
+            got[name] = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    assert sorted(got) == sorted(name for name, _, _ in ranges)
+    bad = [name for name, start, end in ranges if got[name] != want[start:end]]
+    assert not bad, f"{len(bad)} tensors differ from the source: {bad[:5]}"
+
+
 def test_runai_streamer_through_passthrough_bit_exact(mount, src):
     """runai-model-streamer opens with O_DIRECT and reads with io_uring (asynchronous direct
     reads, which the kernel hands to the backing file as direct reads): every tensor bit-exact."""
@@ -221,22 +237,11 @@ def test_runai_streamer_from_the_chunk_cache_bit_exact_and_reloaded_from_ram(mou
     """The same loader with the chunk cache serving the file (`--no-model-passthrough`): its
     asynchronous O_DIRECT reads reach the daemon as parallel requests (FUSE_ASYNC_DIO, in any
     order), every tensor bit-exact, and a reload reads nothing from disk."""
-    torch = pytest.importorskip("torch", reason="torch is not installed (.ci/run installs it)")
-    streamer = pytest.importorskip("runai_model_streamer",
-                                   reason="runai-model-streamer is not installed (.ci/run installs it)")
     want = _model(src / "a.safetensors", 4, 11)
     m = mount(src, "512MiB", ("--no-model-passthrough",))
-    ranges = gen.tensor_ranges(src / "a.safetensors")
 
     def load() -> None:
-        got = {}
-        with streamer.SafetensorsStreamer() as s:
-            s.stream_file(str(m.mnt / "a.safetensors"))
-            for name, t in s.get_tensors():
-                got[name] = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-        assert sorted(got) == sorted(name for name, _, _ in ranges)
-        bad = [name for name, start, end in ranges if got[name] != want[start:end]]
-        assert not bad, f"{len(bad)} tensors differ from the source: {bad[:5]}"
+        _runai_load_bit_exact(m.mnt / "a.safetensors", src / "a.safetensors", want)
 
     load()
     assert _file_stats(m, "a.safetensors")["mode"] == "cache"
@@ -252,20 +257,10 @@ def test_runai_streamer_through_a_budget_below_the_file_reads_it_once(mount, src
     once, with no prefetch (runai reads the head of each worker's range last; served through
     chunks, those were loaded, evicted and loaded again: 1.1x the file). Every tensor
     bit-exact; the pieces runai asked for as plain `pread`s with O_DIRECT too."""
-    torch = pytest.importorskip("torch", reason="torch is not installed (.ci/run installs it)")
-    streamer = pytest.importorskip("runai_model_streamer",
-                                   reason="runai-model-streamer is not installed (.ci/run installs it)")
     want = _model(src / "a.safetensors", 8, 12)  # ~400 MiB
     m = mount(src, f"{len(want) // 4 // MiB}MiB")
     ranges = gen.tensor_ranges(src / "a.safetensors")
-    got = {}
-    with streamer.SafetensorsStreamer() as s:
-        s.stream_file(str(m.mnt / "a.safetensors"))
-        for name, t in s.get_tensors():
-            got[name] = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-    assert sorted(got) == sorted(name for name, _, _ in ranges)
-    bad = [name for name, start, end in ranges if got[name] != want[start:end]]
-    assert not bad, f"{len(bad)} tensors differ from the source: {bad[:5]}"
+    _runai_load_bit_exact(m.mnt / "a.safetensors", src / "a.safetensors", want)
     st = m.stats()
     assert _file_stats(m, "a.safetensors")["mode"] == "cache"
     data = len(want) - ranges[0][1]
