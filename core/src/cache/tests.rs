@@ -300,6 +300,14 @@ fn a_panicking_read_wakes_its_waiters_and_returns_its_reservation() {
     assert_eq!((chunk.as_slice(), outcome), (&fx.data[..], Outcome::Miss));
 }
 
+/// The owner of a chunk of `block` of the file `access` stands for.
+fn owned_by(access: &Arc<FileAccess>, block: usize) -> ChunkOwner {
+    ChunkOwner {
+        access: Arc::clone(access),
+        block,
+    }
+}
+
 fn get_owned(
     cache: &ChunkCache,
     fx: &Fixture,
@@ -324,10 +332,7 @@ fn consumed_chunks_of_the_current_block_go_first() {
     let fx = fixture(4);
     let cache = ChunkCache::new(3 * CHUNK, Arc::new(Counters::default()));
     let access = Arc::new(FileAccess::new(2, None));
-    let owner = |block| ChunkOwner {
-        access: Arc::clone(&access),
-        block,
-    };
+    let owner = |block| owned_by(&access, block);
     access.touch(0);
     get_owned(&cache, &fx, 0, Want::Read, &owner(0)).unwrap();
     get_owned(&cache, &fx, 1, Want::Read, &owner(0)).unwrap();
@@ -355,10 +360,7 @@ fn unread_chunks_of_the_current_block_are_kept_from_prefetch() {
     let fx = fixture(4);
     let cache = ChunkCache::new(3 * CHUNK, Arc::new(Counters::default()));
     let access = Arc::new(FileAccess::new(2, None));
-    let owner = |block| ChunkOwner {
-        access: Arc::clone(&access),
-        block,
-    };
+    let owner = |block| owned_by(&access, block);
     access.touch(0);
     for chunk in 0..3 {
         get_owned(&cache, &fx, chunk, Want::Prefetch, &owner(0)).unwrap();
@@ -379,10 +381,7 @@ fn finished_chunks_of_the_current_block_go_first_at_once() {
     let fx = fixture(4);
     let cache = ChunkCache::new(3 * CHUNK, Arc::new(Counters::default()));
     let access = Arc::new(FileAccess::new(3, None));
-    let owner = |block| ChunkOwner {
-        access: Arc::clone(&access),
-        block,
-    };
+    let owner = |block| owned_by(&access, block);
     access.touch(0);
     let (whole, _) = get_owned(&cache, &fx, 0, Want::Read, &owner(0)).unwrap();
     let (half, _) = get_owned(&cache, &fx, 1, Want::Read, &owner(0)).unwrap();
@@ -409,10 +408,7 @@ fn a_chunk_evicted_as_consumed_is_not_prefetched_again_in_the_same_visit() {
     let fx = fixture(4);
     let cache = ChunkCache::new(3 * CHUNK, Arc::new(Counters::default()));
     let access = Arc::new(FileAccess::new(2, None));
-    let owner = |block| ChunkOwner {
-        access: Arc::clone(&access),
-        block,
-    };
+    let owner = |block| owned_by(&access, block);
     access.touch(0);
     for chunk in 0..2 {
         let (got, _) = get_owned(&cache, &fx, chunk, Want::Read, &owner(0)).unwrap();
