@@ -886,7 +886,7 @@ impl ModelStore {
     /// 8 MiB-aligned pieces of each worker's range with io_uring, and the unaligned head of
     /// each range only after the rest. Through the chunk cache with a budget a quarter of the
     /// file, those heads' chunks were loaded whole, evicted while the loader read elsewhere,
-    /// and loaded again: 1.78–1.81 GB read for a 1.63 GB file (issue 11, point 1, 0.86–0.93 of
+    /// and loaded again: 1769–1812 MiB read for a 1558 MiB file (issue 11, point 1, 0.86–0.93 of
     /// the plain file's speed on the 1 GB/s source). So when the file is larger than the chunk
     /// cache, which could not keep it for a next pass anyway, its `O_DIRECT` reads are served
     /// like probes: exactly the bytes asked for (from resident chunks when they hold them, else
