@@ -85,6 +85,7 @@ sys.path.insert(0, str(HERE))
 import bench  # noqa: E402
 import gen  # noqa: E402
 import gen_gguf  # noqa: E402
+import guest_memory  # noqa: E402
 import sources  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -1185,6 +1186,7 @@ def render(cmd: str, elapsed: float, info: dict, raw: dict, run: Run) -> str:
         f"start; every mount ran that copy); its checkout's HEAD: {info['binary_tree'] or '?'}; harness at "
         f"{info['harness_tree']}",
         f"- mounts: `tierfs mount SRC MNT {info['mount_args']}`, fresh for every cold pass",
+        f"- memory: {info.get('guest_memory', '?')} (tests/bench/guest_memory.py)",
         f"- sources: {info['device']}; raw cold sequential read (1 MiB read()): fast {raw.get('fast', 0):.2f} GB/s, "
         f"slow {raw.get('slow', 0):.2f} GB/s (blkio read_bps_device {run.args.slow_bps / 1e9:.2f} GB/s on every "
         "process of the run, tierfs daemon included)",
@@ -1272,7 +1274,7 @@ def main() -> int:
     disk_size = (need + 512 * MiB + MiB - 1) // MiB * MiB  # one model at a time (Run.drop_all)
     run = None
     try:
-        with sources.RamDisk(disk_size, root) as disk:
+        with guest_memory.SteadyMemory() as steady, sources.RamDisk(disk_size, root) as disk:
             thr = sources.Throttle(disk.majmin)
             try:
                 run = Run(args, root, disk, thr)
@@ -1291,6 +1293,7 @@ def main() -> int:
                         for cg in list(reversed(bench._CGROUPS)):
                             cg.remove()
                 info = machine(args, load0, bench.BIN, disk)
+                info["guest_memory"] = steady.note
             finally:
                 bench.cleanup(None)
                 thr.close()

@@ -175,3 +175,26 @@ def test_gguf_and_sharded_passes_read_every_tensor(tmp_path):
         p = subprocess.run([sys.executable, str(issue11.HERE / "issue11.py"), "--pass", name, str(path)],
                            capture_output=True, text=True, timeout=50, check=True)
         assert json.loads(p.stdout.strip().splitlines()[-1])["bytes"] == nbytes, name
+
+
+def test_guest_memory_turns_reporting_off_one_above_the_largest_buddy_order():
+    import guest_memory
+    x86 = ("Node 0, zone      DMA      0      0      0      0      0      0      0      0      1      1      2\n"
+           "Node 0, zone    DMA32      3      2      3      3      2      3      2      3      3      3    700\n"
+           "Node 0, zone   Normal    144    312    226     93     50     13      4      2      3      2   4932\n")
+    assert guest_memory.orders_in(x86) == 11  # orders 0-10: 11 is the first order no block has
+    arm64_64k = "Node 0, zone   Normal " + " ".join(["1"] * 14) + "\n"
+    assert guest_memory.orders_in(arm64_64k) == 14
+    with pytest.raises(ValueError):
+        guest_memory.orders_in("")
+
+
+def test_guest_memory_faults_in_free_memory_but_the_reserve():
+    import guest_memory
+    GiB = 1 << 30
+    assert guest_memory.mem_free("MemTotal: 24683584 kB\nMemFree:  24374272 kB\n") == 24374272 * 1024
+    with pytest.raises(ValueError):
+        guest_memory.mem_free("MemTotal: 1 kB\n")
+    assert guest_memory.pieces_to_fault(23 * GiB, reserve=2 * GiB, piece=GiB) == 21
+    assert guest_memory.pieces_to_fault(int(2.9 * GiB), reserve=2 * GiB, piece=GiB) == 0
+    assert guest_memory.pieces_to_fault(GiB, reserve=2 * GiB, piece=GiB) == 0  # never negative

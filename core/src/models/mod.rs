@@ -49,7 +49,9 @@ use crate::prefetch::access::{FileAccess, Step};
 use crate::prefetch::saved::SavedOrders;
 use crate::prefetch::{Executor, PrefetchTarget, Prefetcher};
 use crate::source::slot::SourceSlot;
-use crate::source::{aligned_footprint, ReadWrapper, SourceError, SourceFile, SourceIdentity};
+use crate::source::{
+    aligned_footprint, AlignedBytes, ReadWrapper, SourceError, SourceFile, SourceIdentity,
+};
 use crate::stats::{Counters, FileSnapshot, IndexSnapshot, PrefetchSnapshot};
 use crate::sync::{lock, Mutex, MutexGuard};
 
@@ -86,13 +88,16 @@ pub enum OpenError {
     Source(#[from] SourceError),
 }
 
-/// Bytes of one read: borrowed from a cached chunk when the read falls inside one (the kernel's
-/// 128 KiB–1 MiB requests inside 4 MiB chunks, nearly always), else assembled in a buffer.
+/// Bytes of one read, copied as little as possible: borrowed from a cached chunk when the read
+/// falls inside one (the kernel's 128 KiB–1 MiB requests inside 4 MiB chunks, nearly always),
+/// the buffer a source read filled for this request alone (a probe or `O_DIRECT` read of bytes
+/// not resident), else assembled in a buffer (a read across chunks, the header).
 pub enum ReadBytes {
     Chunk {
         bytes: Arc<Chunk>,
         range: Range<usize>,
     },
+    Source(AlignedBytes),
     Owned(Vec<u8>),
 }
 
@@ -102,6 +107,7 @@ impl std::ops::Deref for ReadBytes {
     fn deref(&self) -> &[u8] {
         match self {
             ReadBytes::Chunk { bytes, range } => &bytes.as_slice()[range.clone()],
+            ReadBytes::Source(bytes) => bytes.as_slice(),
             ReadBytes::Owned(bytes) => bytes,
         }
     }
@@ -757,7 +763,7 @@ impl ModelStore {
         });
         if let Some(first) = first_data_chunk {
             if file.is_probe(first, offset, end) {
-                return self.read_probe(file, offset, end).map(ReadBytes::Owned);
+                return self.read_probe(file, offset, end);
             }
         }
         let chunk = file
@@ -855,7 +861,7 @@ impl ModelStore {
     /// predicted: prefetch swept the whole file ahead of the touches and evicted it again
     /// before the copies came, 1.72× the file read through a quarter budget, 650 MB of
     /// prefetch wasted (issue 11 benchmark, point 2, reload).
-    fn read_probe(&self, file: &ModelFile, offset: u64, end: u64) -> Result<Vec<u8>, ReadError> {
+    fn read_probe(&self, file: &ModelFile, offset: u64, end: u64) -> Result<ReadBytes, ReadError> {
         self.read_exact_uncached(file, offset, end, &self.counters().probe_bytes)
     }
 
@@ -867,7 +873,7 @@ impl ModelStore {
         offset: u64,
         end: u64,
         kind: &AtomicU64,
-    ) -> Result<Vec<u8>, ReadError> {
+    ) -> Result<ReadBytes, ReadError> {
         if let Some(bytes) = self.probe_from_cache(file, offset, end) {
             Counters::add(&self.counters().hit_bytes, end - offset);
             return Ok(bytes);
@@ -878,7 +884,7 @@ impl ModelStore {
         Counters::add(&counters.disk_read_bytes, end - offset);
         Counters::add(&counters.uncached_bytes, end - offset);
         Counters::add(kind, end - offset);
-        Ok(bytes.as_slice().to_vec())
+        Ok(ReadBytes::Source(bytes))
     }
 
     /// Reads for an `O_DIRECT` open (the front end tells them from the request's flags). Such a
@@ -912,14 +918,26 @@ impl ModelStore {
             return self.read(file, offset, len);
         }
         self.read_exact_uncached(file, offset, end, &self.counters().direct_bytes)
-            .map(ReadBytes::Owned)
     }
 
     /// `[offset, end)` from the header and resident chunks, or `None` if part of it is in
-    /// neither (a chunk not resident, or bytes outside every chunk).
-    fn probe_from_cache(&self, file: &ModelFile, offset: u64, end: u64) -> Option<Vec<u8>> {
+    /// neither (a chunk not resident, or bytes outside every chunk). Inside one chunk, the
+    /// common case, it is borrowed, not copied: a multi-threaded reader's requests start a new
+    /// run about every other time (8 threads × 2 MiB `pread`s, 1 MiB requests), and copying
+    /// those took 14 % of the daemon's CPU serving such a reader from RAM.
+    fn probe_from_cache(&self, file: &ModelFile, offset: u64, end: u64) -> Option<ReadBytes> {
         let plan = file.plan()?;
         let header_end = file.header_end()?;
+        if offset >= header_end {
+            let chunk = plan.chunk_at(offset)?;
+            let span = plan.get(chunk)?;
+            if end <= span.end {
+                let bytes = self.cache.peek(file.key(chunk))?;
+                let range = (offset - span.start) as usize..(end - span.start) as usize;
+                bytes.as_slice().get(range.clone())?;
+                return Some(ReadBytes::Chunk { bytes, range });
+            }
+        }
         let mut out = Vec::with_capacity(end.saturating_sub(offset) as usize);
         let mut pos = offset;
         while pos < end {
@@ -937,7 +955,7 @@ impl ModelStore {
             out.extend_from_slice(bytes.as_slice().get(range)?);
             pos = stop;
         }
-        Some(out)
+        Some(ReadBytes::Owned(out))
     }
 
     /// Serves `[pos, stop)` straight from the source, where `stop` is `end` or the start of the

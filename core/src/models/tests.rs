@@ -475,6 +475,43 @@ fn a_reload_touching_resident_chunks_prefetches_nothing() {
     assert_eq!(read_all(&store, &reopened, 1 << 20), bytes);
 }
 
+/// Probes cost the daemon no copy: a touch of a chunk not in memory is served from the buffer
+/// its own source read filled, and one that finds its chunk resident borrows the chunk.
+#[test]
+fn probes_are_served_without_a_copy() {
+    let (dir, bytes, store, file) = opened(48 << 20, 24 << 20, 12);
+    let Layout::Indexed { index, .. } = file.layout() else {
+        panic!("malformed")
+    };
+    // The last tensor: its chunk is among the most recently read after a whole pass.
+    let last = index.tensors.iter().map(|t| t.start).max().unwrap();
+    let expected = &bytes[last as usize..(last as usize + 4096).min(bytes.len())];
+    let cold = store.read(&file, last, 4096).unwrap();
+    assert!(matches!(cold, ReadBytes::Source(_)), "a cold probe");
+    assert_eq!(&cold[..], expected);
+    assert_eq!(read_all(&store, &file, 128 << 10), bytes);
+    store.wait_prefetch_idle();
+    // A new load's touch is a probe again (its file's runs start empty), now of a resident chunk.
+    let reopened = store
+        .open(
+            Path::new("m.safetensors"),
+            &dir.path().join("m.safetensors"),
+        )
+        .unwrap();
+    let probes = Counters::get(&store.counters().probe_bytes);
+    let resident = store.read(&reopened, last, 4096).unwrap();
+    assert!(
+        matches!(resident, ReadBytes::Chunk { .. }),
+        "a probe of a resident chunk"
+    );
+    assert_eq!(&resident[..], expected);
+    assert_eq!(
+        Counters::get(&store.counters().probe_bytes),
+        probes,
+        "served from memory, not the source"
+    );
+}
+
 /// Reads block `block` whole, checking its bytes; queued prefetches run after each request, as
 /// when the disk keeps ahead of the reader. Returns how long it took.
 fn read_block(
