@@ -50,7 +50,10 @@ baseline s / tierfs s, so above 1 means faster through the mount):
    transformers load a shard, grouped by block as the single file's are, against the plain shards.
 
 --quick uses small files (whole run < 6 min); the default sizes are realistic (~1.5-3 GiB DiTs
-from tests/python/gen.py, tensors in name order like real writers) and take ~25 min.  Generated
+from tests/python/gen.py, tensors in name order like real writers) and take ~17 min with the
+default 5 repetitions, plus up to a minute to fault in free memory (tests/bench/guest_memory.py:
+the VM's free page reporting is turned off for the run, so that a pass's speed does not depend on
+which memory the host took back; restored at the end).  Generated
 models are kept in --data and copied onto the RAM device for each point.  When tierfs's stats list
 files with a `mode`, each row shows the mode the file was served in.  Writes
 tests/bench/issue11-results.md and .json (or --out) with the command, date, machine, binary hash
@@ -138,11 +141,11 @@ def judge(value: float, op: str, goal: float) -> str:
 
 
 def loader_reps(name: str, reps: int) -> int:
-    """Repetitions of a loader's point-1 cases: `reps`, but at least 5 for runai, whose single
-    passes range over 0.54-1.27 s on both sides in one run (its io_uring workers and tensor
-    copies compete for the 2 CPUs; loaders' CPU time equals their wall time, see
-    core/src/passthrough): with 3, the median of its warm row flipped between 0.71 and 1.76 from
-    one run to the next."""
+    """Repetitions of a loader's point-1 cases: `reps`, but at least 5 for runai even when fewer
+    are asked for. Before guest memory was held steady (guest_memory.py) its single passes
+    ranged over 0.54-1.27 s on both sides in one run, and with 3 repetitions the median of its
+    warm row flipped between 0.71 and 1.76 from one run to the next; with steady memory its
+    passes agree within ~3 %, but a short --reps run should not judge it on fewer."""
     return max(reps, 5) if name == "runai" else reps
 
 

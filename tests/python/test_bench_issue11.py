@@ -198,3 +198,45 @@ def test_guest_memory_faults_in_free_memory_but_the_reserve():
     assert guest_memory.pieces_to_fault(23 * GiB, reserve=2 * GiB, piece=GiB) == 21
     assert guest_memory.pieces_to_fault(int(2.9 * GiB), reserve=2 * GiB, piece=GiB) == 0
     assert guest_memory.pieces_to_fault(GiB, reserve=2 * GiB, piece=GiB) == 0  # never negative
+
+
+def test_steady_memory_turns_reporting_off_and_always_restores(tmp_path, monkeypatch):
+    """SteadyMemory against stand-ins for its sysfs and /proc files (no real memory is touched:
+    MemFree leaves nothing above the reserve)."""
+    import errno
+    import guest_memory
+    order = tmp_path / "page_reporting_order"
+    (tmp_path / "buddyinfo").write_text("Node 0, zone   Normal " + " ".join(["1"] * 11) + "\n")
+    (tmp_path / "meminfo").write_text("MemFree: 1024 kB\n")
+    monkeypatch.setattr(guest_memory, "REPORTING_ORDER", order)
+    monkeypatch.setattr(guest_memory, "BUDDYINFO", tmp_path / "buddyinfo")
+    monkeypatch.setattr(guest_memory, "MEMINFO", tmp_path / "meminfo")
+    # no device registered: the order reads negative, nothing is written
+    order.write_text("-1\n")
+    with guest_memory.SteadyMemory() as steady:
+        assert order.read_text() == "-1\n"
+    assert "nothing to hold steady" in steady.note
+    # reporting on: off for the run, then back
+    order.write_text("9\n")
+    with guest_memory.SteadyMemory() as steady:
+        assert order.read_text().strip() == "11"
+        assert "9 → 11" in steady.note
+    assert order.read_text().strip() == "9"
+    # a kernel refusing 11 gets its largest order, still restored afterwards
+    real_write = type(order).write_text
+
+    def refusing(path, text, *a, **k):
+        if path == order and text.strip() == "11":
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_write(path, text, *a, **k)
+
+    monkeypatch.setattr(type(order), "write_text", refusing)
+    with guest_memory.SteadyMemory() as steady:
+        assert order.read_text().strip() == "10"
+        assert "refused 11" in steady.note
+    assert order.read_text().strip() == "9"
+    # a failure while setting up restores the order before it propagates
+    monkeypatch.setattr(guest_memory, "orders_in", lambda text: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        guest_memory.SteadyMemory().__enter__()
+    assert order.read_text().strip() == "9"

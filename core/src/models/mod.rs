@@ -930,23 +930,13 @@ impl ModelStore {
 
     /// `[offset, end)` from the header and resident chunks, or `None` if part of it is in
     /// neither (a chunk not resident, or bytes outside every chunk). Inside one chunk, the
-    /// common case, it is borrowed, not copied: a multi-threaded reader's requests start a new
-    /// run about every other time (8 threads × 2 MiB `pread`s, 1 MiB requests), and copying
-    /// those took 14 % of the daemon's CPU serving such a reader from RAM.
+    /// common case, it is borrowed, not copied: a probe is a whole kernel request (up to 1 MiB),
+    /// and a multi-threaded reader's requests start new runs often (8 threads × 2 MiB `pread`s:
+    /// each thread's first request after a jump).
     fn probe_from_cache(&self, file: &ModelFile, offset: u64, end: u64) -> Option<ReadBytes> {
         let plan = file.plan()?;
         let header_end = file.header_end()?;
-        if offset >= header_end {
-            let chunk = plan.chunk_at(offset)?;
-            let span = plan.get(chunk)?;
-            if end <= span.end {
-                let bytes = self.cache.peek(file.key(chunk))?;
-                let range = (offset - span.start) as usize..(end - span.start) as usize;
-                bytes.as_slice().get(range.clone())?;
-                return Some(ReadBytes::Chunk { bytes, range });
-            }
-        }
-        let mut out = Vec::with_capacity(end.saturating_sub(offset) as usize);
+        let mut out = Vec::new();
         let mut pos = offset;
         while pos < end {
             if pos < header_end {
@@ -960,7 +950,11 @@ impl ModelStore {
             let bytes = self.cache.peek(file.key(chunk))?;
             let stop = end.min(span.end);
             let range = (pos - span.start) as usize..(stop - span.start) as usize;
-            out.extend_from_slice(bytes.as_slice().get(range)?);
+            let piece = bytes.as_slice().get(range.clone())?;
+            if pos == offset && stop == end {
+                return Some(ReadBytes::Chunk { bytes, range });
+            }
+            out.extend_from_slice(piece);
             pos = stop;
         }
         Some(ReadBytes::Owned(out))

@@ -483,7 +483,7 @@ fn probes_are_served_without_a_copy() {
     let Layout::Indexed { index, .. } = file.layout() else {
         panic!("malformed")
     };
-    // The last tensor: its chunk is among the most recently read after a whole pass.
+    // The last tensor, cold: its chunk is not in memory.
     let last = index.tensors.iter().map(|t| t.start).max().unwrap();
     let expected = &bytes[last as usize..(last as usize + 4096).min(bytes.len())];
     let cold = store.read(&file, last, 4096).unwrap();
@@ -491,20 +491,50 @@ fn probes_are_served_without_a_copy() {
     assert_eq!(&cold[..], expected);
     assert_eq!(read_all(&store, &file, 128 << 10), bytes);
     store.wait_prefetch_idle();
-    // A new load's touch is a probe again (its file's runs start empty), now of a resident chunk.
+    // A new load's touch is a probe again (its file's runs start empty): touch a tensor whose
+    // first 4 KiB lie in a chunk the pass left resident.
     let reopened = store
         .open(
             Path::new("m.safetensors"),
             &dir.path().join("m.safetensors"),
         )
         .unwrap();
+    let plan = reopened.plan().unwrap();
+    let start = index
+        .tensors
+        .iter()
+        .map(|t| t.start)
+        .find(|&start| {
+            plan.chunk_at(start).is_some_and(|chunk| {
+                reopened.chunk_present(store.cache(), chunk)
+                    && plan.get(chunk).is_some_and(|span| start + 4096 <= span.end)
+            })
+        })
+        .expect("the pass left a chunk resident");
+    let expected = &bytes[start as usize..start as usize + 4096];
     let probes = Counters::get(&store.counters().probe_bytes);
-    let resident = store.read(&reopened, last, 4096).unwrap();
+    let resident = store.read(&reopened, start, 4096).unwrap();
     assert!(
         matches!(resident, ReadBytes::Chunk { .. }),
         "a probe of a resident chunk"
     );
     assert_eq!(&resident[..], expected);
+    // One across the boundary of two resident chunks is put together from both, exactly.
+    let boundary = (1..plan.chunks().len())
+        .find(|&c| {
+            reopened.chunk_present(store.cache(), c - 1) && reopened.chunk_present(store.cache(), c)
+        })
+        .map(|c| plan.chunks()[c].start)
+        .expect("two adjacent resident chunks");
+    let across = store.read(&reopened, boundary - 2048, 4096).unwrap();
+    assert!(
+        matches!(across, ReadBytes::Owned(_)),
+        "a probe across chunks"
+    );
+    assert_eq!(
+        &across[..],
+        &bytes[boundary as usize - 2048..boundary as usize + 2048]
+    );
     assert_eq!(
         Counters::get(&store.counters().probe_bytes),
         probes,
