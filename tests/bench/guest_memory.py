@@ -38,7 +38,7 @@ import mmap
 import time
 from pathlib import Path
 
-MiB, GiB = 1 << 20, 1 << 30
+GiB = 1 << 30
 REPORTING_ORDER = Path("/sys/module/page_reporting/parameters/page_reporting_order")
 BUDDYINFO = Path("/proc/buddyinfo")
 MEMINFO = Path("/proc/meminfo")

@@ -145,7 +145,8 @@ def loader_reps(name: str, reps: int) -> int:
     are asked for. Before guest memory was held steady (guest_memory.py) its single passes
     ranged over 0.54-1.27 s on both sides in one run, and with 3 repetitions the median of its
     warm row flipped between 0.71 and 1.76 from one run to the next; with steady memory its
-    passes agree within ~3 %, but a short --reps run should not judge it on fewer."""
+    passes of one case still spread by up to 7 % (warm: 0.495-0.531 s in the 2026-12-02 run),
+    more than other loaders', so a short --reps run should not judge it on fewer."""
     return max(reps, 5) if name == "runai" else reps
 
 
