@@ -100,12 +100,16 @@ pub fn apply(store: &ModelStore, source: &Path, command: Command) -> Result<(), 
         }
         Command::Prefetch(rel) => {
             let abs = source.join(&rel);
-            // A regular file, or a link to one (as the mount presents it).
-            let is_file = std::fs::metadata(&abs).is_ok_and(|meta| meta.is_file());
-            if !is_file || !is_model_path(&rel) {
+            if !is_model_path(&rel) {
                 return Err(ControlError::NotAModel(rel));
             }
-            let model = store.open(&rel, &abs)?;
+            // A regular file, or a link to one (as the mount presents it), reached the way the
+            // store reaches SOURCE (never through /proc or into the mount).
+            let model = match store.open(&rel, &abs) {
+                Ok(model) => model,
+                Err(e) if e.is_not_a_file() => return Err(ControlError::NotAModel(rel)),
+                Err(e) => return Err(e.into()),
+            };
             if model.is_malformed() {
                 return Err(ControlError::Malformed(rel));
             }

@@ -19,6 +19,7 @@
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::Duration;
 
@@ -36,9 +37,12 @@ const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// or with the child's error.
 pub fn run(request: &MountRequest, log_file: Option<&Path>) -> Result<()> {
     let log = match log_file {
+        // 0600 when created: the log names the model files readers opened, which other users
+        // of a shared mount may not be able to list.
         Some(path) => std::fs::OpenOptions::new()
             .create(true)
             .append(true)
+            .mode(0o600)
             .open(path)
             .with_context(|| format!("cannot open log file {}", path.display()))?,
         None => File::options()

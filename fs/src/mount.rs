@@ -183,7 +183,9 @@ impl Mounted {
             model_passthrough: request.model_passthrough,
             governor,
         };
-        let fs = TierFs::new(settings, Arc::clone(&store), window, invalidations);
+        let fs = TierFs::new(settings, Arc::clone(&store), window, invalidations)
+            .with_context(|| format!("cannot open the source {}", source.display()))?;
+        let served_device = fs.served_device();
         privilege::check_dev_fuse()?;
         let session = fuser::Session::new(fs, &mountpoint, &session_config(request, &source))
             .map_err(privilege::explain_mount_error)
@@ -194,6 +196,11 @@ impl Mounted {
                     mountpoint.display()
                 )
             })?;
+        // Before any request is served: a path of SOURCE that leads back into the mount is
+        // refused from the first request on (its device asks the mount nothing).
+        let device = tierfs_core::access::mount_device(&mountpoint)
+            .with_context(|| format!("cannot find the device of {}", mountpoint.display()))?;
+        served_device.set(device);
         let notifier = session.notifier();
         thread::Builder::new()
             .name("tierfs-invalidate".into())

@@ -94,7 +94,11 @@ pub fn run(request: MountRequest) -> Result<(), MountError> {
     let target: Arc<dyn BudgetTarget> = store.clone();
     let floor = budget::default_floor(request.budget);
     let governor = Arc::new(Governor::new(target, request.budget, floor));
-    let fs = TierWinFs::new(source.clone(), request.mountpoint.clone(), store, governor);
+    let fs = TierWinFs::new(source.clone(), request.mountpoint.clone(), store, governor)
+        .map_err(|e| MountError::Source {
+            path: source.clone(),
+            source: e,
+        })?;
     // Fine-grained guards: reads of different files (and of one file) run concurrently, which
     // the core is built for.
     let mut host: FileSystemHost<TierWinFs, FineGuard> =

@@ -98,7 +98,7 @@ impl Tree {
         mountpoint: String,
         store: Arc<ModelStore>,
         governor: Arc<Governor>,
-    ) -> Tree {
+    ) -> std::io::Result<Tree> {
         let settings = Settings {
             source: source.clone(),
             passthrough: false,
@@ -110,13 +110,13 @@ impl Tree {
         let (tx, rx) = crossbeam_channel::unbounded();
         // Empty: nothing is kept in a page cache of the mounted files (see the module docs).
         let window = Arc::new(KernelCacheWindow::new(0));
-        let mut fs = TierFs::new(settings, store, window, tx, Box::new(render));
+        let mut fs = TierFs::new(settings, store, window, tx, Box::new(render))?;
         fs.kernel_capabilities(true, false);
-        Tree {
+        Ok(Tree {
             fs,
             source,
             _invalidations: rx,
-        }
+        })
     }
 
     /// The core filesystem.

@@ -71,10 +71,10 @@ impl TierWinFs {
         mountpoint: String,
         store: Arc<ModelStore>,
         governor: Arc<Governor>,
-    ) -> TierWinFs {
-        TierWinFs {
-            tree: Tree::new(source, mountpoint, store, governor),
-        }
+    ) -> std::io::Result<TierWinFs> {
+        Ok(TierWinFs {
+            tree: Tree::new(source, mountpoint, store, governor)?,
+        })
     }
 
     fn node_info(&self, open: &Open, attr: &Attr) -> FileInfo {

@@ -9,15 +9,26 @@
 //! `CAP_DAC_READ_SEARCH`…), and gives them back when it returns to 0: the thread then really
 //! is the user for every path lookup and open.
 //!
-//! The requester's supplementary groups are not in the FUSE request; they are read from
-//! `/proc/PID/status` (`Groups:`) and kept for [`GROUPS_TTL`]. A process whose status cannot
-//! be read (it exited) is served with no supplementary groups: fewer rights, never more.
+//! The thread's **capabilities** are cut to the requester's too: clearing the fsuid takes away
+//! only the file capabilities, and a root daemon's thread would otherwise keep
+//! `CAP_SYS_PTRACE`, `CAP_SYS_ADMIN` and the rest, which widen what a path can reach (another
+//! process's `/proc/PID/…`, for one). While switched, the effective set is the daemon's own
+//! intersected with the requester's (`CapEff:`); the permitted set is left alone, so the
+//! switch back can raise them again. The same cut serves a root requester that dropped
+//! capabilities (a container, a hardened service): it is checked as uid 0 *without*
+//! `CAP_DAC_OVERRIDE`, as the kernel checks it on SOURCE.
+//!
+//! The requester's supplementary groups and capabilities are not in the FUSE request; they
+//! are read from `/proc/PID/status` (`Groups:`, `CapEff:`) and kept for [`GROUPS_TTL`]. A
+//! process whose status cannot be read (it exited) is served with no supplementary groups
+//! and no capabilities: fewer rights, never more.
 
 use std::collections::HashMap;
 use std::io;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use rustix::thread::{capabilities, set_capabilities, CapabilitySet, CapabilitySets};
 use thiserror::Error;
 
 /// How long the supplementary groups read for a process are reused. A second covers the burst
@@ -49,6 +60,8 @@ pub struct Credentials {
     pub uid: u32,
     pub gid: u32,
     pub groups: Arc<Vec<u32>>,
+    /// The requester's effective capabilities (a `CapEff:` bit mask).
+    pub caps: u64,
 }
 
 /// This thread acts with other credentials until the value is dropped.
@@ -58,6 +71,7 @@ pub struct Switched {
     own_uid: u32,
     own_gid: u32,
     own_groups: Vec<libc::gid_t>,
+    own_caps: CapabilitySets,
     /// Not `Send`: credentials belong to the thread that switched them.
     _thread_bound: std::marker::PhantomData<*const ()>,
 }
@@ -73,25 +87,40 @@ impl Switched {
         // SAFETY: geteuid/getegid cannot fail.
         let (own_uid, own_gid) = unsafe { (libc::geteuid(), libc::getegid()) };
         let own_groups = current_groups().map_err(fail)?;
+        let own_caps = capabilities(None).map_err(|e| fail(e.into()))?;
         let switched = Switched {
             own_uid,
             own_gid,
             own_groups,
+            own_caps,
             _thread_bound: std::marker::PhantomData,
         };
         // Groups and gid first: once the fsuid is not 0, changing them needs nothing more, but
-        // doing them while still root keeps every step permitted. If any step fails, dropping
-        // `switched` puts back whatever was changed.
+        // doing them while still root keeps every step permitted. Capabilities last: leaving
+        // fsuid 0 clears the file capabilities, which the requester may hold itself. If any
+        // step fails, dropping `switched` puts back whatever was changed.
         set_groups(&creds.groups).map_err(fail)?;
         set_fsgid(creds.gid).map_err(fail)?;
         set_fsuid(creds.uid).map_err(fail)?;
+        let effective = own_caps.effective & CapabilitySet::from_bits_retain(creds.caps);
+        set_capabilities(
+            None,
+            CapabilitySets {
+                effective,
+                ..own_caps
+            },
+        )
+        .map_err(|e| fail(e.into()))?;
         Ok(switched)
     }
 }
 
 impl Drop for Switched {
     fn drop(&mut self) {
-        let restored = set_fsuid(self.own_uid)
+        // Capabilities first: restoring the groups needs CAP_SETGID in the effective set.
+        let restored = set_capabilities(None, self.own_caps)
+            .map_err(io::Error::from)
+            .and_then(|()| set_fsuid(self.own_uid))
             .and_then(|()| set_fsgid(self.own_gid))
             .and_then(|()| set_groups(&self.own_groups));
         if let Err(e) = restored {
@@ -156,44 +185,64 @@ fn set_fsgid(gid: u32) -> io::Result<()> {
     Ok(())
 }
 
-/// When a process's groups were read, and what they were.
-type ReadGroups = (Instant, Arc<Vec<u32>>);
+/// What a process's status said, and when it was read.
+type ReadStatus = (Instant, ProcessStatus);
 
-/// Supplementary groups per requesting process, read from `/proc` and kept briefly. Keyed by
-/// pid *and* the request's uid and gid, so that a pid reused within [`GROUPS_TTL`] by another
+/// The supplementary groups and effective capabilities of a requesting process.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProcessStatus {
+    pub groups: Arc<Vec<u32>>,
+    pub caps: u64,
+}
+
+/// [`ProcessStatus`] per requesting process, read from `/proc` and kept briefly. Keyed by pid
+/// *and* the request's uid and gid, so that a pid reused within [`GROUPS_TTL`] by another
 /// user's process is read afresh.
 #[derive(Debug, Default)]
 pub struct GroupsCache {
-    entries: Mutex<HashMap<(u32, u32, u32), ReadGroups>>,
+    entries: Mutex<HashMap<(u32, u32, u32), ReadStatus>>,
 }
 
 impl GroupsCache {
-    /// The supplementary groups of process `pid`, which sent a request as `uid`/`gid` (none if
-    /// they cannot be read).
-    pub fn groups_of(&self, pid: u32, uid: u32, gid: u32) -> Arc<Vec<u32>> {
+    /// The groups and capabilities of process `pid`, which sent a request as `uid`/`gid` (none
+    /// if they cannot be read).
+    pub fn status_of(&self, pid: u32, uid: u32, gid: u32) -> ProcessStatus {
         let key = (pid, uid, gid);
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((read, groups)) = entries.get(&key) {
+        if let Some((read, status)) = entries.get(&key) {
             if read.elapsed() < GROUPS_TTL {
-                return Arc::clone(groups);
+                return status.clone();
             }
         }
-        let groups = Arc::new(read_groups(pid).unwrap_or_default());
+        let status = read_status(pid).unwrap_or_default();
         if entries.len() >= GROUPS_ENTRIES {
             entries.clear();
         }
-        entries.insert(key, (Instant::now(), Arc::clone(&groups)));
-        groups
+        entries.insert(key, (Instant::now(), status.clone()));
+        status
     }
 }
 
-/// The `Groups:` line of `/proc/PID/status`.
-fn read_groups(pid: u32) -> Option<Vec<u32>> {
+/// The `Groups:` and `CapEff:` lines of `/proc/PID/status`.
+fn read_status(pid: u32) -> Option<ProcessStatus> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    parse_groups(&status)
+    Some(ProcessStatus {
+        groups: Arc::new(parse_groups(&status)?),
+        caps: parse_caps(&status)?,
+    })
 }
 
 pub(crate) fn parse_groups(status: &str) -> Option<Vec<u32>> {
     let line = status.lines().find_map(|l| l.strip_prefix("Groups:"))?;
     line.split_whitespace().map(|g| g.parse().ok()).collect()
+}
+
+pub(crate) fn parse_caps(status: &str) -> Option<u64> {
+    let line = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+    u64::from_str_radix(line.trim(), 16).ok()
+}
+
+/// This thread's effective capabilities (a `CapEff:` bit mask; none if they cannot be read).
+pub fn own_effective_caps() -> u64 {
+    capabilities(None).map_or(0, |sets| sets.effective.bits())
 }

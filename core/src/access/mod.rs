@@ -23,22 +23,23 @@
 //! Which mode applies ([`Sharing`]):
 //! - without `--allow-other` only the mounting user (the kernel refuses everyone else), so
 //!   nothing is switched: the daemon's own rights are the user's;
-//! - `--allow-other` with a root daemon: credentials are switched for every requester but root;
+//! - `--allow-other` with a root daemon: credentials (and capabilities) are switched for every
+//!   requester but a root process holding every capability the daemon holds;
 //! - `--allow-other` with a non-root daemon (which cannot switch): for other users, links are
 //!   not followed (presented as links, which their kernel then follows with their own rights,
 //!   outside the mount), so the kernel's `default_permissions` check of the presented path is
-//!   the check of the real path.
+//!   the check of the real path. That check knows only mode bits: a file or directory on the
+//!   way that carries a POSIX ACL is refused to other users ([`resolve`]), since an ACL may deny
+//!   what the bits allow.
+//!
+//! Whatever the mode, every path is resolved by [`SourceRoot`] ([`resolve`]): never through a
+//! `/proc` magic link, into a procfs, or into the mount itself, for every requester.
 
 pub mod creds;
-
-use std::ffi::CString;
-use std::fs::File;
-use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+pub mod resolve;
 
 pub use creds::{AccessError, Credentials, GroupsCache, Switched};
+pub use resolve::{mount_device, ServedDevice, SourceRoot};
 
 /// How a mount shares its files between users.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,6 +73,9 @@ pub struct Acting {
     /// Holds the switched credentials until dropped.
     _switched: Option<Switched>,
     follow_links: bool,
+    /// Acting for another user than the mounting one on a mount whose daemon cannot switch
+    /// (see the module docs: objects with ACLs are refused to them).
+    unswitched_other: bool,
 }
 
 impl Acting {
@@ -83,6 +87,12 @@ impl Acting {
     /// Whether the request acts with someone else's credentials than the daemon's.
     pub fn is_switched(&self) -> bool {
         self._switched.is_some()
+    }
+
+    /// Whether the request is another user's, served with the daemon's own rights (a non-root
+    /// daemon with `--allow-other`).
+    pub fn is_unswitched_other(&self) -> bool {
+        self.unswitched_other
     }
 }
 
@@ -108,25 +118,31 @@ impl AccessRule {
     /// Starts acting for a request of `uid`/`gid` from process `pid`: switches this thread's
     /// credentials where the rule needs it, until the returned value is dropped.
     pub fn act_for(&self, uid: u32, gid: u32, pid: u32) -> Result<Acting, AccessError> {
+        let plain = |follow_links, unswitched_other| Acting {
+            _switched: None,
+            follow_links,
+            unswitched_other,
+        };
         match self.sharing {
-            Sharing::Single => Ok(Acting {
-                _switched: None,
-                follow_links: true,
-            }),
-            Sharing::NoLinksForOthers { owner } => Ok(Acting {
-                _switched: None,
-                follow_links: uid == owner,
-            }),
-            Sharing::SwitchCredentials if uid == 0 => Ok(Acting {
-                _switched: None,
-                follow_links: true,
-            }),
+            Sharing::Single => Ok(plain(true, false)),
+            Sharing::NoLinksForOthers { owner } => Ok(plain(uid == owner, uid != owner)),
             Sharing::SwitchCredentials => {
-                let groups = self.groups.groups_of(pid, uid, gid);
-                let creds = Credentials { uid, gid, groups };
+                let status = self.groups.status_of(pid, uid, gid);
+                // Root holding every capability the daemon holds reaches what the daemon does.
+                let own = creds::own_effective_caps();
+                if uid == 0 && status.caps & own == own {
+                    return Ok(plain(true, false));
+                }
+                let creds = Credentials {
+                    uid,
+                    gid,
+                    groups: status.groups,
+                    caps: status.caps,
+                };
                 Ok(Acting {
                     _switched: Some(Switched::to(&creds)?),
                     follow_links: true,
+                    unswitched_other: false,
                 })
             }
         }
@@ -135,75 +151,3 @@ impl AccessRule {
 
 #[cfg(test)]
 mod tests;
-
-/// Opens `abs` for reading on behalf of a request: as the thread's current credentials allow,
-/// and, when links are not to be followed, refusing a link anywhere on the path
-/// (`openat2(RESOLVE_NO_SYMLINKS)`, which also covers a directory swapped for a link after the
-/// lookup; SOURCE itself is canonical, so its own path holds none).
-pub fn open_for_request(abs: &Path, follow_links: bool) -> io::Result<File> {
-    if follow_links {
-        return File::open(abs);
-    }
-    let c_path = CString::new(abs.as_os_str().as_bytes())
-        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: open_how is plain data; all-zero is its documented default.
-    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = (libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW) as u64;
-    how.resolve = libc::RESOLVE_NO_SYMLINKS;
-    // SAFETY: the path is NUL-terminated and `how` is a valid open_how of the size passed.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            libc::AT_FDCWD,
-            c_path.as_ptr(),
-            &how as *const libc::open_how,
-            std::mem::size_of::<libc::open_how>(),
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: openat2 returned a new descriptor that nothing else owns.
-    Ok(unsafe { File::from_raw_fd(fd as i32) })
-}
-
-/// SOURCE, held open so that requests acting as a user reach paths *below* it without the
-/// kernel checking SOURCE's ancestors with the user's rights. They go through
-/// `/proc/self/fd/N/REL`: the kernel lets a process follow its own descriptors there whatever
-/// its fsuid (`proc_fd_permission`, `ptrace_may_access` on its own thread group), and checks
-/// each component of `REL`, and every link met on the way, with the thread's credentials.
-/// Without `/proc`, or when acting with the daemon's own rights, the plain path is used (with
-/// no `/proc`, users then also need to reach SOURCE itself: fewer rights, never more).
-#[derive(Debug)]
-pub struct SourceRoot {
-    abs: PathBuf,
-    via_fd: Option<(OwnedFd, PathBuf)>,
-}
-
-impl SourceRoot {
-    pub fn open(abs: &Path) -> SourceRoot {
-        let via_fd = File::open(abs).ok().map(OwnedFd::from).and_then(|fd| {
-            let base = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
-            // `/proc` must be there and show SOURCE at that path.
-            let same = std::fs::metadata(&base).ok()?;
-            let real = std::fs::metadata(abs).ok()?;
-            use std::os::unix::fs::MetadataExt;
-            ((same.dev(), same.ino()) == (real.dev(), real.ino())).then_some((fd, base))
-        });
-        if via_fd.is_none() {
-            tracing::info!(source = %abs.display(), "cannot reach SOURCE through /proc/self/fd: other users need search permission on its parents too");
-        }
-        SourceRoot {
-            abs: abs.to_owned(),
-            via_fd,
-        }
-    }
-
-    /// The path of `rel` (relative to SOURCE) for a request acting as `acting`.
-    pub fn path_for(&self, rel: &Path, acting: &Acting) -> PathBuf {
-        match &self.via_fd {
-            Some((_, base)) if acting.is_switched() => base.join(rel),
-            _ => self.abs.join(rel),
-        }
-    }
-}

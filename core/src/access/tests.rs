@@ -3,7 +3,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::creds::parse_groups;
+use super::creds::{parse_caps, parse_groups};
 use super::*;
 
 /// `nobody` on Debian; any unprivileged id works, it needs no account.
@@ -65,6 +65,7 @@ fn switched_thread_has_the_users_rights_and_gets_its_own_back() {
         uid: NOBODY,
         gid: NOBODY,
         groups: Arc::new(vec![4242]),
+        caps: 0,
     };
     let switched = Switched::to(&with_group).unwrap();
     assert_eq!(
@@ -81,10 +82,13 @@ fn root_and_single_user_mounts_are_not_switched() {
         .act_for(NOBODY, NOBODY, 0)
         .unwrap();
     assert!(!single.is_switched() && single.follow_links());
-    let root = AccessRule::new(Sharing::SwitchCredentials)
-        .act_for(0, 0, 0)
-        .unwrap();
-    assert!(!root.is_switched() && root.follow_links());
+    if is_root() {
+        // Root with the daemon's capabilities (this very process) acts with the daemon's rights.
+        let root = AccessRule::new(Sharing::SwitchCredentials)
+            .act_for(0, 0, std::process::id())
+            .unwrap();
+        assert!(!root.is_switched() && root.follow_links());
+    }
     let rule = AccessRule::new(Sharing::for_mount(true, 1000));
     assert!(rule.act_for(1000, 1000, 0).unwrap().follow_links());
     assert!(!rule.act_for(1001, 1001, 0).unwrap().follow_links());
@@ -98,10 +102,16 @@ fn groups_come_from_proc_status() {
     assert_eq!(parse_groups(status), Some(vec![27, 100, 4242]));
     assert_eq!(parse_groups("Groups:\t\n"), Some(vec![]));
     assert_eq!(parse_groups("Groups:\tx\n"), None);
-    let own = GroupsCache::default().groups_of(std::process::id(), 0, 0);
+    let own = GroupsCache::default().status_of(std::process::id(), 0, 0);
     let mine = std::fs::read_to_string("/proc/self/status").unwrap();
-    assert_eq!(Some((*own).clone()), parse_groups(&mine));
-    assert!(GroupsCache::default().groups_of(u32::MAX, 0, 0).is_empty());
+    assert_eq!(Some((*own.groups).clone()), parse_groups(&mine));
+    assert_eq!(Some(own.caps), parse_caps(&mine));
+    let gone = GroupsCache::default().status_of(u32::MAX, 0, 0);
+    assert!(gone.groups.is_empty() && gone.caps == 0);
+    assert_eq!(
+        parse_caps("CapEff:\t000001ffffffffff\n"),
+        Some(0x1ff_ffff_ffff)
+    );
 }
 
 #[test]
@@ -111,13 +121,18 @@ fn no_follow_open_refuses_links_anywhere_on_the_path() {
     fs::write(dir.path().join("d/f"), b"f").unwrap();
     std::os::unix::fs::symlink("d", dir.path().join("dl")).unwrap();
     std::os::unix::fs::symlink("f", dir.path().join("d/fl")).unwrap();
-    let root = dir.path().canonicalize().unwrap();
-    assert!(open_for_request(&root.join("d/f"), false).is_ok());
+    let root = SourceRoot::open(&dir.path().canonicalize().unwrap()).unwrap();
+    assert!(root.open_file(Path::new("d/f"), false).is_ok());
     for linked in ["dl/f", "d/fl"] {
-        let err = open_for_request(&root.join(linked), false).unwrap_err();
+        let err = root.open_file(Path::new(linked), false).unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::ELOOP), "{linked}: {err}");
-        assert!(open_for_request(&root.join(linked), true).is_ok());
+        assert!(root.open_file(Path::new(linked), true).is_ok());
     }
+    // Nor for stat or listing: a link on the way is refused, a last one is shown as itself.
+    assert!(root.stat(Path::new("dl/f"), false).is_err());
+    assert!(root.stat(Path::new("d/fl"), false).unwrap().is_symlink());
+    assert!(root.list_dir(Path::new("dl"), false).is_err());
+    assert_eq!(root.list_dir(Path::new("dl"), true).unwrap().len(), 2);
 }
 
 #[test]
@@ -135,21 +150,20 @@ fn a_source_behind_a_closed_directory_is_reached_from_below() {
     fs::write(source.join("pub/open.txt"), b"open").unwrap();
     fs::write(source.join("mine"), b"x").unwrap();
     fs::set_permissions(source.join("mine"), fs::Permissions::from_mode(0o600)).unwrap();
-    let root = SourceRoot::open(&source);
+    let root = SourceRoot::open(&source).unwrap();
     let rule = AccessRule::new(Sharing::SwitchCredentials);
     let acting = rule.act_for(NOBODY, NOBODY, 0).unwrap();
+    let read = |rel: &str| {
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut root.open_file(Path::new(rel), true)?, &mut bytes)?;
+        Ok::<_, std::io::Error>(bytes)
+    };
     // The parent of SOURCE is 0700: the plain path is closed, the path below SOURCE is not.
     assert!(fs::read(source.join("pub/open.txt")).is_err());
-    assert_eq!(
-        fs::read(root.path_for(Path::new("pub/open.txt"), &acting)).unwrap(),
-        b"open"
-    );
+    assert_eq!(read("pub/open.txt").unwrap(), b"open");
     // Below SOURCE the user's rights still apply: a 0644 file reads, a 0600 one does not.
-    assert_eq!(
-        fs::read(root.path_for(Path::new("secret"), &acting)).unwrap(),
-        b"secret"
-    );
-    let err = fs::read(root.path_for(Path::new("mine"), &acting)).unwrap_err();
+    assert_eq!(read("secret").unwrap(), b"secret");
+    let err = read("mine").unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EACCES));
     drop(acting);
     fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();

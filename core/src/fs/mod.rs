@@ -76,7 +76,7 @@ use inodes::Inodes;
 pub use inodes::{CONTROL_DIR_INO, CONTROL_INO, ROOT_INO, STATS_INO};
 pub use open::{OpenFlags, Opened, ReadKind};
 pub use platform::{oflag, AccessError, Sharing};
-use platform::{open_for_request, AccessRule, Acting, SourceRoot};
+use platform::{AccessRule, Acting, SourceRoot};
 use present::{present_as, present_object};
 
 /// How long the kernel may trust attributes and lookups. Half a second keeps the promise that
@@ -174,7 +174,7 @@ pub struct SetAttr {
 pub struct TierFs<B> {
     settings: Settings,
     access: AccessRule,
-    source_root: SourceRoot,
+    source_root: Arc<SourceRoot>,
     store: Arc<ModelStore>,
     inodes: Inodes,
     handles: Handles<B>,
@@ -198,17 +198,20 @@ pub struct TierFs<B> {
 }
 
 impl<B: Send + Sync> TierFs<B> {
+    /// The filesystem of a mount of `settings.source`, which is opened now (and held open).
     pub fn new(
         settings: Settings,
         store: Arc<ModelStore>,
         window: Arc<KernelCacheWindow>,
         invalidations: Sender<InodeRange>,
         render_stats: RenderStats,
-    ) -> TierFs<B> {
+    ) -> std::io::Result<TierFs<B>> {
         let (uid, gid) = platform::daemon_ids();
-        TierFs {
+        let source_root = Arc::new(SourceRoot::open(&settings.source)?);
+        store.reach_source_through(source_root.clone());
+        Ok(TierFs {
             access: AccessRule::new(settings.sharing),
-            source_root: SourceRoot::open(&settings.source),
+            source_root,
             settings,
             store,
             inodes: Inodes::default(),
@@ -223,7 +226,12 @@ impl<B: Send + Sync> TierFs<B> {
             page_cache_generations: Mutex::new(HashMap::new()),
             backings: Mutex::new(HashMap::new()),
             open_modes: Mutex::new(HashMap::new()),
-        }
+        })
+    }
+
+    /// SOURCE, as every path below it is reached ([`SourceRoot`]).
+    pub fn source_root(&self) -> &SourceRoot {
+        &self.source_root
     }
 
     /// What the kernel offered at mount time: `mmap` of `direct_io` files, and passthrough
@@ -288,7 +296,10 @@ impl<B: Send + Sync> TierFs<B> {
     pub fn readlink(&self, req: Requester, ino: u64) -> Result<PathBuf, FsError> {
         let acting = self.act_for(req)?;
         let entry = self.inodes.entry(ino).ok_or(FsError::NotFound)?;
-        std::fs::read_link(self.reach(&entry.path, &acting)).map_err(FsError::io("readlink"))
+        self.check_acl(&entry.path, &acting)?;
+        self.source_root
+            .read_link(&entry.path, acting.follow_links())
+            .map_err(FsError::io("readlink"))
     }
 
     /// `opendir`: lists the directory now; [`readdir`](Self::readdir) pages through that list.
@@ -403,10 +414,21 @@ impl<B: Send + Sync> TierFs<B> {
         self.settings.source.join(rel)
     }
 
-    /// The path to reach `rel` by for a request: below SOURCE only, when acting as its user
-    /// (see [`SourceRoot`]).
-    fn reach(&self, rel: &Path, acting: &Acting) -> PathBuf {
-        self.source_root.path_for(rel, acting)
+    /// Refuses `rel` to a request served with the daemon's own rights for another user (a
+    /// non-root daemon with `--allow-other`) when a POSIX ACL lies on the way: the kernel's
+    /// `default_permissions` check of the presented path knows only mode bits, and an ACL may
+    /// deny what they allow (see [`crate::access`]).
+    fn check_acl(&self, rel: &Path, acting: &Acting) -> Result<(), FsError> {
+        if !platform::is_unswitched_other(acting) {
+            return Ok(());
+        }
+        match self.source_root.acl_on_path(rel) {
+            Ok(false) => Ok(()),
+            Ok(true) => Err(FsError::Denied(
+                "a POSIX ACL lies on the way, which this daemon cannot check for other users",
+            )),
+            Err(e) => Err(FsError::io("getxattr")(e)),
+        }
     }
 
     /// Starts serving `req` under the access rule.
@@ -436,7 +458,8 @@ impl<B: Send + Sync> TierFs<B> {
         let virtual_attr = |kind, perm| Ok((self.virtual_attr(ino, kind, perm), ATTR_TTL));
         match ino {
             CONTROL_DIR_INO => virtual_attr(Kind::Directory, 0o555),
-            STATS_INO => virtual_attr(Kind::File, 0o444),
+            // The mounting user's (and root's) alone: it names every model anyone opened.
+            STATS_INO => virtual_attr(Kind::File, 0o400),
             CONTROL_INO => virtual_attr(Kind::File, 0o200),
             _ => self.source_attr(ino, acting),
         }
@@ -457,7 +480,8 @@ impl<B: Send + Sync> TierFs<B> {
     /// it open, and must not shrink or refill an old mapping from the new file.
     fn source_attr(&self, ino: u64, acting: &Acting) -> Result<(Attr, Duration), FsError> {
         let entry = self.inodes.entry(ino).ok_or(FsError::NotFound)?;
-        match present_object(&self.reach(&entry.path, acting), acting.follow_links()) {
+        self.check_acl(&entry.path, acting)?;
+        match present_object(&self.source_root, &entry.path, acting.follow_links()) {
             Ok((object, meta, kind, via_link)) if entry.object.is_none_or(|o| o == object) => {
                 let attr = Attr::of_source(ino, &meta, kind);
                 self.inodes.remember(ino, attr);
@@ -479,7 +503,7 @@ impl<B: Send + Sync> TierFs<B> {
     /// Looks `rel` up in SOURCE: the object there, presented, and its entry's timeout.
     fn present(&self, rel: &Path, acting: &Acting) -> Result<(ObjectAttr, Duration), FsError> {
         let (object, meta, kind, via_link) =
-            present_object(&self.reach(rel, acting), acting.follow_links())
+            present_object(&self.source_root, rel, acting.follow_links())
                 .map_err(FsError::io("lookup"))?;
         let attr = Attr::of_source(0, &meta, kind);
         Ok(((object, attr), self.ttl(via_link)))
@@ -522,6 +546,7 @@ impl<B: Send + Sync> TierFs<B> {
         }
         let parent_path = self.inodes.entry(parent).ok_or(FsError::NotFound)?.path;
         let rel = parent_path.join(plain_name(name)?);
+        self.check_acl(&rel, acting)?;
         let ((object, attr), ttl) = self.present(&rel, acting)?;
         let ino = self.inodes.looked_up(&rel, object, attr);
         Ok((Attr { ino, ..attr }, ttl))
@@ -548,11 +573,13 @@ impl<B: Send + Sync> TierFs<B> {
         if ino == ROOT_INO {
             entries.push(entry(CONTROL_DIR_INO, Kind::Directory, CONTROL_DIR));
         }
+        self.check_acl(&rel, acting)?;
         let mut numbered = Vec::new();
-        let listing =
-            std::fs::read_dir(self.reach(&rel, acting)).map_err(FsError::io("readdir"))?;
-        for dir_entry in listing {
-            let name = dir_entry.map_err(FsError::io("readdir"))?.file_name();
+        let listing = self
+            .source_root
+            .list_dir(&rel, acting.follow_links())
+            .map_err(FsError::io("readdir"))?;
+        for name in listing {
             if ino == ROOT_INO && name == CONTROL_DIR {
                 continue; // hidden by the control directory
             }
@@ -578,16 +605,19 @@ impl<B: Send + Sync> TierFs<B> {
     /// to anyone else, and tells them where private files live.
     fn source_path(&self, ino: u64, acting: &Acting) -> Result<PathBuf, FsError> {
         let entry = self.inodes.entry(ino).ok_or(FsError::NoAttribute)?;
-        let (abs, reach) = (self.abs(&entry.path), self.reach(&entry.path, acting));
-        match present_as(&reach, acting.follow_links()) {
+        self.check_acl(&entry.path, acting)?;
+        let follow = acting.follow_links();
+        match present_as(&self.source_root, &entry.path, follow) {
             Ok((_, Kind::File, _)) => {}
             Ok(_) => return Err(FsError::NoAttribute),
             Err(e) => return Err(FsError::io("getxattr")(e)),
         }
         if self.access.sharing().is_shared() {
-            open_for_request(&reach, acting.follow_links()).map_err(|_| FsError::NoAttribute)?;
+            self.source_root
+                .open_file(&entry.path, follow)
+                .map_err(|_| FsError::NoAttribute)?;
         }
-        Ok(abs)
+        Ok(self.abs(&entry.path))
     }
 
     /// Carries out one control command; on error nothing has changed.

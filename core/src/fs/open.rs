@@ -12,7 +12,7 @@ use crate::stats::ops::Op;
 use crate::sync::lock;
 
 use super::handles::Handle;
-use super::platform::{self, oflag, open_for_request, Acting};
+use super::platform::{self, oflag, Acting};
 use super::present::present_object;
 use super::{FsError, Kind, Requester, TierFs};
 use super::{CONTROL_DIR_INO, CONTROL_INO, STATS_INO};
@@ -70,6 +70,9 @@ impl<B: Send + Sync> TierFs<B> {
             }
             match ino {
                 CONTROL_DIR_INO => Err(FsError::IsDirectory),
+                STATS_INO if req.uid != self.uid && req.uid != 0 => {
+                    Err(FsError::Denied("the stats are the mounting user's"))
+                }
                 STATS_INO => Ok(Opened::Served {
                     fh: self.add_handle(ino, Handle::Stats(self.stats_json())),
                     flags: OpenFlags {
@@ -150,8 +153,9 @@ impl<B: Send + Sync> TierFs<B> {
     ) -> Result<Opened<B>, FsError> {
         let entry = self.inodes.entry(ino).ok_or(FsError::NotFound)?;
         let (rel, abs) = (entry.path.clone(), self.abs(&entry.path));
-        let (reach, follow_links) = (self.reach(&rel, &acting), acting.follow_links());
-        match present_object(&reach, follow_links) {
+        let follow_links = acting.follow_links();
+        self.check_acl(&rel, &acting)?;
+        match present_object(&self.source_root, &rel, follow_links) {
             // The path holds another object than this inode: the kernel looks it up again.
             Ok((object, ..)) if entry.object.is_some_and(|o| o != object) => {
                 return Err(FsError::Stale)
@@ -163,11 +167,10 @@ impl<B: Send + Sync> TierFs<B> {
         }
         // The open, made as the requester (see `crate::access`), is the access check; what it
         // opened must be the object this inode stands for, whatever was swapped since.
-        let file = open_for_request(&reach, follow_links).map_err(FsError::io("open"))?;
-        // The rest runs with the daemon's own rights: it only serves what `file` is.
-        // (Windows: nothing was switched, so there is nothing to give back.)
-        #[cfg_attr(windows, allow(clippy::drop_non_drop))]
-        drop(acting);
+        let file = self
+            .source_root
+            .open_file(&rel, follow_links)
+            .map_err(FsError::io("open"))?;
         let opened = file.metadata().map_err(FsError::io("fstat"))?;
         let object = platform::file_object_id(&file, &opened).map_err(FsError::io("fstat"))?;
         if entry.object.is_some_and(|o| o != object) {
@@ -178,9 +181,16 @@ impl<B: Send + Sync> TierFs<B> {
             // Malformed model files are served by the read path too (uncached), never with
             // passthrough: the kernel refuses a passthrough open of an inode that is open in
             // cached mode, which a model file's earlier, well-formed version may still be.
-            // The requester's own descriptor becomes the handle's source descriptor when the
-            // version has none open (`ModelStore::open_handle_with`).
-            return match platform::open_model(&self.store, &rel, &abs, file) {
+            // The requester's own descriptor is what gets indexed, and becomes the handle's
+            // source descriptor when the version has none open
+            // (`ModelStore::open_handle_with`). Still acting as the requester: shard discovery
+            // reads the files beside this one with their rights (`crate::models::shards`).
+            let model = platform::open_model(&self.store, &rel, &abs, file);
+            // The rest runs with the daemon's own rights (passthrough needs them): it only
+            // serves what the requester opened. (Windows: nothing was switched.)
+            #[cfg_attr(windows, allow(clippy::drop_non_drop))]
+            drop(acting);
+            return match model {
                 // Cached bytes are served only for the version the requester itself opened.
                 Ok(Some(model)) if model.source().identity() == identity => {
                     self.open_model(ino, model, open_backing)
@@ -192,6 +202,8 @@ impl<B: Send + Sync> TierFs<B> {
                 }
             };
         }
+        #[cfg_attr(windows, allow(clippy::drop_non_drop))]
+        drop(acting);
         if self.settings.passthrough {
             match self.backing(ino, || open_backing(file.try_clone()?)) {
                 Ok(backing) => {

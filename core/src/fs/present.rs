@@ -16,27 +16,33 @@
 //!   (`follow_links == false`), so their kernel follows them outside the mount, with their own
 //!   rights.
 
-use std::fs::{self, Metadata};
+use std::fs::Metadata;
 use std::io;
 use std::path::Path;
 
 use super::attr::Kind;
 use super::inodes::ObjectId;
-use super::platform;
+use super::platform::{self, SourceRoot};
 
-/// The metadata to show for `abs` and the kind to show it as, following links only if
-/// `follow_links`; the flag returned says whether `abs` is a link presented as its target.
-pub fn present_as(abs: &Path, follow_links: bool) -> io::Result<(Metadata, Kind, bool)> {
-    let link = fs::symlink_metadata(abs)?;
+/// The metadata to show for `rel` (relative to SOURCE) and the kind to show it as, following
+/// links only if `follow_links`; the flag returned says whether `rel` is a link presented as
+/// its target. A link whose target cannot be reached (dangling, unreadable, or refused by
+/// [`SourceRoot`]: a `/proc` magic link, procfs, the mount itself) stays a link.
+pub fn present_as(
+    root: &SourceRoot,
+    rel: &Path,
+    follow_links: bool,
+) -> io::Result<(Metadata, Kind, bool)> {
+    let link = root.lstat(rel, follow_links)?;
     if !link.file_type().is_symlink() {
         return Ok((link.clone(), Kind::of(&link), false));
     }
     if !follow_links {
         return Ok((link, Kind::Symlink, false));
     }
-    match fs::metadata(abs) {
+    match root.stat(rel, true) {
         Ok(target) if target.is_file() => Ok((target, Kind::File, true)),
-        Ok(target) if target.is_dir() && !points_at_ancestor(abs) => {
+        Ok(target) if target.is_dir() && !root.link_points_at_ancestor(rel) => {
             Ok((target, Kind::Directory, true))
         }
         _ => Ok((link, Kind::Symlink, false)),
@@ -45,35 +51,33 @@ pub fn present_as(abs: &Path, follow_links: bool) -> io::Result<(Metadata, Kind,
 
 /// [`present_as`], with the identity of the source object presented.
 pub fn present_object(
-    abs: &Path,
+    root: &SourceRoot,
+    rel: &Path,
     follow_links: bool,
 ) -> io::Result<(ObjectId, Metadata, Kind, bool)> {
-    let (meta, kind, via_link) = present_as(abs, follow_links)?;
-    Ok((platform::object_id(abs, &meta, kind)?, meta, kind, via_link))
-}
-
-/// Whether the symlink `abs` resolves to a directory that contains the link itself.
-fn points_at_ancestor(abs: &Path) -> bool {
-    let (Ok(target), Some(parent)) = (fs::canonicalize(abs), abs.parent()) else {
-        return true;
-    };
-    fs::canonicalize(parent).map_or(true, |parent| parent.starts_with(&target))
+    let (meta, kind, via_link) = present_as(root, rel, follow_links)?;
+    let abs = root.abs().join(rel);
+    Ok((
+        platform::object_id(&abs, &meta, kind)?,
+        meta,
+        kind,
+        via_link,
+    ))
 }
 
 // Symbolic links on Windows need a privilege the test user (and wine) may not have.
 #[cfg(all(test, unix))]
 mod tests {
     use super::*;
+    use std::fs;
     use std::os::unix::fs::symlink;
-
-    fn present(abs: &Path) -> io::Result<(Metadata, Kind)> {
-        present_as(abs, true).map(|(meta, kind, _)| (meta, kind))
-    }
 
     #[test]
     fn links_to_files_and_dirs_are_followed_but_loops_are_not() {
         let dir = tempfile::tempdir().unwrap();
-        let root = dir.path();
+        let root = dir.path().canonicalize().unwrap();
+        let source = SourceRoot::open(&root).unwrap();
+        let present = |rel: &str| present_as(&source, Path::new(rel), true).map(|(m, k, _)| (m, k));
         fs::create_dir(root.join("sub")).unwrap();
         fs::write(root.join("real.safetensors"), b"12345").unwrap();
         symlink(root.join("real.safetensors"), root.join("link.safetensors")).unwrap();
@@ -81,19 +85,22 @@ mod tests {
         symlink("..", root.join("sub/loop")).unwrap();
         symlink("missing", root.join("dangling")).unwrap();
 
-        let (meta, kind) = present(&root.join("link.safetensors")).unwrap();
+        let (meta, kind) = present("link.safetensors").unwrap();
         assert_eq!((kind, meta.len()), (Kind::File, 5));
-        assert_eq!(
-            present(&root.join("subdir-link")).unwrap().1,
-            Kind::Directory
+        assert_eq!(present("subdir-link").unwrap().1, Kind::Directory);
+        assert_eq!(present("sub/loop").unwrap().1, Kind::Symlink);
+        assert_eq!(present("dangling").unwrap().1, Kind::Symlink);
+        assert_eq!(present("sub").unwrap().1, Kind::Directory);
+        assert!(present("nope").is_err());
+        let as_link = present_as(&source, Path::new("link.safetensors"), false).unwrap();
+        assert_eq!((as_link.1, as_link.2), (Kind::Symlink, false));
+        assert!(
+            present_as(&source, Path::new("subdir-link"), true)
+                .unwrap()
+                .2
         );
-        assert_eq!(present(&root.join("sub/loop")).unwrap().1, Kind::Symlink);
-        assert_eq!(present(&root.join("dangling")).unwrap().1, Kind::Symlink);
-        assert_eq!(present(&root.join("sub")).unwrap().1, Kind::Directory);
-        assert!(present(&root.join("nope")).is_err());
-        let (_, kind, via_link) = present_as(&root.join("link.safetensors"), false).unwrap();
-        assert_eq!((kind, via_link), (Kind::Symlink, false));
-        assert!(present_as(&root.join("subdir-link"), true).unwrap().2);
-        assert!(!present_as(&root.join("sub"), true).unwrap().2);
+        assert!(!present_as(&source, Path::new("sub"), true).unwrap().2);
+        // Through a directory presented by a link: the loop inside it is still a loop.
+        assert_eq!(present("subdir-link/loop").unwrap().1, Kind::Symlink);
     }
 }

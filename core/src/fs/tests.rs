@@ -65,7 +65,7 @@ impl Fixture {
             );
             serde_json::to_vec(&doc).expect("stats render")
         });
-        let fs = TierFs::new(settings, store, window, tx, render);
+        let fs = TierFs::new(settings, store, window, tx, render).unwrap();
         Fixture {
             dir,
             fs,

@@ -199,12 +199,15 @@ fn a_handle_adopts_the_front_ends_descriptor_of_the_same_version_only() {
     );
     assert_eq!(read_all(&store, handle.file()), bytes);
     drop(handle);
-    // A descriptor of another file (opened before a replacement) is not adopted.
+    // A descriptor of another file (opened before a replacement) is not adopted: the front
+    // end answers ESTALE and the kernel opens the path again.
     let stale = std::fs::File::open(&path).unwrap();
     let tmp = dir.path().join("new.tmp");
     checkpoint(&tmp, 2 << 20, 5);
     std::fs::rename(&tmp, &path).unwrap();
-    let new = store.open_handle_with(rel, &path, stale).unwrap();
+    assert!(store.open_handle_with(rel, &path, stale).unwrap().is_none());
+    let fresh = std::fs::File::open(&path).unwrap();
+    let new = store.open_handle_with(rel, &path, fresh).unwrap();
     assert!(new.is_some_and(|h| h.source().identity() == SourceIdentity::of_path(&path).unwrap()));
     // Nor is a descriptor of some other file, with the current version known and closed.
     let other = dir.path().join("other.bin");

@@ -32,6 +32,7 @@
 mod runs;
 pub mod shards;
 
+use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -50,7 +51,8 @@ use crate::prefetch::saved::SavedOrders;
 use crate::prefetch::{Executor, PrefetchTarget, Prefetcher};
 use crate::source::slot::SourceSlot;
 use crate::source::{
-    aligned_footprint, AlignedBytes, ReadWrapper, SourceError, SourceFile, SourceIdentity,
+    aligned_footprint, AlignedBytes, PathAccess, PlainPaths, ReadWrapper, SourceError, SourceFile,
+    SourceIdentity,
 };
 use crate::stats::{Counters, FileSnapshot, IndexSnapshot, PrefetchSnapshot};
 use crate::sync::{lock, Mutex, MutexGuard};
@@ -86,6 +88,13 @@ pub fn is_model_path(path: &Path) -> bool {
 pub enum OpenError {
     #[error(transparent)]
     Source(#[from] SourceError),
+}
+
+impl OpenError {
+    /// Whether the path names something other than a regular file (a directory, a device).
+    pub fn is_not_a_file(&self) -> bool {
+        matches!(self, OpenError::Source(SourceError::NotAFile { .. }))
+    }
 }
 
 /// Bytes of one read, copied as little as possible: borrowed from a cached chunk when the read
@@ -193,15 +202,25 @@ impl ServeMode {
 impl ModelFile {
     /// Indexes the version of `abs` there now; returns it with the descriptors it was read
     /// through, open for as long as the caller holds them.
+    /// `opened`: a descriptor of the file the caller opened already (a requester's), which is
+    /// what gets indexed; else `abs` is opened through `paths`.
     fn open(
-        path: &Path,
-        abs: &Path,
+        (path, abs, opened): (&Path, &Path, Option<&File>),
         generation: u64,
-        (saved, wrap): (&SavedOrders, Option<&ReadWrapper>),
+        (saved, wrap, paths): (&SavedOrders, Option<&ReadWrapper>, &Arc<dyn PathAccess>),
         membership: shards::Membership,
     ) -> Result<(ModelFile, Arc<SourceFile>), OpenError> {
-        let source = Arc::new(SourceFile::open_with(abs, wrap)?);
-        let mut order_key = SavedOrders::key(abs, &source.identity());
+        let source = Arc::new(match opened {
+            Some(file) => {
+                let dup = file.try_clone().map_err(|source| SourceError::Open {
+                    path: abs.to_owned(),
+                    source,
+                })?;
+                SourceFile::adopt(abs, dup, wrap)?
+            }
+            None => SourceFile::open_with(paths.as_ref(), abs, wrap)?,
+        });
+        let mut order_key = SavedOrders::key(&source.canonical_path(), &source.identity());
         let format = Format::of_path(path).unwrap_or_default();
         let (header, layout) = match read_header(&source, format) {
             Ok((header, index)) => {
@@ -235,7 +254,7 @@ impl ModelFile {
         let file = ModelFile {
             path: path.to_owned(),
             generation,
-            source: SourceSlot::new(&source, wrap.cloned()),
+            source: SourceSlot::new(&source, wrap.cloned(), Arc::clone(paths)),
             header,
             layout,
             access,
@@ -490,6 +509,8 @@ pub struct ModelStore {
     read_wrapper: Option<ReadWrapper>,
     /// The sharded models formed so far.
     shards: shards::Registry,
+    /// How source files are reached by path ([`ModelStore::reach_source_through`]).
+    paths: std::sync::OnceLock<Arc<dyn PathAccess>>,
 }
 
 impl ModelStore {
@@ -527,7 +548,21 @@ impl ModelStore {
             saved,
             read_wrapper: None,
             shards: shards::Registry::default(),
+            paths: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Makes every by-path access to SOURCE go through `paths` (a mount's resolver, which
+    /// never follows a path through `/proc` or into the mount: [`PathAccess`]). Set once,
+    /// before the first open; until then, and if never set, plain paths.
+    pub fn reach_source_through(&self, paths: Arc<dyn PathAccess>) {
+        if self.paths.set(paths).is_err() {
+            tracing::debug!("the source's path access was set already");
+        }
+    }
+
+    pub(crate) fn paths(&self) -> Arc<dyn PathAccess> {
+        Arc::clone(self.paths.get_or_init(|| Arc::new(PlainPaths)))
     }
 
     /// Makes every source file opened from now on read through `wrap`: how the fault-injection
@@ -675,21 +710,28 @@ impl ModelStore {
     /// The current version of the model file at `path` (relative to the mount root), whose
     /// source is `abs`: the known one if the source is unchanged, else a freshly indexed one.
     pub fn open(&self, path: &Path, abs: &Path) -> Result<Arc<ModelFile>, OpenError> {
-        self.open_version(path, abs, true).map(|(file, _)| file)
+        self.open_version((path, abs, None), true)
+            .map(|(file, _)| file)
     }
 
     /// [`Self::open`], with the descriptors the file was indexed through when it was indexed
     /// just now (`None` for a known version: its descriptors are opened on demand).
     /// `by_reader`: a reader's open (a new load starts, see [`ModelFile::opened`]); false for
     /// prefetch crossing into a shard ([`shards`]), which must not reset the runs of a reader
-    /// that may be streaming that shard.
+    /// that may be streaming that shard, and which forms no sharded model: discovery reads
+    /// the files beside this one, which only a reader's open does, with its rights.
+    /// `opened`: the requester's descriptor of `abs`, whose version is the one opened.
     fn open_version(
         &self,
-        path: &Path,
-        abs: &Path,
+        (path, abs, opened): (&Path, &Path, Option<&File>),
         by_reader: bool,
     ) -> Result<(Arc<ModelFile>, Option<Arc<SourceFile>>), OpenError> {
-        let current = SourceIdentity::of_path(abs).map_err(|source| SourceError::Open {
+        let paths = self.paths();
+        let current = match opened {
+            Some(file) => SourceIdentity::of_file(file),
+            None => paths.identity(abs),
+        }
+        .map_err(|source| SourceError::Open {
             path: abs.to_owned(),
             source,
         })?;
@@ -701,13 +743,15 @@ impl ModelStore {
                 return Ok((Arc::clone(known), None));
             }
         }
-        let membership = self.shards.membership((path, abs), &current, &self.saved);
+        let discovery = by_reader.then_some(paths.as_ref());
+        let membership = self
+            .shards
+            .membership((path, abs), &current, &self.saved, discovery);
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
         let (file, source) = ModelFile::open(
-            path,
-            abs,
+            (path, abs, opened),
             generation,
-            (&self.saved, self.read_wrapper.as_ref()),
+            (&self.saved, self.read_wrapper.as_ref(), &paths),
             membership,
         )?;
         let file = Arc::new(file);

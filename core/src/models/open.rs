@@ -21,6 +21,8 @@ use std::sync::Arc;
 
 use super::{ModelFile, ModelStore, OpenError};
 use crate::source::SourceFile;
+#[cfg(target_os = "linux")]
+use crate::source::SourceIdentity;
 
 /// An open handle of one model file version (see the module docs).
 pub struct OpenModel {
@@ -73,7 +75,7 @@ impl ModelStore {
     /// the returned handle is dropped. Fails with [`crate::source::SourceError::Changed`] when
     /// `abs` was replaced between the two.
     pub fn open_handle(self: &Arc<Self>, path: &Path, abs: &Path) -> Result<OpenModel, OpenError> {
-        let (file, source) = self.open_version(path, abs, true)?;
+        let (file, source) = self.open_version((path, abs, None), true)?;
         let source = match source {
             Some(source) => source,
             None => file.source.get()?,
@@ -82,10 +84,10 @@ impl ModelStore {
     }
 
     /// [`Self::open_handle`] for a front end that opened `abs` already (as the requester:
-    /// the access check): that descriptor is the handle's if the version has none open, which
-    /// saves an `open`, a `fadvise` and an `fstat` per open of a known file. Returns `None`
-    /// when `opened` is not the current version (replaced in between: the front end answers
-    /// `ESTALE`).
+    /// the access check): the version indexed is the one that descriptor reads, and the
+    /// descriptor is the handle's if the version has none open, which saves an `open`, a
+    /// `fadvise` and an `fstat` per open of a known file. Returns `None` when `opened` is not
+    /// what `abs` names now (replaced in between: the front end answers `ESTALE`).
     #[cfg(target_os = "linux")]
     pub fn open_handle_with(
         self: &Arc<Self>,
@@ -93,7 +95,11 @@ impl ModelStore {
         abs: &Path,
         opened: std::fs::File,
     ) -> Result<Option<OpenModel>, OpenError> {
-        let (file, source) = self.open_version(path, abs, true)?;
+        let at_path = self.paths().identity(abs);
+        if at_path.ok() != SourceIdentity::of_file(&opened).ok() {
+            return Ok(None);
+        }
+        let (file, source) = self.open_version((path, abs, Some(&opened)), true)?;
         let source = match source {
             Some(source) => source,
             None => match file.source.get_or_adopt(opened)? {

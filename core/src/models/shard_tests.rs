@@ -9,6 +9,7 @@ use super::tests::read_all;
 use super::*;
 use crate::prefetch::saved::SavedOrders;
 use crate::prefetch::ManualExecutor;
+use crate::source::PlainPaths;
 
 const MIB: usize = 1 << 20;
 
@@ -101,13 +102,17 @@ fn shards_are_found_by_index_json_and_by_name_pattern() {
         .into_iter()
         .map(|(n, _)| n)
         .collect();
-    let found = discover(&dir.path().join(&names[1])).unwrap().unwrap();
+    let found = discover(&PlainPaths, &dir.path().join(&names[1]))
+        .unwrap()
+        .unwrap();
     assert_eq!(found.by, FoundBy::IndexJson);
     assert_eq!(found.name, "m.safetensors.index.json");
     assert_eq!(found.shards, names);
 
     std::fs::remove_file(dir.path().join("m.safetensors.index.json")).unwrap();
-    let found = discover(&dir.path().join(&names[2])).unwrap().unwrap();
+    let found = discover(&PlainPaths, &dir.path().join(&names[2]))
+        .unwrap()
+        .unwrap();
     assert_eq!(found.by, FoundBy::Pattern);
     assert_eq!(found.name, "m-*-of-00003.safetensors");
     assert_eq!(found.shards, names);
@@ -127,13 +132,17 @@ fn name_patterns() {
         "m-00001-00002.safetensors",
     ] {
         std::fs::write(dir.path().join(name), b"x").unwrap();
-        assert_eq!(discover(&dir.path().join(name)), Ok(None), "{name}");
+        assert_eq!(
+            discover(&PlainPaths, &dir.path().join(name)),
+            Ok(None),
+            "{name}"
+        );
     }
     // Any width and extension, as long as both numbers have the same width.
     for name in ["model-1-of-2.gguf", "model-2-of-2.gguf"] {
         std::fs::write(dir.path().join(name), b"x").unwrap();
     }
-    let found = discover(&dir.path().join("model-2-of-2.gguf"))
+    let found = discover(&PlainPaths, &dir.path().join("model-2-of-2.gguf"))
         .unwrap()
         .unwrap();
     assert_eq!(found.shards, ["model-1-of-2.gguf", "model-2-of-2.gguf"]);
@@ -147,7 +156,7 @@ fn a_missing_shard_leaves_each_file_alone_with_the_reason() {
         .map(|(n, _)| n)
         .collect();
     std::fs::remove_file(dir.path().join(&names[2])).unwrap();
-    let reason = discover(&dir.path().join(&names[0])).unwrap_err();
+    let reason = discover(&PlainPaths, &dir.path().join(&names[0])).unwrap_err();
     assert!(reason.contains("m-00003-of-00003.safetensors") && reason.contains("missing"));
 
     let store = ModelStore::new(64 << 20, SavedOrders::default());
@@ -292,7 +301,8 @@ fn the_learned_order_spans_the_shards_and_is_saved_under_the_model() {
         store.saved.get(model.order_key()).is_some(),
         "saved under the model"
     );
-    let shard_key = SavedOrders::key(&dir.path().join(&shards[0].0), &file.source.identity());
+    let canonical = dir.path().join(&shards[0].0).canonicalize().unwrap();
+    let shard_key = SavedOrders::key(&canonical, &file.source.identity());
     assert!(store.saved.get(&shard_key).is_none(), "not under a shard");
     // A new store (a remount) starts from the saved order.
     let again = ModelStore::new(64 << 20, SavedOrders::default());
@@ -432,7 +442,12 @@ fn a_registry_keeps_one_model_per_shard_set() {
     let member = |name: &str| {
         let abs = dir.path().join(name);
         let identity = SourceIdentity::of_path(&abs).unwrap();
-        registry.membership((Path::new(name), &abs), &identity, &saved)
+        registry.membership(
+            (Path::new(name), &abs),
+            &identity,
+            &saved,
+            Some(&PlainPaths),
+        )
     };
     let (Membership::Shard(a), Membership::Shard(b)) = (member(&shards[0].0), member(&shards[1].0))
     else {

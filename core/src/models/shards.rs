@@ -32,16 +32,31 @@
 //! access state, and the old one is marked superseded, so the other shards' files, which
 //! still point at it, are indexed again at their next open ([`ShardOf::is_current`]).
 //!
+//! **Whose rights.** Discovery runs on the thread of the reader whose open finds the file, while
+//! it acts for that reader ([`crate::access`]), through the mount's [`PathAccess`]: the
+//! directory listing, the index.json and every shard are opened with the reader's rights, and
+//! never through `/proc` or the mount itself. A shard the reader cannot open leaves the file on
+//! its own. A model is formed only of shards that *anyone* who can open one of them can open
+//! too, so that the model is the same for every user: the shards' entries are all files of the
+//! directory, or all links whose targets lie in one directory (by the target's text: the
+//! Hugging Face cache links every shard into `blobs/`) and are not links themselves, and the
+//! files have the same owner, group, mode and POSIX ACL. Otherwise each file stands alone, with
+//! the reason. Prefetch crossing into a shard then opens it with the daemon's rights, checked
+//! to be the version formed (device, inode, size, times): a file its reader could open; and it
+//! never forms a model itself.
+//!
 //! **Limits.** Discovery runs once per file version: a file found standing alone (say, a
 //! shard opened while the next one was still downloading) stays alone until it changes or the
 //! mount restarts; a shard opened under another path (a symlink elsewhere) finds no siblings
-//! and stands alone. Prefetch opens shards with the daemon's rights, but their bytes are served
-//! only to a reader whose own open of that version succeeded ([`crate::access`]).
+//! and stands alone. Cached bytes are served only to a reader whose own open of that version
+//! succeeded.
 //!
 //! **Cost.** Forming a model reads every shard's header once (one 256 KiB read each for real
 //! checkpoints) besides the read the shard's own open does; it happens once per model version,
 //! under the registry's lock so two shards opened at once do not form it twice.
 
+use std::ffi::OsString;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -53,7 +68,7 @@ use crate::index::blocks;
 use crate::index::{Format, TensorIndex};
 use crate::prefetch::access::FileAccess;
 use crate::prefetch::saved::SavedOrders;
-use crate::source::SourceIdentity;
+use crate::source::{PathAccess, SourceIdentity};
 use crate::stats::{Counters, FileSnapshot, PrefetchSnapshot};
 use crate::sync::{lock, Mutex};
 
@@ -179,12 +194,15 @@ pub struct Registry {
 
 impl Registry {
     /// What the file at `rel` (source `abs`, version `identity`) is: a shard of a model formed
-    /// before, of one formed now, or a file on its own.
+    /// before, of one formed now through `discovery` (with the rights of the thread calling),
+    /// or a file on its own (always, when a model would have to be formed and `discovery` is
+    /// `None`).
     pub fn membership(
         &self,
         (rel, abs): (&Path, &Path),
         identity: &SourceIdentity,
         saved: &SavedOrders,
+        discovery: Option<&dyn PathAccess>,
     ) -> Membership {
         let mut models = lock(&self.models);
         if let Some(at) = models
@@ -203,7 +221,10 @@ impl Registry {
             model.superseded.store(true, Ordering::Relaxed);
             models.remove(at);
         }
-        let found = match discover(abs) {
+        let Some(paths) = discovery else {
+            return Membership::Alone { reason: None };
+        };
+        let found = match discover(paths, abs) {
             Ok(Some(found)) => found,
             Ok(None) => return Membership::Alone { reason: None },
             Err(reason) => {
@@ -215,7 +236,7 @@ impl Registry {
         };
         let dir_rel = rel.parent().unwrap_or(Path::new(""));
         let dir_abs = abs.parent().unwrap_or(Path::new(""));
-        match form(&found, (dir_rel, dir_abs), saved) {
+        match form(paths, &found, (dir_rel, dir_abs), saved) {
             Ok(model) => {
                 let model = Arc::new(model);
                 models.push(Arc::clone(&model));
@@ -242,20 +263,22 @@ impl Registry {
 
 /// The sharded model `abs` belongs to, if any (see the module docs). `Err` is the reason a file
 /// that looks like a shard stands alone.
-pub fn discover(abs: &Path) -> Result<Option<Found>, String> {
+pub fn discover(paths: &dyn PathAccess, abs: &Path) -> Result<Option<Found>, String> {
     let dir = abs.parent().unwrap_or(Path::new("."));
     let Some(name) = abs.file_name().and_then(|n| n.to_str()) else {
         return Ok(None);
     };
-    let mut indexes: Vec<String> = std::fs::read_dir(dir)
+    let mut indexes: Vec<String> = paths
+        .list_dir(dir)
         .map_err(|e| format!("cannot list {}: {e}", dir.display()))?
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .into_iter()
+        .filter_map(|n: OsString| n.into_string().ok())
         .filter(|n| n.contains(".index.") && n.ends_with(".json"))
         .collect();
     indexes.sort();
     let mut broken = None;
     for index in &indexes {
-        match from_index(dir, index, name) {
+        match from_index(paths, dir, index, name) {
             Ok(Some(found)) => return Ok(Some(found)),
             Ok(None) => {}
             Err(reason) => broken = broken.or(Some(reason)),
@@ -263,13 +286,31 @@ pub fn discover(abs: &Path) -> Result<Option<Found>, String> {
     }
     match broken {
         Some(reason) => Err(reason),
-        None => from_pattern(dir, name),
+        None => from_pattern(paths, dir, name),
+    }
+}
+
+/// Opens shard `name` of `dir` (a regular file) through `paths`.
+fn open_shard_file(paths: &dyn PathAccess, dir: &Path, name: &str) -> Result<File, String> {
+    let file = paths.open(&dir.join(name)).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => "is missing".to_string(),
+        _ => format!("cannot be opened ({e})"),
+    })?;
+    match file.metadata() {
+        Ok(meta) if meta.is_file() => Ok(file),
+        Ok(_) => Err("is not a regular file".into()),
+        Err(e) => Err(e.to_string()),
     }
 }
 
 /// The model of index.json `index` if it names `name`; an error if it names `name` but is
 /// incomplete, or is broken (or leaves `name` out) while its name says it is `name`'s index.
-fn from_index(dir: &Path, index: &str, name: &str) -> Result<Option<Found>, String> {
+fn from_index(
+    paths: &dyn PathAccess,
+    dir: &Path,
+    index: &str,
+    name: &str,
+) -> Result<Option<Found>, String> {
     // `NAME.safetensors.index.json` (or `NAME.safetensors.index.fp16.json`) is the index of
     // shards named `NAME-…` or `NAME.fp16-…`.
     let stem = index.split('.').next().unwrap_or(index);
@@ -282,7 +323,7 @@ fn from_index(dir: &Path, index: &str, name: &str) -> Result<Option<Found>, Stri
             Ok(None)
         }
     };
-    let shards = match read_weight_map(&dir.join(index)) {
+    let shards = match read_weight_map(paths, &dir.join(index)) {
         Ok(shards) => shards,
         Err(why) => return fail(why),
     };
@@ -295,8 +336,8 @@ fn from_index(dir: &Path, index: &str, name: &str) -> Result<Option<Found>, Stri
         };
     }
     for shard in &shards {
-        if !dir.join(shard).is_file() {
-            return Err(format!("{index}: shard {shard} is missing"));
+        if let Err(why) = open_shard_file(paths, dir, shard) {
+            return Err(format!("{index}: shard {shard} {why}"));
         }
     }
     Ok(Some(Found {
@@ -307,12 +348,17 @@ fn from_index(dir: &Path, index: &str, name: &str) -> Result<Option<Found>, Stri
 }
 
 /// The distinct shard names of an index.json's weight map, sorted.
-fn read_weight_map(path: &Path) -> Result<Vec<String>, String> {
-    let size = std::fs::metadata(path).map_err(|e| e.to_string())?.len();
+fn read_weight_map(paths: &dyn PathAccess, path: &Path) -> Result<Vec<String>, String> {
+    use std::io::Read;
+    let file = paths.open(path).map_err(|e| e.to_string())?;
+    let size = file.metadata().map_err(|e| e.to_string())?.len();
     if size > MAX_INDEX_JSON_BYTES {
         return Err(format!("{size} bytes, larger than any weight map"));
     }
-    let text = std::fs::read(path).map_err(|e| e.to_string())?;
+    let mut text = Vec::with_capacity(size as usize);
+    file.take(MAX_INDEX_JSON_BYTES)
+        .read_to_end(&mut text)
+        .map_err(|e| e.to_string())?;
     let doc: serde_json::Value =
         serde_json::from_slice(&text).map_err(|e| format!("not JSON: {e}"))?;
     let map = doc
@@ -357,7 +403,7 @@ fn is_shard_like(name: &str) -> bool {
 }
 
 /// Shards `1..=N` of `name`'s pattern; an error names the first missing one.
-fn from_pattern(dir: &Path, name: &str) -> Result<Option<Found>, String> {
+fn from_pattern(paths: &dyn PathAccess, dir: &Path, name: &str) -> Result<Option<Found>, String> {
     let Some((stem, _, of, width, ext)) = parse_pattern(name) else {
         return Ok(None);
     };
@@ -367,8 +413,10 @@ fn from_pattern(dir: &Path, name: &str) -> Result<Option<Found>, String> {
     let shards: Vec<String> = (1..=of)
         .map(|i| format!("{stem}-{i:0width$}-of-{of:0width$}.{ext}"))
         .collect();
-    if let Some(missing) = shards.iter().find(|s| !dir.join(s).is_file()) {
-        return Err(format!("shard {missing} of this model is missing"));
+    for shard in &shards {
+        if let Err(why) = open_shard_file(paths, dir, shard) {
+            return Err(format!("shard {shard} of this model {why}"));
+        }
     }
     Ok(Some(Found {
         name: format!("{stem}-*-of-{of:0width$}.{ext}"),
@@ -379,15 +427,30 @@ fn from_pattern(dir: &Path, name: &str) -> Result<Option<Found>, String> {
 
 /// Reads every shard's header and groups the model's blocks over all of them.
 fn form(
+    paths: &dyn PathAccess,
     found: &Found,
     (dir_rel, dir_abs): (&Path, &Path),
     saved: &SavedOrders,
 ) -> Result<ShardedModel, String> {
     let mut indexes = Vec::with_capacity(found.shards.len());
+    let mut rights: Option<(String, Rights)> = None;
     for shard in &found.shards {
         let abs = dir_abs.join(shard);
-        let identity = SourceIdentity::of_path(&abs).map_err(|e| format!("shard {shard}: {e}"))?;
-        let file = std::fs::File::open(&abs).map_err(|e| format!("shard {shard}: {e}"))?;
+        let file =
+            open_shard_file(paths, dir_abs, shard).map_err(|e| format!("shard {shard} {e}"))?;
+        let identity = SourceIdentity::of_file(&file).map_err(|e| format!("shard {shard}: {e}"))?;
+        let these =
+            Rights::of(paths, dir_abs, shard, &file).map_err(|e| format!("shard {shard}: {e}"))?;
+        match &rights {
+            Some((first, theirs)) if *theirs != these => {
+                return Err(format!(
+                    "shards {first} and {shard} are not open to the same users ({}): each file is served on its own",
+                    theirs.difference(&these)
+                ))
+            }
+            Some(_) => {}
+            None => rights = Some((shard.clone(), these)),
+        }
         let format = Format::of_path(&abs).unwrap_or_default();
         let index = TensorIndex::read_format(&file, format)
             .map_err(|e| format!("shard {shard} is not a valid {format:?} file: {e}"))?;
@@ -437,6 +500,87 @@ fn form(
         size,
         superseded: AtomicBool::new(false),
     })
+}
+
+/// What decides who may open a shard besides the directory it is listed in (see "Whose
+/// rights" in the module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Rights {
+    /// Where the entry leads: `None` for a file of the directory itself, else the directory
+    /// part of its link's target, as written.
+    via: Option<PathBuf>,
+    /// Owner, group and permission bits of the file (Unix).
+    mode: Option<(u32, u32, u32)>,
+    /// The file's `system.posix_acl_access` (Linux), if it has one.
+    acl: Option<Vec<u8>>,
+}
+
+impl Rights {
+    fn of(paths: &dyn PathAccess, dir: &Path, shard: &str, file: &File) -> Result<Rights, String> {
+        let abs = dir.join(shard);
+        let via = match paths.link_target(&abs).map_err(|e| e.to_string())? {
+            None => None,
+            Some(target) => {
+                // A link to a link could lead anywhere: only one level is compared.
+                let reached = dir.join(&target);
+                if paths
+                    .link_target(&reached)
+                    .map_err(|e| e.to_string())?
+                    .is_some()
+                {
+                    return Err("a link to a link".into());
+                }
+                Some(target.parent().map(Path::to_path_buf).unwrap_or_default())
+            }
+        };
+        let via = via.filter(|v| !v.as_os_str().is_empty() && v != Path::new("."));
+        let meta = file.metadata().map_err(|e| e.to_string())?;
+        Ok(Rights {
+            via,
+            mode: unix_mode(&meta),
+            acl: posix_acl(file),
+        })
+    }
+
+    /// What differs between `self` and `other`, in words.
+    fn difference(&self, other: &Rights) -> &'static str {
+        if self.via != other.via {
+            "reached through different directories"
+        } else if self.mode != other.mode {
+            "different owner, group or mode"
+        } else {
+            "different ACLs"
+        }
+    }
+}
+
+#[cfg(unix)]
+fn unix_mode(meta: &std::fs::Metadata) -> Option<(u32, u32, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    Some((meta.uid(), meta.gid(), meta.mode() & 0o7777))
+}
+
+#[cfg(not(unix))]
+fn unix_mode(_meta: &std::fs::Metadata) -> Option<(u32, u32, u32)> {
+    None
+}
+
+#[cfg(target_os = "linux")]
+fn posix_acl(file: &File) -> Option<Vec<u8>> {
+    const NAME: &str = "system.posix_acl_access";
+    let len = rustix::fs::fgetxattr_query(file, NAME).ok()?;
+    let mut value = Vec::with_capacity(len);
+    let spare = rustix::buffer::spare_capacity(&mut value);
+    match rustix::fs::fgetxattr(file, NAME, spare) {
+        Ok(_) => Some(value),
+        // Grown since the query: unequal to anything, so the files stand alone.
+        Err(_) => Some(vec![0xff; len + 1]),
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn posix_acl(_file: &File) -> Option<Vec<u8>> {
+    None
 }
 
 /// The key of the model's learned order: its name, total size and newest shard mtime (so a
@@ -545,7 +689,7 @@ impl ModelStore {
     /// cannot be, or is no longer a shard of this model version.
     fn open_shard(&self, model: &Arc<ShardedModel>, shard: usize) -> Option<Arc<ModelFile>> {
         let s = model.shards.get(shard)?;
-        match self.open_version(&s.rel, &s.abs, false) {
+        match self.open_version((&s.rel, &s.abs, None), false) {
             Ok((file, _)) => file
                 .shard_of
                 .as_ref()

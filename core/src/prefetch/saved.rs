@@ -107,8 +107,9 @@ impl SavedOrders {
         SavedOrders { shared, writer }
     }
 
-    pub fn key(abs: &Path, identity: &SourceIdentity) -> String {
-        let canonical = abs.canonicalize().unwrap_or_else(|_| abs.to_owned());
+    /// The key of a file's order: its canonical path (see `SourceFile::canonical_path`), size
+    /// and mtime.
+    pub fn key(canonical: &Path, identity: &SourceIdentity) -> String {
         format!(
             "{}|{}|{}",
             canonical.display(),
@@ -210,10 +211,7 @@ fn merge_and_write(path: &Path, ours: &Orders) -> std::io::Result<()> {
         _ => Path::new("."),
     };
     std::fs::create_dir_all(dir)?;
-    let lock_file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
+    let lock_file = private(OpenOptions::new().create(true).truncate(false).write(true))
         .open(sibling(path, "lock"))?;
     // std's lock: flock(LOCK_EX) on Unix, LockFileEx on Windows; released when `lock_file`
     // is closed.
@@ -223,6 +221,14 @@ fn merge_and_write(path: &Path, ours: &Orders) -> std::io::Result<()> {
     trim(&mut merged);
     let json = serde_json::to_vec(&merged).map_err(std::io::Error::other)?;
     write_atomically(dir, path, &json)
+}
+
+/// Creates files readable by their owner only: the orders name model files, which other users
+/// of a shared mount may not be able to list.
+fn private(options: &mut OpenOptions) -> &mut OpenOptions {
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(options, 0o600);
+    options
 }
 
 /// Process-wide counter making temporary names unique among the writers of one process.
@@ -239,7 +245,7 @@ fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()
     let seq = TEMP_SEQ.fetch_add(1, Ordering::Relaxed);
     let tmp = sibling(path, &format!("{}.{seq}.tmp", std::process::id()));
     let written = (|| {
-        let mut file = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+        let mut file = private(OpenOptions::new().write(true).create_new(true)).open(&tmp)?;
         file.write_all(bytes)?;
         file.sync_all()?;
         std::fs::rename(&tmp, path)

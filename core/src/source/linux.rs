@@ -52,16 +52,9 @@ pub(super) fn identity_of_path(path: &Path) -> io::Result<SourceIdentity> {
     std::fs::metadata(path).map(|meta| identity_of_metadata(&meta))
 }
 
-/// Opens `path` for buffered reads, advising random access: the cache reads whole chunks
-/// itself, kernel readahead on top of that would only put more pages in the page cache. Advice
-/// failing is harmless.
-pub(super) fn open_buffered(path: &Path) -> io::Result<File> {
-    let file = File::open(path)?;
-    advise_random(&file);
-    Ok(file)
-}
-
-/// Advises random access on `file` (see [`open_buffered`]).
+/// Advises random access on a source descriptor: the cache reads whole chunks itself, kernel
+/// readahead on top of that would only put more pages in the page cache. Advice failing is
+/// harmless.
 pub(super) fn advise_random(file: &File) {
     fadvise(file, 0, 0, libc::POSIX_FADV_RANDOM);
 }
@@ -72,6 +65,23 @@ pub fn open_direct(path: &Path) -> io::Result<File> {
         .read(true)
         .custom_flags(libc::O_DIRECT)
         .open(path)
+}
+
+/// The `O_DIRECT` twin of `open`, the very file it is (through its `/proc/self/fd` link: no
+/// path is resolved again, so nothing swapped in SOURCE meanwhile is met); by `path`, checked
+/// to be version `identity`, where `/proc` is missing. `None` where it cannot be opened.
+pub(super) fn reopen_direct(open: &File, path: &Path, identity: &SourceIdentity) -> Option<File> {
+    let own = format!("/proc/self/fd/{}", open.as_raw_fd());
+    match open_direct(Path::new(&own)) {
+        Ok(direct) => Some(direct),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => super::open_direct_twin(path, identity),
+        Err(_) => None,
+    }
+}
+
+/// The path the kernel holds for open file `file`.
+pub(super) fn canonical_path(file: &File) -> io::Result<std::path::PathBuf> {
+    std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))
 }
 
 pub(super) fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {

@@ -78,6 +78,8 @@ pub enum SourceError {
     },
     #[error("{path} is no longer the version tierfs indexed (replaced or rewritten in SOURCE)")]
     Changed { path: PathBuf },
+    #[error("{path} is not a regular file")]
+    NotAFile { path: PathBuf },
     #[error("cannot allocate a {len}-byte buffer: {source}")]
     Alloc { len: usize, source: io::Error },
 }
@@ -112,6 +114,49 @@ impl SourceIdentity {
     /// The identity of the file `path` names now (following symlinks).
     pub fn of_path(path: &Path) -> io::Result<Self> {
         platform::identity_of_path(path)
+    }
+}
+
+/// How the daemon reaches SOURCE's files by path when no requester's descriptor is at hand
+/// (indexing for a prefetch, reopening a closed version, shard discovery): on a Linux mount,
+/// `crate::access::SourceRoot`, which never resolves a path through `/proc` or into the mount
+/// itself, with the calling thread's credentials (so discovery done on a requester's thread,
+/// while acting for them, has their rights); elsewhere, and in tests, [`PlainPaths`].
+pub trait PathAccess: Send + Sync {
+    /// Opens `abs` for reading, following links.
+    fn open(&self, abs: &Path) -> io::Result<File>;
+    /// The identity of the file `abs` names now, following links.
+    fn identity(&self, abs: &Path) -> io::Result<SourceIdentity>;
+    /// The names in directory `abs`.
+    fn list_dir(&self, abs: &Path) -> io::Result<Vec<std::ffi::OsString>>;
+    /// The target of `abs` if it is a symbolic link, `None` if it is not one.
+    fn link_target(&self, abs: &Path) -> io::Result<Option<PathBuf>>;
+}
+
+/// [`PathAccess`] by plain paths, with the process's rights.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PlainPaths;
+
+impl PathAccess for PlainPaths {
+    fn open(&self, abs: &Path) -> io::Result<File> {
+        File::open(abs)
+    }
+
+    fn identity(&self, abs: &Path) -> io::Result<SourceIdentity> {
+        SourceIdentity::of_path(abs)
+    }
+
+    fn list_dir(&self, abs: &Path) -> io::Result<Vec<std::ffi::OsString>> {
+        std::fs::read_dir(abs)?
+            .map(|entry| entry.map(|e| e.file_name()))
+            .collect()
+    }
+
+    fn link_target(&self, abs: &Path) -> io::Result<Option<PathBuf>> {
+        match std::fs::symlink_metadata(abs)?.file_type().is_symlink() {
+            true => std::fs::read_link(abs).map(Some),
+            false => Ok(None),
+        }
     }
 }
 
@@ -284,22 +329,26 @@ impl std::fmt::Debug for SourceFile {
 impl SourceFile {
     /// Opens `path` (following symlinks) for reading, with an `O_DIRECT` twin where supported.
     pub fn open(path: &Path) -> Result<Self, SourceError> {
-        Self::open_with(path, None)
+        Self::open_with(&PlainPaths, path, None)
     }
 
-    /// [`Self::open`], reading through `wrap` when given (fault injection in tests).
-    pub fn open_with(path: &Path, wrap: Option<&ReadWrapper>) -> Result<Self, SourceError> {
-        let open_err = |source| SourceError::Open {
+    /// [`Self::open`] through `paths`, reading through `wrap` when given (fault injection in
+    /// tests).
+    pub fn open_with(
+        paths: &dyn PathAccess,
+        path: &Path,
+        wrap: Option<&ReadWrapper>,
+    ) -> Result<Self, SourceError> {
+        let file = paths.open(path).map_err(|source| SourceError::Open {
             path: path.to_owned(),
             source,
-        };
-        let file = platform::open_buffered(path).map_err(open_err)?;
-        Self::with_file(path, file, wrap)
+        })?;
+        Self::adopt(path, file, wrap)
     }
 
     /// Reads the version `path` names through `file`, a descriptor of it the caller opened
-    /// already (the requester's own open, in the FUSE adapter: one `open` less per open).
-    #[cfg(target_os = "linux")]
+    /// already (the requester's own open, in the FUSE adapter: one `open` less per open, and
+    /// the version indexed is the one the requester opened).
     pub fn adopt(path: &Path, file: File, wrap: Option<&ReadWrapper>) -> Result<Self, SourceError> {
         platform::advise_random(&file);
         Self::with_file(path, file, wrap)
@@ -310,6 +359,11 @@ impl SourceFile {
             path: path.to_owned(),
             source,
         };
+        if !file.metadata().map_err(open_err)?.is_file() {
+            return Err(SourceError::NotAFile {
+                path: path.to_owned(),
+            });
+        }
         let advice = Arc::new(file);
         let identity = SourceIdentity::of_file(&advice).map_err(open_err)?;
         let buffered: Arc<dyn ReadAt> = match wrap {
@@ -331,7 +385,7 @@ impl SourceFile {
     fn direct(&self) -> Option<&Arc<dyn ReadAt>> {
         self.direct
             .get_or_init(|| {
-                let direct = open_direct_twin(&self.path, &self.identity);
+                let direct = platform::reopen_direct(&self.advice, &self.path, &self.identity);
                 if direct.is_none() {
                     self.direct_works.store(false, Ordering::Relaxed);
                 }
@@ -345,6 +399,14 @@ impl SourceFile {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The canonical path of the file open here (on Linux read from its descriptor, so no
+    /// path is resolved again; else `path` canonicalized, or as it is when that fails).
+    pub fn canonical_path(&self) -> PathBuf {
+        platform::canonical_path(&self.advice)
+            .or_else(|_| self.path.canonicalize())
+            .unwrap_or_else(|_| self.path.clone())
     }
 
     pub fn identity(&self) -> SourceIdentity {

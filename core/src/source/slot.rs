@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
-use super::{ReadWrapper, SourceError, SourceFile, SourceIdentity};
+use super::{PathAccess, ReadWrapper, SourceError, SourceFile, SourceIdentity};
 use crate::sync::{lock, Mutex};
 
 /// One version of a source file, and its descriptors while someone holds them (see the module
@@ -42,6 +42,8 @@ pub struct SourceSlot {
     path: PathBuf,
     identity: SourceIdentity,
     wrap: Option<ReadWrapper>,
+    /// How reopens reach the path.
+    paths: Arc<dyn PathAccess>,
     open: Mutex<Weak<SourceFile>>,
     /// Whether the last descriptors opened read with `O_DIRECT` (for the stats while closed).
     direct_io: AtomicBool,
@@ -61,12 +63,18 @@ impl std::fmt::Debug for SourceSlot {
 
 impl SourceSlot {
     /// The slot of the version `source` was opened as; `source` stays open while the caller
-    /// (or anyone it hands a clone to) holds it. Reopens read through `wrap` too.
-    pub fn new(source: &Arc<SourceFile>, wrap: Option<ReadWrapper>) -> SourceSlot {
+    /// (or anyone it hands a clone to) holds it. Reopens go through `paths` and read through
+    /// `wrap` too.
+    pub fn new(
+        source: &Arc<SourceFile>,
+        wrap: Option<ReadWrapper>,
+        paths: Arc<dyn PathAccess>,
+    ) -> SourceSlot {
         SourceSlot {
             path: source.path().to_owned(),
             identity: source.identity(),
             wrap,
+            paths,
             open: Mutex::new(Arc::downgrade(source)),
             direct_io: AtomicBool::new(source.uses_direct_io()),
             reopens: AtomicU64::new(0),
@@ -81,7 +89,11 @@ impl SourceSlot {
         if let Some(source) = open.upgrade() {
             return Ok(source);
         }
-        let source = Arc::new(SourceFile::open_with(&self.path, self.wrap.as_ref())?);
+        let source = Arc::new(SourceFile::open_with(
+            self.paths.as_ref(),
+            &self.path,
+            self.wrap.as_ref(),
+        )?);
         if source.identity() != self.identity {
             return Err(SourceError::Changed {
                 path: self.path.clone(),
@@ -143,13 +155,16 @@ impl SourceSlot {
 
     /// Whether `path` names this version now (false when it names another file or none).
     pub fn is_current(&self) -> bool {
-        SourceIdentity::of_path(&self.path).is_ok_and(|now| now == self.identity)
+        self.paths
+            .identity(&self.path)
+            .is_ok_and(|now| now == self.identity)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::source::PlainPaths;
 
     #[cfg(target_os = "linux")]
     fn descriptors_of(path: &Path) -> usize {
@@ -167,7 +182,7 @@ mod tests {
         let path = dir.path().join("f");
         std::fs::write(&path, vec![7u8; 10_000]).unwrap();
         let first = Arc::new(SourceFile::open(&path).unwrap());
-        let slot = SourceSlot::new(&first, None);
+        let slot = SourceSlot::new(&first, None, Arc::new(PlainPaths));
         let again = slot.get().unwrap();
         assert!(
             Arc::ptr_eq(&first, &again),
@@ -193,7 +208,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
         std::fs::write(&path, vec![1u8; 4096]).unwrap();
-        let slot = SourceSlot::new(&Arc::new(SourceFile::open(&path).unwrap()), None);
+        let slot = SourceSlot::new(
+            &Arc::new(SourceFile::open(&path).unwrap()),
+            None,
+            Arc::new(PlainPaths),
+        );
         assert!(slot.is_current());
         // Same size, new inode: another file, whatever its bytes.
         let other = dir.path().join("g");
@@ -215,7 +234,7 @@ mod tests {
         let path = dir.path().join("f");
         std::fs::write(&path, vec![3u8; 8192]).unwrap();
         let held = Arc::new(SourceFile::open(&path).unwrap());
-        let slot = SourceSlot::new(&held, None);
+        let slot = SourceSlot::new(&held, None, Arc::new(PlainPaths));
         std::fs::remove_file(&path).unwrap();
         let got = slot.get().unwrap().read_aligned(4096, 8192).unwrap();
         assert_eq!(got.as_slice(), &[3u8; 4096][..]);

@@ -119,8 +119,18 @@ pub(super) fn identity_of_path(path: &Path) -> io::Result<SourceIdentity> {
     identity(&File::open(path)?)
 }
 
-pub(super) fn open_buffered(path: &Path) -> io::Result<File> {
-    File::open(path)
+/// Not read from the handle on Windows: the caller canonicalizes the path.
+pub(super) fn canonical_path(_file: &File) -> io::Result<std::path::PathBuf> {
+    Err(io::ErrorKind::Unsupported.into())
+}
+
+/// Nothing to advise on Windows: reads of chunk-sized ranges are what the cache does.
+pub(super) fn advise_random(_file: &File) {}
+
+/// The unbuffered twin of `path`'s open version `identity`, opened by path and checked to be
+/// that very file (`None` where it cannot be).
+pub(super) fn reopen_direct(_open: &File, path: &Path, identity: &SourceIdentity) -> Option<File> {
+    super::open_direct_twin(path, identity)
 }
 
 /// Opens `path` with `FILE_FLAG_NO_BUFFERING`: reads bypass the system cache.

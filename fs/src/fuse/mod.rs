@@ -21,7 +21,7 @@ use fuser::{
     InitFlags, KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
     ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request,
 };
-use tierfs_core::access::Sharing;
+use tierfs_core::access::{ServedDevice, Sharing};
 use tierfs_core::budget::Governor;
 use tierfs_core::fs::{
     self as core_fs, Attr, FsError, Kind, Opened, ReadKind, Requester, SetAttr, Xattr,
@@ -55,7 +55,7 @@ impl TierFs {
         store: Arc<ModelStore>,
         window: Arc<KernelCacheWindow>,
         invalidations: Sender<InodeRange>,
-    ) -> TierFs {
+    ) -> io::Result<TierFs> {
         let mountpoint = settings.mountpoint;
         let render = move |view: &core_fs::StatsView| stats_json(view, &mountpoint);
         let core_settings = core_fs::Settings {
@@ -65,15 +65,21 @@ impl TierFs {
             model_passthrough: settings.model_passthrough,
             governor: settings.governor,
         };
-        TierFs {
+        Ok(TierFs {
             fs: core_fs::TierFs::new(
                 core_settings,
                 store,
                 window,
                 invalidations,
                 Box::new(render),
-            ),
-        }
+            )?,
+        })
+    }
+
+    /// Where the mount's device number goes once mounted (paths into it are never resolved:
+    /// [`tierfs_core::access::resolve`]).
+    pub fn served_device(&self) -> ServedDevice {
+        self.fs.source_root().served_device()
     }
 }
 

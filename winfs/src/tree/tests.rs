@@ -18,7 +18,7 @@ fn tree() -> (tempfile::TempDir, Tree) {
     let store = Arc::new(ModelStore::new(BUDGET, SavedOrders::default()));
     let target: Arc<dyn BudgetTarget> = store.clone();
     let governor = Arc::new(Governor::new(target, BUDGET, BUDGET / 4));
-    let tree = Tree::new(source, "M:".into(), store, governor);
+    let tree = Tree::new(source, "M:".into(), store, governor).unwrap();
     (dir, tree)
 }
 

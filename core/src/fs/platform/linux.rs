@@ -8,7 +8,13 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-pub use crate::access::{open_for_request, AccessError, AccessRule, Acting, Sharing, SourceRoot};
+pub use crate::access::{AccessError, AccessRule, Acting, Sharing, SourceRoot};
+
+/// Whether `acting` serves another user with the daemon's own rights (see
+/// [`crate::access`]).
+pub fn is_unswitched_other(acting: &Acting) -> bool {
+    acting.is_unswitched_other()
+}
 use crate::models::{ModelStore, OpenError, OpenModel};
 use crate::source::{SourceFile, SourceIdentity};
 

@@ -1,6 +1,6 @@
 //! The Windows side of [`super`].
 
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::fs::{File, Metadata, OpenOptions};
 use std::io;
 use std::os::windows::ffi::OsStrExt;
@@ -80,27 +80,83 @@ impl AccessRule {
     }
 }
 
-/// SOURCE: paths below it are joined to it.
+/// SOURCE: paths below it are joined to it and reached with the daemon's own rights (the
+/// Linux resolver's guards are about `/proc` and FUSE, which Windows has not).
 #[derive(Debug)]
 pub struct SourceRoot {
     abs: PathBuf,
 }
 
 impl SourceRoot {
-    pub fn open(abs: &Path) -> SourceRoot {
-        SourceRoot {
+    pub fn open(abs: &Path) -> io::Result<SourceRoot> {
+        std::fs::metadata(abs)?;
+        Ok(SourceRoot {
             abs: abs.to_owned(),
-        }
+        })
     }
 
-    pub fn path_for(&self, rel: &Path, _acting: &Acting) -> PathBuf {
-        self.abs.join(rel)
+    pub fn abs(&self) -> &Path {
+        &self.abs
+    }
+
+    pub fn lstat(&self, rel: &Path, _follow_links: bool) -> io::Result<Metadata> {
+        std::fs::symlink_metadata(self.abs.join(rel))
+    }
+
+    pub fn stat(&self, rel: &Path, _follow_links: bool) -> io::Result<Metadata> {
+        std::fs::metadata(self.abs.join(rel))
+    }
+
+    pub fn open_file(&self, rel: &Path, _follow_links: bool) -> io::Result<File> {
+        File::open(self.abs.join(rel))
+    }
+
+    pub fn list_dir(&self, rel: &Path, _follow_links: bool) -> io::Result<Vec<OsString>> {
+        std::fs::read_dir(self.abs.join(rel))?
+            .map(|entry| entry.map(|e| e.file_name()))
+            .collect()
+    }
+
+    pub fn read_link(&self, rel: &Path, _follow_links: bool) -> io::Result<PathBuf> {
+        std::fs::read_link(self.abs.join(rel))
+    }
+
+    /// Whether link `rel` resolves to a directory holding the link itself.
+    pub fn link_points_at_ancestor(&self, rel: &Path) -> bool {
+        let abs = self.abs.join(rel);
+        let (Ok(target), Some(parent)) = (std::fs::canonicalize(&abs), abs.parent()) else {
+            return true;
+        };
+        std::fs::canonicalize(parent).map_or(true, |parent| parent.starts_with(&target))
+    }
+
+    /// Never asked: see [`is_unswitched_other`].
+    pub fn acl_on_path(&self, _rel: &Path) -> io::Result<bool> {
+        Ok(false)
     }
 }
 
-/// Opens `abs` for reading with the daemon's rights.
-pub fn open_for_request(abs: &Path, _follow_links: bool) -> io::Result<File> {
-    File::open(abs)
+impl crate::source::PathAccess for SourceRoot {
+    fn open(&self, abs: &Path) -> io::Result<File> {
+        crate::source::PlainPaths.open(abs)
+    }
+
+    fn identity(&self, abs: &Path) -> io::Result<SourceIdentity> {
+        crate::source::PlainPaths.identity(abs)
+    }
+
+    fn list_dir(&self, abs: &Path) -> io::Result<Vec<OsString>> {
+        crate::source::PlainPaths.list_dir(abs)
+    }
+
+    fn link_target(&self, abs: &Path) -> io::Result<Option<PathBuf>> {
+        crate::source::PlainPaths.link_target(abs)
+    }
+}
+
+/// Requests are served with the daemon's rights for the one user WinFsp lets in.
+pub fn is_unswitched_other(_acting: &Acting) -> bool {
+    false
 }
 
 /// Opens a handle of the model file at `rel` (source `abs`). The store opens its own
