@@ -351,3 +351,326 @@ def test_shared_mount_rule_table(world, mount):
     if secret_reads or public_reads == 0:
         failures.append(f"swap race: {seen}")
     assert not failures, "\n".join(failures) + "\n\n" + text
+
+
+# ----------------------------------------------------------------------------- links, /proc, shards
+
+# Runs as the test user: reads each path (bounded: a hang is a failure of the row, the child is
+# killed by run_as's timeout), prints one result per path.
+READS_CHILD = r"""
+import errno, hashlib, json, sys
+out = []
+for p in json.load(sys.stdin):
+    try:
+        with open(p, "rb") as f:
+            b = f.read()
+        out.append("bytes:%d:%s" % (len(b), hashlib.sha256(b).hexdigest()[:16]))
+    except OSError as e:
+        out.append(errno.errorcode.get(e.errno, str(e.errno)))
+print(json.dumps(out))
+"""
+
+
+def bounded(proc: subprocess.Popen, stdin: str | None, mnt: Path, timeout: float) -> str:
+    """The output of `proc`, which reads through the mount at `mnt`; a hang is a failure: after
+    `timeout` the mount's FUSE connection is aborted (which frees a reader stuck in `D` state,
+    unkillable otherwise) and the test fails with what hung."""
+    try:
+        out, err = proc.communicate(stdin, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        conftest.abort_fuse_connection(mnt)
+        proc.kill()
+        proc.communicate(timeout=30)
+        pytest.fail(f"a reader through {mnt} hung for {timeout} s (connection aborted)")
+    assert proc.returncode == 0, f"child failed: {err[-2000:]}"
+    return out
+
+
+def read_as_user(paths: list[Path], mnt: Path, timeout: float = 60) -> list[str]:
+    proc = users.popen_as([USER_PY, "-c", READS_CHILD], cwd="/")
+    return json.loads(bounded(proc, json.dumps([str(p) for p in paths]), mnt, timeout))
+
+
+def read_as_capless_root(paths: list[Path], mnt: Path, timeout: float = 60) -> list[str]:
+    """Reads as uid 0 with every capability dropped (a hardened service, a container)."""
+    proc = subprocess.Popen(["setpriv", "--bounding-set=-all", "--inh-caps=-all", "--", USER_PY, "-c", READS_CHILD],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+    return json.loads(bounded(proc, json.dumps([str(p) for p in paths]), mnt, timeout))
+
+
+def daemon_fds(pid: int) -> list[int]:
+    return sorted(int(fd) for fd in os.listdir(f"/proc/{pid}/fd"))
+
+
+@pytest.mark.timeout(180)
+def test_links_into_proc_and_the_mount_and_planted_shards(world, mount):
+    """Magic links to the daemon's descriptors and other processes, `/proc` files of the daemon,
+    links into the mount (single, chained, more readers at once than the daemon has threads),
+    planted shard sets and a root caller without capabilities: every row through the mount
+    gives what the same path through SOURCE gives the same user, never a secret, never a hang."""
+    base, src, mnt = world
+    user = users.ensure_user()
+    eve = src / "eve"                        # a folder of SOURCE the user may write in
+    eve.mkdir(mode=0o755)
+    os.chown(eve, user.uid, user.gid)
+    secret_model = (base / "private" / "secret.safetensors").read_bytes()
+    m = mount(src, "64MiB", ("--allow-other", "--threads", "2"), mnt=mnt)
+    # Root holds the private model open: the daemon then holds descriptors of it.
+    held = open(mnt / "secret.safetensors", "rb")
+    assert held.read(64) == secret_model[:64]
+    pid = m.pid
+    fds = daemon_fds(pid)
+    # Another process whose cwd is the 0700 directory.
+    sleeper = subprocess.Popen(["sleep", "120"], cwd=base / "private")
+    # A root-only file and a root-only real model, each planted as shard 2 of the user's model.
+    root_only = base / "root-only"
+    root_only.mkdir(mode=0o700)
+    (root_only / "shard-secret.bin").write_bytes(b"TOPSECRET shard bytes\n")
+    os.chmod(root_only / "shard-secret.bin", 0o600)
+    gen.write_small(root_only / "private.safetensors", gen.dit_specs(64, 128, 2), seed=9)
+    os.chmod(root_only, 0o755)
+    os.chmod(root_only / "private.safetensors", 0o600)
+    planted = []
+    for name, target in (("x", root_only / "shard-secret.bin"), ("y", root_only / "private.safetensors")):
+        one = eve / f"{name}-00001-of-00002.safetensors"
+        gen.write_small(one, gen.dit_specs(64, 128, 2), seed=11)
+        os.chown(one, user.uid, user.gid)
+        os.symlink(target, eve / f"{name}-00002-of-00002.safetensors")
+        os.lchown(eve / f"{name}-00002-of-00002.safetensors", user.uid, user.gid)
+        planted.append(one.name)
+    try:
+        rows = []   # (tried, rel, expected or None: same as SOURCE and never a secret)
+
+        def link(name: str, target: str | Path) -> str:
+            os.symlink(target, eve / name)
+            os.lchown(eve / name, user.uid, user.gid)
+            return f"eve/{name}"
+
+        for fd in fds:
+            rows.append((f"link to /proc/self/fd/{fd} (a descriptor of the daemon)",
+                         link(f"fd{fd}.bin", f"/proc/self/fd/{fd}"), None))
+        rows.append(("link to /proc/PID/cwd/secret.txt of a root process in the 0700 dir",
+                     link("cwd", f"/proc/{sleeper.pid}/cwd") + "/secret.txt", DENIED))
+        rows.append(("link to the daemon's /proc/PID/environ", link("environ", f"/proc/{pid}/environ"), DENIED))
+        rows.append(("link to the daemon's /proc/PID/mem", link("mem", f"/proc/{pid}/mem"), DENIED))
+        rows.append(("link to /proc/self/environ", link("self-environ", "/proc/self/environ"), None))
+        rows.append(("link into the mount (MNT/public.txt)", link("into.txt", mnt / "public.txt"),
+                     bytes_result(PUBLIC)))
+        link("c3", mnt / "public.txt")
+        link("c2", mnt / "eve" / "c3")
+        rows.append(("chain of 3 links into the mount", link("c1", mnt / "eve" / "c2"), bytes_result(PUBLIC)))
+        rows.append(("link into the mount to a link out to the 0700 dir", link("into-secret.txt", mnt / "notes.txt"),
+                     DENIED))
+        rel_paths = [rel for _, rel, _ in rows]
+        drop = lambda: Path("/proc/sys/vm/drop_caches").write_text("3\n")  # noqa: E731
+        drop()
+        via_mount = read_as_user([mnt / r for r in rel_paths], mnt)
+        via_source = read_as_user([src / r for r in rel_paths], mnt)
+
+        # More readers of the chain at once than the daemon has threads (--threads 2), after the
+        # kernel forgot every entry: each must finish, none may hang.
+        drop()
+        burst = [users.popen_as([USER_PY, "-c", READS_CHILD], cwd="/") for _ in range(3)]
+        for p in burst:
+            p.stdin.write(json.dumps([str(mnt / "eve" / "c1")] * 3))
+            p.stdin.close()
+            p.stdin = None
+        burst_out = []
+        for p in burst:
+            burst_out += json.loads(bounded(p, None, mnt, 60))
+
+        # The planted shard sets: the user reads shard 1 of each through the mount.
+        shard_reads = read_as_user([eve / n for n in planted], mnt)
+        shard_through_mount = read_as_user([mnt / "eve" / n for n in planted], mnt)
+        # Root without any capability: a 0600 file of another user, and a 0644 file in root's
+        # 0700 directory (root owns it: readable without capabilities too).
+        mine = eve / "mine-0600.txt"
+        mine.write_bytes(b"the user's own private file\n")
+        os.chown(mine, user.uid, user.gid)
+        os.chmod(mine, 0o600)
+        capless = read_as_capless_root([mnt / "eve" / "mine-0600.txt", mnt / "notes.txt"], mnt)
+        capless_src = read_as_capless_root([eve / "mine-0600.txt", src / "notes.txt"], mnt)
+        stats_text = (mnt / ".tierfs" / "stats").read_text()
+    finally:
+        sleeper.kill()
+        held.close()
+
+    table_rows = []
+    failures = []
+    secrets = {bytes_result(SECRET), bytes_result(secret_model)}
+    for (tried, rel, expected), got, through_source in zip(rows, via_mount, via_source):
+        table_rows.append((tried, expected or "as SOURCE", through_source, got))
+        if got in secrets:
+            failures.append(f"{tried}: the secret came back through the mount")
+        if got != through_source:
+            failures.append(f"{tried}: mount gave {got}, SOURCE gives {through_source}")
+        if expected is not None and got != expected:
+            failures.append(f"{tried}: expected {expected}, got {got}")
+    want = bytes_result(PUBLIC)
+    table_rows.append(("3 readers x 3 reads of the chain at once, `--threads 2`, caches dropped",
+                       f"9 x {want}", "n/a", f"{burst_out.count(want)} x {want}"))
+    if burst_out.count(want) != 9:
+        failures.append(f"readers of the chain: {burst_out}")
+    for name, got, through_source in zip(planted, shard_through_mount, shard_reads):
+        table_rows.append((f"planted shard set {name.split('-')[0]}-*: shard 2 a link to a root-only file; read shard 1",
+                           "as SOURCE", through_source, got))
+        if got != through_source:
+            failures.append(f"planted {name}: mount gave {got}, SOURCE gives {through_source}")
+    leaked = [w for w in ("TOPSECRE", "4995128901736877908", "private.safetensors") if w in stats_text]
+    stats = json.loads(stats_text)
+    formed = [mdl["name"] for mdl in stats.get("models", [])]
+    table_rows.append(("  ... the stats (root's view): secret bytes, its size or a formed model",
+                       "none", "n/a", f"leaked {leaked}, models {formed}"))
+    if leaked or formed:
+        failures.append(f"planted shards: leaked {leaked}, models formed {formed}")
+    for tried, got, through_source, expected in (
+        ("root without capabilities: a 0600 file of another user", capless[0], capless_src[0], DENIED),
+        ("root without capabilities: a 0644 file in root's 0700 dir (its own)", capless[1], capless_src[1],
+         bytes_result(SECRET)),
+    ):
+        table_rows.append((tried, expected, through_source, got))
+        if got != expected or got != through_source:
+            failures.append(f"{tried}: expected {expected}, SOURCE {through_source}, mount {got}")
+    table = ["| tried (as `tierfs-user` unless said; root daemon, `--allow-other`, `--threads 2`) | expected | same path through SOURCE | through the mount |",
+             "|---|---|---|---|"]
+    table += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in table_rows]
+    text = "\n".join(table) + "\n"
+    (conftest.SESSION_ROOT / "security-links-table.md").write_text(text)
+    print("\n" + text)
+    assert m.alive(), m.log_tail()
+    assert not failures, "\n".join(failures) + "\n\n" + text
+
+
+# ----------------------------------------------------------------------------- a user's shared mount
+
+# Runs as `nobody` (another user than the mount's): for `seconds`, lists and reads each path
+# again and again; prints every distinct answer seen per path.
+OTHER_LOOP = r"""
+import errno, json, os, sys, time
+paths, seconds = json.loads(sys.argv[1]), float(sys.argv[2])
+seen = {p: set() for p in paths}
+deadline = time.monotonic() + seconds
+while True:
+    for p in paths:
+        try:
+            if os.path.isdir(p):
+                r = "list:" + ",".join(sorted(os.listdir(p)))
+            else:
+                with open(p, "rb") as f:
+                    r = "read:" + f.read().decode(errors="replace").strip()
+        except OSError as e:
+            r = errno.errorcode.get(e.errno, str(e.errno))
+        seen[p].add(r)
+    if time.monotonic() > deadline:
+        break
+print(json.dumps({p: sorted(v) for p, v in seen.items()}))
+"""
+
+NOBODY = 65534
+
+
+def nobody_loop(paths: list[Path], seconds: float) -> subprocess.Popen:
+    return subprocess.Popen([USER_PY, "-c", OTHER_LOOP, json.dumps([str(p) for p in paths]), str(seconds)],
+                            user=NOBODY, group=NOBODY, extra_groups=[], cwd="/", stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def as_nobody(paths: list[Path], seconds: float, mnt: Path) -> dict[str, list[str]]:
+    return json.loads(bounded(nobody_loop(paths, seconds), None, mnt, seconds + 60))
+
+
+@pytest.fixture
+def user_shared_world(tierfs_bin):
+    """A user's own mount shared with `--allow-other` (`user_allow_other` in /etc/fuse.conf,
+    /dev/fuse 0666, both restored after), from test_desktop's world of that user."""
+    from test_desktop import UserWorld
+    if shutil.which("setfacl") is None:
+        pytest.fail("setfacl is not installed (.ci/run installs the acl package)")
+    conf = Path("/etc/fuse.conf")
+    old_conf = conf.read_text() if conf.exists() else None
+    conf.write_text((old_conf or "") + "\nuser_allow_other\n")
+    dev = Path("/dev/fuse")
+    old_mode = stat.S_IMODE(dev.stat().st_mode)
+    os.chmod(dev, 0o666)
+    w = None
+    try:
+        w = UserWorld(tierfs_bin)
+        yield w
+    finally:
+        if w is not None:
+            w.cleanup()
+        os.chmod(dev, old_mode)
+        if old_conf is None:
+            conf.unlink()
+        else:
+            conf.write_text(old_conf)
+
+
+@pytest.mark.timeout(120)
+def test_a_users_shared_mount_follows_no_swapped_link_and_no_acl(user_shared_world):
+    """A non-root daemon with `--allow-other` cannot act as other users: for them it follows no
+    link (a directory swapped for one included, even while the kernel still holds the old entry)
+    and refuses objects under a POSIX ACL, which the kernel's mode-bit check would not see."""
+    w = user_shared_world
+    uid, gid = w.user.uid, w.user.gid
+    d = w.src / "d"
+    d.mkdir(mode=0o755)
+    (d / "f.txt").write_text("listed\n")
+    private = w.root / "private-of-the-user"
+    private.mkdir(mode=0o700)
+    (private / "private.txt").write_text("the user's private file\n")
+    (w.src / "acl.txt").write_text("denied by an ACL\n")
+    acldir = w.src / "acldir"
+    acldir.mkdir(mode=0o755)
+    (acldir / "f.txt").write_text("behind an ACL\n")
+    for p in (d, d / "f.txt", private, private / "private.txt", w.src / "acl.txt", acldir, acldir / "f.txt"):
+        os.chown(p, uid, gid)
+    for p in (w.src / "acl.txt", acldir):
+        subprocess.run(["setfacl", "-m", f"u:{NOBODY}:-", str(p)], check=True, timeout=10)
+    os.chmod(w.src / "acl.txt", 0o644)
+    r = w.tierfs("mount", w.src, w.mnt, "--ram-cache", "64MiB", "--daemon", "--allow-other",
+                 "--log-file", w.root / "daemon.log", "--state-dir", w.state)
+    assert r.returncode == 0, f"user mount failed: {r.stderr}\nlog:\n{w.log()}"
+    w.daemon_pid()
+    rows, failures = [], []
+    watched = [w.mnt / "d", w.mnt / "d" / "f.txt", w.mnt / "d" / "private.txt"]
+    before = as_nobody(watched[:2], 0.3, w.mnt)
+    if before != {str(w.mnt / "d"): ["list:f.txt"], str(w.mnt / "d" / "f.txt"): ["read:listed"]}:
+        failures.append(f"before the swap: {before}")
+    # The user swaps the directory for a link to their private one while `nobody` keeps going:
+    # for half a second the kernel may still hold the directory's entry, and asks the daemon
+    # about that inode.
+    swapped = nobody_loop(watched, 3)
+    time.sleep(0.2)
+    users.run_as(["sh", "-c", f"mv {d} {w.src / 'd.old'} && ln -s {private} {d}"], timeout=10, check=True)
+    during = json.loads(bounded(swapped, None, w.mnt, 60))
+    source = as_nobody([w.src / "d", w.src / "d" / "private.txt"], 0.2, w.mnt)
+    private_seen = [v for vs in during.values() for v in vs if "private" in v]
+    rows.append(("directory swapped for a link to the mounting user's 0700 dir: list, read (3 s loop)",
+                 "never the private dir", " / ".join(map(str, source.values())), " / ".join(map(str, during.values()))))
+    if private_seen:
+        failures.append(f"another user saw the private directory: {during}")
+    acl_paths = [w.mnt / "acl.txt", w.mnt / "acldir", w.mnt / "acldir" / "f.txt"]
+    through_mount = as_nobody(acl_paths, 0.2, w.mnt)
+    through_source = as_nobody([w.src / "acl.txt", w.src / "acldir", w.src / "acldir" / "f.txt"], 0.2, w.mnt)
+    for (tried, p), sp in zip([("0644 file with an ACL denying the reader", acl_paths[0]),
+                               ("0755 directory with an ACL denying the reader: list", acl_paths[1]),
+                               ("  ... read a 0644 file inside it", acl_paths[2])],
+                              through_source):
+        got, want = through_mount[str(p)], through_source[sp]
+        rows.append((tried, "EACCES", str(want), str(got)))
+        if got != ["EACCES"] or want != ["EACCES"]:
+            failures.append(f"{tried}: SOURCE {want}, mount {got}")
+    # The mounting user still reads everything of theirs, ACL or not.
+    mine = w.run("cat", w.mnt / "acl.txt", w.mnt / "acldir" / "f.txt", w.mnt / "d" / "private.txt", timeout=20)
+    rows.append(("the mounting user reads the ACL'd files and follows the link", "all three", "n/a",
+                 "ok" if mine.returncode == 0 else mine.stderr.strip()))
+    if mine.returncode != 0 or "the user's private file" not in mine.stdout:
+        failures.append(f"the mounting user: {mine.stdout} {mine.stderr}")
+    table = ["| tried (as `nobody`; non-root daemon of `tierfs-user`, `--allow-other`) | expected | same path through SOURCE | through the mount |",
+             "|---|---|---|---|"]
+    table += [f"| {a} | {b} | {c} | {e} |" for a, b, c, e in rows]
+    text = "\n".join(table) + "\n"
+    (conftest.SESSION_ROOT / "security-user-table.md").write_text(text)
+    print("\n" + text)
+    assert not failures, "\n".join(failures) + "\n\n" + text

@@ -59,10 +59,25 @@ def run_as(args: list[str], *, timeout: float = 60, check: bool = False,
            env: dict[str, str] | None = None, **kwargs) -> subprocess.CompletedProcess:
     """Run ``args`` as the test user (uid, gid and supplementary groups), text mode."""
     user = ensure_user()
+    return subprocess.run(_as_user(user) + list(args), capture_output=True, text=True, timeout=timeout,
+                          check=check, env=_env(user, env), **kwargs)
+
+
+def popen_as(args: list[str], env: dict[str, str] | None = None, **kwargs) -> subprocess.Popen:
+    """Start ``args`` as the test user, pipes for stdin, stdout and stderr (text mode); the
+    caller bounds the wait (``communicate(timeout=...)``)."""
+    user = ensure_user()
+    return subprocess.Popen(_as_user(user) + list(args), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_env(user, env), **kwargs)
+
+
+def _as_user(user: TestUser) -> list[str]:
+    return ["setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--init-groups", "--"]
+
+
+def _env(user: TestUser, env: dict[str, str] | None) -> dict[str, str]:
     base_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": user.home,
                 "USER": user.name, "LANG": "C.UTF-8"}
     if env:
         base_env.update(env)
-    cmd = ["setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--init-groups", "--"]
-    return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout,
-                          check=check, env=base_env, **kwargs)
+    return base_env
