@@ -9,16 +9,25 @@ switch. This bench measures, in one run, the same workloads on:
   shared    mount with --allow-other, read by tierfs-user (switch on every lookup/open)
   shared/root  the same shared mount read by root (no switch: the rule's fixed cost)
 
+and, on each of those, the model reached through a link to another file system (`/dev/shm`),
+which the path resolver walks a component at a time (tierfs_core::access::resolve).
+
 Workloads: `opens` = open + 4 KiB header read + close of one model file, repeated for 3 s;
 `warm read` = a 256 MiB model read twice with 1 MiB reads, the second pass timed (all cached).
 Prints ratios against the baseline, and writes tests/bench/shared-mount-results.md.
 
-    sudo .venv/bin/python tests/bench/shared_mount.py
+`--compare OTHER_TIERFS` also runs every row with another build (say, the one before a change),
+alternating the two builds `--reps` times, and prints this build's median over the other's:
+what the change costs, measured in one run.
+
+    sudo .venv/bin/python tests/bench/shared_mount.py [--compare /path/to/other/tierfs] [--reps 3]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import statistics
 import os
 import platform
 import shutil
@@ -75,8 +84,8 @@ def measure(path: Path, mode: str, as_user: bool) -> float:
     return json.loads(r.stdout)
 
 
-def mounted(src: Path, mnt: Path, allow_other: bool):
-    cmd = [str(TIERFS), "mount", str(src), str(mnt), "--ram-cache", "1GiB", "--no-state"]
+def mounted(tierfs: Path, src: Path, mnt: Path, allow_other: bool):
+    cmd = [str(tierfs), "mount", str(src), str(mnt), "--ram-cache", "1GiB", "--no-state"]
     if allow_other:
         cmd.append("--allow-other")
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -97,38 +106,83 @@ def unmount(proc, mnt: Path) -> None:
         proc.kill()
 
 
+RUNS = (("baseline", False, False), ("shared", True, True), ("shared/root", True, False))
+MODELS = (("", "m.safetensors"), (" (link to another fs)", "linked.safetensors"))
+
+
+def measure_build(tierfs: Path, src: Path, mnt: Path) -> dict[str, tuple[float, float]]:
+    rows = {}
+    for name, allow_other, as_user in RUNS:
+        proc = mounted(tierfs, src, mnt, allow_other)
+        try:
+            for suffix, model in MODELS:
+                path = mnt / model
+                rows[name + suffix] = (measure(path, "opens", as_user), measure(path, "read", as_user))
+        finally:
+            unmount(proc, mnt)
+    return rows
+
+
+def ratio_table(rows: dict[str, tuple[float, float]]) -> str:
+    b_opens, b_read = rows["baseline"]
+    lines = ["| run | opens/s | ratio | warm read MB/s | ratio |", "|---|---|---|---|---|"]
+    for name, (opens, read) in rows.items():
+        lines.append(f"| {name} | {opens:.0f} | {opens / b_opens:.2f} | {read / 1e6:.0f} | {read / b_read:.2f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--compare", type=Path, help="another tierfs build to measure against")
+    ap.add_argument("--reps", type=int, default=3, help="alternations with --compare (median)")
+    args = ap.parse_args()
     users.ensure_user()
     base = Path(tempfile.mkdtemp(prefix="tierfs-shared-bench.", dir="/var/tmp"))
-    os.chmod(base, 0o755)
+    other_fs = Path(tempfile.mkdtemp(prefix="tierfs-shared-bench.", dir="/dev/shm"))
+    for d in (base, other_fs):
+        os.chmod(d, 0o755)
     src, mnt = base / "src", base / "mnt"
     src.mkdir(mode=0o755)
     mnt.mkdir(mode=0o755)
     model = src / "m.safetensors"
     gen.make_big_dit(model, 256 * MiB)
     os.chmod(model, 0o644)
-    rows = {}
+    shutil.copy(model, other_fs / "linked.safetensors")
+    os.chmod(other_fs / "linked.safetensors", 0o644)
+    os.symlink(other_fs / "linked.safetensors", src / "linked.safetensors")
+    builds = [("this build", TIERFS)] + ([("compare", args.compare)] if args.compare else [])
+    runs: dict[str, list[dict]] = {label: [] for label, _ in builds}
     try:
-        for name, allow_other, as_user in (("baseline", False, False), ("shared", True, True),
-                                           ("shared/root", True, False)):
-            proc = mounted(src, mnt, allow_other)
-            try:
-                path = mnt / model.name
-                rows[name] = (measure(path, "opens", as_user), measure(path, "read", as_user))
-            finally:
-                unmount(proc, mnt)
+        for _ in range(args.reps if args.compare else 1):
+            for label, tierfs in builds:
+                runs[label].append(measure_build(tierfs, src, mnt))
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    b_opens, b_read = rows["baseline"]
-    lines = ["| run | opens/s | ratio | warm read MB/s | ratio |", "|---|---|---|---|---|"]
-    for name, (opens, read) in rows.items():
-        lines.append(f"| {name} | {opens:.0f} | {opens / b_opens:.2f} | {read / 1e6:.0f} | {read / b_read:.2f} |")
-    table = "\n".join(lines)
-    print(table)
+        shutil.rmtree(other_fs, ignore_errors=True)
+
+    def median(label: str) -> dict[str, tuple[float, float]]:
+        keys = runs[label][0].keys()
+        return {k: (statistics.median(r[k][0] for r in runs[label]),
+                    statistics.median(r[k][1] for r in runs[label])) for k in keys}
+
+    mine = median("this build")
+    text = ratio_table(mine)
+    if args.compare:
+        theirs = median("compare")
+        lines = [f"\nThis build against {args.compare} (medians of {args.reps} alternating runs):\n",
+                 "| run | opens/s this | opens/s other | ratio | warm read MB/s this | other | ratio |",
+                 "|---|---|---|---|---|---|---|"]
+        for k, (o, r) in mine.items():
+            oo, orr = theirs[k]
+            lines.append(f"| {k} | {o:.0f} | {oo:.0f} | {o / oo:.3f} | {r / 1e6:.0f} | {orr / 1e6:.0f} | {r / orr:.3f} |")
+        text += "\n" + "\n".join(lines)
+    print(text)
+    command = "sudo .venv/bin/python tests/bench/shared_mount.py" + (
+        f" --compare {args.compare} --reps {args.reps}" if args.compare else "")
     (HERE / "shared-mount-results.md").write_text(
         "# Shared-mount access rule: cost (tests/bench/shared_mount.py)\n\n"
         f"Machine: {platform.node()}, {os.cpu_count()} CPUs, Linux {platform.release()}.\n"
-        "Command: `sudo .venv/bin/python tests/bench/shared_mount.py`\n\n" + table + "\n")
+        f"Command: `{command}`\n\n" + text + "\n")
 
 
 if __name__ == "__main__":

@@ -86,6 +86,8 @@ struct Walked {
     name: Option<OsString>,
     /// Device and inode the walk found there.
     id: (u64, u64),
+    /// An `O_PATH` descriptor of the object itself (`None`: `dir` is the object).
+    object: Option<OwnedFd>,
 }
 
 /// Which links a resolution follows.
@@ -259,6 +261,10 @@ impl SourceRoot {
             result => return result.map_err(io::Error::from),
         }
         let walked = self.walk(rel, follow)?;
+        if flags == OFlags::PATH {
+            // What the walk holds already is the `O_PATH` descriptor asked for.
+            return Ok(walked.object.unwrap_or(walked.dir));
+        }
         let name = walked.name.as_deref().unwrap_or(OsStr::new("."));
         let last = rustix::fs::openat2(
             &walked.dir,
@@ -322,6 +328,7 @@ impl SourceRoot {
                     dir,
                     name: Some(name),
                     id,
+                    object: Some(next),
                 });
             }
             if !info.is_dir() {
@@ -335,6 +342,7 @@ impl SourceRoot {
             id: dir_id,
             dir,
             name: None,
+            object: None,
         })
     }
 
