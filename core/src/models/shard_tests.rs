@@ -490,3 +490,62 @@ fn sequential_read_ahead_runs_on_into_the_next_shard() {
     assert!(!plan.block_chunks(0).iter().any(|&c| present(c)));
     assert_eq!(&read_all(&store, &second, 1 << 20), &shards[1].1);
 }
+
+/// Whether the store formed a model of the shards in `dir`.
+#[cfg(unix)]
+fn forms_a_model(dir: &Path, names: &[String]) -> (bool, Option<String>) {
+    let store = ModelStore::new(64 << 20, SavedOrders::default());
+    let file = open(&store, dir, &names[0]);
+    let reason = store
+        .files_snapshot()
+        .into_iter()
+        .find(|f| f.path == names[0])
+        .and_then(|f| f.standalone_reason);
+    (file.shard_of.is_some(), reason)
+}
+
+#[cfg(unix)]
+#[test]
+fn a_model_is_formed_only_of_shards_open_to_the_same_users() {
+    use std::os::unix::fs::{symlink, PermissionsExt};
+    let mode = |p: &Path, m: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m));
+    // Files of the directory, same owner and mode: one model.
+    let dir = tempfile::tempdir().unwrap();
+    let names: Vec<String> = sharded(dir.path(), 2, 1, MIB, false)
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    for n in &names {
+        mode(&dir.path().join(n), 0o644).unwrap();
+    }
+    assert_eq!(forms_a_model(dir.path(), &names), (true, None));
+    // One shard private to its owner: anyone else could open shard 1 and not shard 2.
+    mode(&dir.path().join(&names[1]), 0o600).unwrap();
+    let (formed, reason) = forms_a_model(dir.path(), &names);
+    assert!(!formed);
+    assert!(reason.unwrap().contains("not open to the same users"));
+
+    // The Hugging Face cache: every shard a link into blobs/: one model.
+    let hf = tempfile::tempdir().unwrap();
+    let (snap, blobs) = (hf.path().join("snapshots/rev"), hf.path().join("blobs"));
+    std::fs::create_dir_all(&snap).unwrap();
+    std::fs::create_dir_all(&blobs).unwrap();
+    let names: Vec<String> = sharded(&blobs, 2, 1, MIB, false)
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    for n in &names {
+        std::fs::rename(blobs.join(n), blobs.join(format!("sha-{n}"))).unwrap();
+        symlink(format!("../../blobs/sha-{n}"), snap.join(n)).unwrap();
+    }
+    assert_eq!(forms_a_model(&snap, &names), (true, None));
+    // One of them planted elsewhere (a link to another directory): each file stands alone.
+    let elsewhere = hf.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::fs::rename(blobs.join(format!("sha-{}", names[1])), elsewhere.join("x")).unwrap();
+    std::fs::remove_file(snap.join(&names[1])).unwrap();
+    symlink("../../elsewhere/x", snap.join(&names[1])).unwrap();
+    let (formed, reason) = forms_a_model(&snap, &names);
+    assert!(!formed);
+    assert!(reason.unwrap().contains("different directories"));
+}

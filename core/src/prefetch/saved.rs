@@ -308,6 +308,10 @@ mod tests {
         assert!(!path.exists());
         drop(held);
         saved.flush();
+        // Readable by its owner only: it names model files.
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{mode:o}");
         assert!(SavedOrders::load(Some(path)).get("m|1").is_some());
     }
 
