@@ -21,8 +21,6 @@ use std::sync::Arc;
 
 use super::{ModelFile, ModelStore, OpenError};
 use crate::source::SourceFile;
-#[cfg(target_os = "linux")]
-use crate::source::SourceIdentity;
 
 /// An open handle of one model file version (see the module docs).
 pub struct OpenModel {
@@ -84,10 +82,12 @@ impl ModelStore {
     }
 
     /// [`Self::open_handle`] for a front end that opened `abs` already (as the requester:
-    /// the access check): the version indexed is the one that descriptor reads, and the
-    /// descriptor is the handle's if the version has none open, which saves an `open`, a
-    /// `fadvise` and an `fstat` per open of a known file. Returns `None` when `opened` is not
-    /// what `abs` names now (replaced in between: the front end answers `ESTALE`).
+    /// the access check), and checked that `opened` is the object its inode stands for: the
+    /// version indexed is the one that descriptor reads (what the requester opened, never
+    /// what the path names a moment later), and the descriptor is the handle's if the version
+    /// has none open, which saves an `open`, a `fadvise` and an `fstat` per open of a known
+    /// file. Returns `None` when a version indexed meanwhile by another open is not the one
+    /// `opened` reads (the front end answers `ESTALE`).
     #[cfg(target_os = "linux")]
     pub fn open_handle_with(
         self: &Arc<Self>,
@@ -95,10 +95,6 @@ impl ModelStore {
         abs: &Path,
         opened: std::fs::File,
     ) -> Result<Option<OpenModel>, OpenError> {
-        let at_path = self.paths().identity(abs);
-        if at_path.ok() != SourceIdentity::of_file(&opened).ok() {
-            return Ok(None);
-        }
         let (file, source) = self.open_version((path, abs, Some(&opened)), true)?;
         let source = match source {
             Some(source) => source,
