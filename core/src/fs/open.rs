@@ -155,23 +155,13 @@ impl<B: Send + Sync> TierFs<B> {
         let (rel, abs) = (entry.path.clone(), self.abs(&entry.path));
         let follow_links = acting.follow_links();
         self.check_acl(&rel, &acting)?;
-        match present_object(&self.source_root, &rel, follow_links) {
-            // The path holds another object than this inode: the kernel looks it up again.
-            Ok((object, ..)) if entry.object.is_some_and(|o| o != object) => {
-                return Err(FsError::Stale)
-            }
-            Ok((_, _, Kind::File, _)) => {}
-            Ok((_, _, Kind::Directory, _)) => return Err(FsError::IsDirectory),
-            Ok(_) => return Err(FsError::Denied("not a regular file")),
-            Err(e) => return Err(FsError::io("open")(e)),
-        }
         // The open, made as the requester (see `crate::access`), is the access check; what it
-        // opened must be the object this inode stands for, whatever was swapped since.
-        let file = self
-            .source_root
-            .open_file(&rel, follow_links)
-            .map_err(FsError::io("open"))?;
-        let opened = file.metadata().map_err(FsError::io("fstat"))?;
+        // opened must be the object this inode stands for (else the kernel looks it up again),
+        // whatever was swapped since.
+        let (file, opened) = match self.source_root.open_regular(&rel, follow_links) {
+            Ok(opened) => opened,
+            Err(e) => return Err(self.open_refused(&rel, entry.object, follow_links, e)),
+        };
         let object = platform::file_object_id(&file, &opened).map_err(FsError::io("fstat"))?;
         if entry.object.is_some_and(|o| o != object) {
             return Err(FsError::Stale);
@@ -220,6 +210,25 @@ impl<B: Send + Sync> TierFs<B> {
             fh,
             flags: OpenFlags::default(),
         })
+    }
+
+    /// Why the open of `rel` failed with `error`, as the path presents itself (the rare path,
+    /// so looked up again): another object than the inode's (`object`) is stale, a link shown
+    /// as a link or anything but a file is not to be opened, a directory is one.
+    fn open_refused(
+        &self,
+        rel: &std::path::Path,
+        object: Option<super::inodes::ObjectId>,
+        follow_links: bool,
+        error: io::Error,
+    ) -> FsError {
+        match present_object(&self.source_root, rel, follow_links) {
+            Ok((now, ..)) if object.is_some_and(|o| o != now) => FsError::Stale,
+            Ok((_, _, Kind::Directory, _)) => FsError::IsDirectory,
+            Ok((_, _, Kind::File, _)) => FsError::io("open")(error),
+            Ok(_) => FsError::Denied("not a regular file"),
+            Err(_) => FsError::io("open")(error),
+        }
     }
 
     /// Opens a model file in the mode its inode is already served in, or, for the inode's

@@ -111,6 +111,21 @@ impl SourceRoot {
         File::open(self.abs.join(rel))
     }
 
+    /// Opens `rel` if it is a regular file, with its metadata (a directory: `IsADirectory`).
+    pub fn open_regular(&self, rel: &Path, _follow_links: bool) -> io::Result<(File, Metadata)> {
+        let abs = self.abs.join(rel);
+        let meta = std::fs::metadata(&abs)?;
+        if meta.is_dir() {
+            return Err(io::ErrorKind::IsADirectory.into());
+        }
+        if !meta.is_file() {
+            return Err(io::ErrorKind::PermissionDenied.into());
+        }
+        let file = File::open(&abs)?;
+        let meta = file.metadata()?;
+        Ok((file, meta))
+    }
+
     pub fn list_dir(&self, rel: &Path, _follow_links: bool) -> io::Result<Vec<OsString>> {
         std::fs::read_dir(self.abs.join(rel))?
             .map(|entry| entry.map(|e| e.file_name()))
