@@ -154,8 +154,11 @@ def test_point1_loaders_by_model_and_cases():
         "p1": ["comfy", "pread"], "p4_gguf": ["gguf"], "p1_shards": ["sharded"]}
     assert issue11.point1_cases("gguf") == issue11.point1_cases("sharded") == issue11.COLD_CASES
     assert issue11.point1_cases("comfy") == issue11.ALL_CASES
-    assert [c[1] for c in issue11.COLD_CASES] == ["mount cold slow", "mount cold fast", "mount cold slow quarter"]
+    assert [c[1] for c in issue11.COLD_CASES] == ["mount cold slow", "mount cold fast", "mount cold slow quarter",
+                                                  "mount cold fast quarter", "mount cold fast eighth"]
     assert {c[1] for c in issue11.COLD_CASES} <= {c[1] for c in issue11.ALL_CASES}
+    # Every below-the-model case reports its disk bytes and wasted prefetch, for every loader.
+    assert set(issue11.BELOW_BUDGET_CASES) <= {c[1] for c in issue11.COLD_CASES}
 
 
 @pytest.mark.timeout(60)
