@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device check of tierfs-gpu (issue 5): one run, under 5 minutes on one H200 with 16 cores.
+# Device check of tierfs-gpu: one run, under 5 minutes on one H200 with 16 cores.
 #
 #   bash gpu-side/device-check.sh            # on a machine with an NVIDIA GPU
 #   bash gpu-side/device-check.sh --dry-run  # anywhere: everything that needs no GPU
@@ -7,7 +7,7 @@
 # Builds tierfs-gpu (or uses prebuilt binaries), writes an 8 GiB checkpoint, and prints a table:
 # bit-exactness against safetensors.torch.load_file(device="cuda"), GB/s of each route (gds=auto,
 # off, compat, on; and `tierfs-gpu bench`'s transfer-only figures and disk O_DIRECT speed), cold
-# and warm, as ratios of that baseline and of the pinned host-to-device ceiling, and the issue's
+# and warm, as ratios of that baseline and of the pinned host-to-device ceiling, and the
 # goals as PASS/FAIL. Exit status: 0 all bit-exact, 1 a difference or failure, 2 no GPU.
 #
 # Environment:

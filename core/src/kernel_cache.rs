@@ -25,7 +25,7 @@
 //! is the read-around of the faults in flight, one readahead window each. The fixed 48 MiB it
 //! replaces was sized for 4 MiB windows; at the 128 KiB default a streaming `mmap` reader kept
 //! all 48 MiB fresh, and an `mmap` copy of a file three times a 519 MiB budget peaked at
-//! 637 MiB against the 635 MiB bound (issue 11 benchmark, point 4: 537 MiB daemon, 100 MiB
+//! 637 MiB against the 635 MiB bound (acceptance benchmark, point 4: 537 MiB daemon, 100 MiB
 //! mounted page cache).
 
 use crate::sync::{lock, Mutex};

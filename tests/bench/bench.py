@@ -978,8 +978,8 @@ def main() -> int:
     lines = [
         "# tierfs benchmark results",
         "",
-        "(Issue 11's outcome, loaders on a fast and a throttled slow source: `sudo .venv/bin/python",
-        "tests/bench/issue11.py [--quick]`, results in tests/bench/issue11-results.md.)",
+        "(The acceptance benchmark: loaders on a fast and a throttled slow source: `sudo .venv/bin/python",
+        "tests/bench/acceptance.py [--quick]`, results in tests/bench/acceptance-results.md.)",
         "",
         f"- command: `{cmd.strip()}` (rows {','.join(map(str, rows))}; {elapsed:.0f} s)",
         f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",

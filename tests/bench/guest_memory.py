@@ -9,7 +9,7 @@ freed.  Measured here (2026-12-02), filling a new 1.5 GiB numpy array ten times,
 `numpy.memmap` whole-file copy of the same plain file took 0.73-2.77 s from pass to pass, all of
 it system time in the loader, with the same page-fault count.  A pass that allocates a file-sized
 buffer (numpy's destination array, the page cache a cold read fills) is then as fast as the
-blocks it happens to get, on either side of a comparison: the issue 11 numpy.memmap rows passed
+blocks it happens to get, on either side of a comparison: the acceptance benchmark's numpy.memmap rows passed
 or failed by chance (cold fast 0.43-0.48 in two runs; 1.00 with reporting off).
 
 :class:`SteadyMemory` undoes that for the run and puts it back afterwards:
@@ -24,7 +24,7 @@ or failed by chance (cold fast 0.43-0.48 in two runs; 1.00 with reporting off).
    :data:`PIECE` each) and freed, so that every page the run allocates later is backed by the
    host.  ~20 GiB took 47 s here; memory that is already backed takes a few seconds.
 3. On exit the old order is written back (also from `atexit`, for an exception that escapes the
-   `with`; SIGTERM and SIGHUP are exceptions in issue11.py, SIGKILL leaves it as set).
+   `with`; SIGTERM and SIGHUP are exceptions in acceptance.py, SIGKILL leaves it as set).
 
 Where no device reports free pages (no `page_reporting` parameter, or an order that reads
 negative: nothing registered, as on bare metal) it does nothing and says so.

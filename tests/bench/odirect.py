@@ -5,8 +5,8 @@ chunk cache, and a RAM-backed (tmpfs) source.
     sudo .venv/bin/python tests/bench/odirect.py [--tierfs PATH] [--pairs N] [--out FILE]
 
 runai-model-streamer opens its files `O_RDONLY | O_DIRECT` and reads them with io_uring, so the
-page cache that issue 11's warm rows pin the plain file in is never read: this measures, on
-issue 11's fast source (ext4 on a RAM block device, tests/bench/sources.py) with its 1.5 GiB DiT,
+page cache that the acceptance benchmark's warm rows pin the plain file in is never read: this measures, on
+the acceptance benchmark's fast source (ext4 on a RAM block device, tests/bench/sources.py) with its 1.5 GiB DiT,
 one runai process for every pass:
 
 1. plain file pinned in the page cache vs a passthrough mount (budget > file), passes
@@ -38,7 +38,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "tests" / "python"))
 sys.path.insert(0, str(HERE))
 import bench  # noqa: E402
-import issue11 as I  # noqa: E402
+import acceptance as I  # noqa: E402
 import sources  # noqa: E402
 
 MiB = 1 << 20
@@ -144,7 +144,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tierfs", type=Path, default=HERE.parents[1] / "target" / "release" / "tierfs")
     ap.add_argument("--pairs", type=int, default=8)
-    ap.add_argument("--data", default="/var/tmp/tierfs-issue11-data")
+    ap.add_argument("--data", default="/var/tmp/tierfs-bench-data")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     if os.geteuid() != 0:

@@ -1,4 +1,4 @@
-"""Cost of the shared-mount access rule: opens/s and warm read throughput (issue 13).
+"""Cost of the shared-mount access rule: opens/s and warm read throughput.
 
 On a shared mount (`--allow-other`, root daemon) every lookup, getattr and open made for a user
 other than root runs with that user's credentials: the serving thread switches fsuid, fsgid and

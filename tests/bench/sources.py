@@ -1,7 +1,7 @@
-"""Stable source devices for tests/bench/issue11.py: a fast one and the same one throttled.
+"""Stable source devices for tests/bench/acceptance.py: a fast one and the same one throttled.
 
 The machine's virtual disk is cached by its host and reads at anything from 0.4 to 2.5 GB/s
-from one minute to the next, so ratios measured on it drift.  issue11.py puts its models on:
+from one minute to the next, so ratios measured on it drift.  acceptance.py puts its models on:
 
 * **fast**: an ext4 file system on a RAM-backed block device: a zram device (`hot_add`; one
   of our own, never an existing one) or, where zram is missing, a loop device over a file in
@@ -34,7 +34,7 @@ from pathlib import Path
 MiB, GiB = 1 << 20, 1 << 30
 BLKIO = Path("/sys/fs/cgroup/blkio")
 ZRAM_CONTROL = Path("/sys/class/zram-control")
-CG_NAME = "tierfs-issue11-"
+CG_NAME = "tierfs-bench-"
 
 _UNDO: list = []  # objects with .close(), most recent last
 

@@ -40,7 +40,7 @@ GiB = 1 << 30
 # unmounts it, so blocked syscalls in the test fail (ENOTCONN) instead of hanging CI.
 MOUNT_WATCHDOG_S = float(os.environ.get("TIERFS_MOUNT_WATCHDOG_S", "600"))
 BIG_BYTES = int(os.environ.get("TIERFS_TEST_BIG_BYTES", str(GiB + 64 * MiB)))
-# The loader checks' largest file (tests/python/test_loaders.py): the issue asks for >= 2 GiB.
+# The loader checks' largest file (tests/python/test_loaders.py): at least 2 GiB, the size of a small real checkpoint.
 BIG2_BYTES = int(os.environ.get("TIERFS_TEST_BIG2_BYTES", str(2 * GiB)))
 
 

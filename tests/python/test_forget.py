@@ -1,4 +1,4 @@
-"""Forget and release prune the daemon's inode and handle tables (issue 16), through a real
+"""Forget and release prune the daemon's inode and handle tables, through a real
 mount: the kernel's FORGETs (here provoked by dropping its dentry and inode caches) shrink
 `fs.inodes` in the stats, a file held open keeps its inode and its bytes, and every file reads
 back bit-exact once looked up again under its new number."""

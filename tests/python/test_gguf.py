@@ -1,6 +1,6 @@
 """GGUF index against an independent reader: ``tierfs inspect --json`` vs gguf-py's ``GGUFReader``.
 
-Differential check (issue 12, outcome 1): a few hundred small files, half written by gguf-py's
+Differential check: a few hundred small files, half written by gguf-py's
 ``GGUFWriter`` with random key/values (scalars, strings, arrays, nested arrays), alignments, ggml
 types and shapes (:func:`gen_gguf.random_gguf`), half hostile variants of those (bytes
 overwritten in the header, counts and lengths replaced by 0 / 2^31 / 2^63 / 2^64-1, cut-short

@@ -1,4 +1,4 @@
-"""Model headers and indexes are held to `--index-cache` (issue 13, point 4).
+"""Model headers and indexes are held to `--index-cache`.
 
 Each known model file keeps its header and parsed index in the daemon, outside the chunk
 budget. Two hostile folders must keep the daemon's resident memory within its bound:

@@ -1,4 +1,4 @@
-"""Descriptors and file versions over the life of a mount (issue 16, point 4;
+"""Descriptors and file versions over the life of a mount (see
 core/src/source/slot.rs, core/src/models/open.rs).
 
 - A folder of 20 000 small `.safetensors`, each opened once through the mount, its header read

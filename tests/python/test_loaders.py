@@ -1,4 +1,4 @@
-"""Real loaders through a real mount, every tensor bit-exact (issue 4, loader checks 1-6).
+"""Real loaders through a real mount, every tensor bit-exact (loader checks 1-6).
 
 The source is a ComfyUI-like models folder (:func:`models`): a >= 2 GiB DiT (bf16, fp16 and
 fp8 block weights, fp32/fp16 norms, tensors in name order like real writers, so file order is
@@ -451,7 +451,7 @@ def test_discovery_comfyui_header_reads(mount, models):
     check_discovery(mount, models, header_comfyui)
 
 
-# ----------------------------------------------------------------------------- GGUF and shards (issue 12)
+# ----------------------------------------------------------------------------- GGUF and shards
 #
 # GGUF: gguf-py's GGUFReader (np.memmap of the file, a view per tensor) reading every tensor, and
 # ComfyUI-GGUF's loader (`loader.py: gguf_sd_loader`).  ComfyUI-GGUF is a ComfyUI custom-node

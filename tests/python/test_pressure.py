@@ -1,9 +1,9 @@
-"""Memory pressure: the cache budget is a ceiling, not a reservation (issue 14).
+"""Memory pressure: the cache budget is a ceiling, not a reservation.
 
-The issue's scenario scaled down: a memory cgroup of S = 1152 MiB holds the daemon with a
+A desktop's scenario scaled down: a memory cgroup of S = 1152 MiB holds the daemon with a
 768 MiB budget (2/3 S); `cat` of the 1088 MiB checkpoint fills the cache; then
 
-  (a) a second process in the same cgroup touches S/2 (the issue's 3 GiB of 6 GiB): it must
+  (a) a second process in the same cgroup touches S/2 (3 GiB of a 6 GiB machine): it must
       succeed without any OOM kill in the cgroup, the daemon survives, reads stay bit-exact
       and the budget grows back once the process has exited;
   (b) no cgroup: a process touches MemAvailable + half the budget, system-wide (short; the

@@ -1,4 +1,4 @@
-"""A shared mount never lets a user read what they could not read themselves (issue 13).
+"""A shared mount never lets a user read what they could not read themselves.
 
 A root daemon serves SOURCE with ``--allow-other``; a real unprivileged user (``users.py``:
 ``tierfs-user``, member of ``tierfs-extra``, not of ``tierfs-outsider``) tries every way

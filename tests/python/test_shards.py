@@ -1,4 +1,4 @@
-"""Sharded checkpoints as one model through a real mount (issue 12, point 2).
+"""Sharded checkpoints as one model through a real mount.
 
 A diffusers-style model (``diffusion_pytorch_model-0000N-of-00003.safetensors`` plus its
 ``.safetensors.index.json``) about twice the budget is read shard by shard with

@@ -3,7 +3,7 @@
 //! The kernel page cache that tierfs replaces is reclaimed when a program needs the memory;
 //! tierfs's chunks are anonymous memory, which nothing reclaims (there is usually no swap), so
 //! without this module the daemon, holding the largest RSS around, is what the OOM killer
-//! takes when a loader grows (issue 14). The governor keeps three figures:
+//! takes when a loader grows. The governor keeps three figures:
 //!
 //! - the **configured** budget (`--ram-cache`, or `tierfs ctl ram-cache`), clamped at mount to
 //!   what the machine or the memory cgroup can hold ([`probe::largest_budget`]);
@@ -38,7 +38,7 @@
 //!   At the configured budget the limit is lifted.
 //!
 //! ## Measurements (`tests/python/test_pressure.py`, 2-core VM loaded by other builds)
-//! The issue's scenario scaled down: a 1152 MiB memory cgroup holds the daemon with a full
+//! A desktop's scenario scaled down: a 1152 MiB memory cgroup holds the daemon with a full
 //! 768 MiB cache; a second process there touches 576 MiB (at about 800 MiB/s) and holds it.
 //! - Without the governor (main at 7852706) the kernel OOM-kills the daemon (`oom_kill 1`, the
 //!   daemon exits with SIGKILL, the mount is dead).

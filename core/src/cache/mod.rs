@@ -183,7 +183,7 @@ impl Chunk {
     /// out the blocks prefetched ahead of the reader (or, with repeated passes, the resident
     /// set) to keep bytes the reader has finished with: `cat` of a 2.1 GB file of ~210 MB
     /// blocks through a 512 MiB budget read 1.17× the file from disk, 1.3 GB of prefetch
-    /// wasted (issue 11).
+    /// wasted (acceptance benchmark).
     ///
     /// A chunk of the current block whose every byte readers were served in this visit is
     /// consumed at once, recent or not ([`served`] tells why a time window alone let later
@@ -296,7 +296,7 @@ struct State {
 /// A block prefetch still working through the block the reader is in (the reader outran it)
 /// found such a chunk absent and read it again: it was needed only in the next pass, so it was
 /// evicted unread, wasted. Once chunks the reader was served in full were consumed at once
-/// ([`served`]), this was 260 chunks read twice in the first 3 passes of issue 11 point 5
+/// ([`served`]), this was 260 chunks read twice in the first 3 passes of acceptance benchmark point 5
 /// (traced per chunk: every one evicted as consumed, reloaded by the block's prefetch 1–100 ms
 /// later). A prefetch of a chunk listed here for its owner's current visit is skipped.
 #[derive(Default)]

@@ -7,7 +7,7 @@
 //! cache, it loaded a whole chunk and, as the reader seemed to enter the tensor's block, started
 //! prefetching that block. With a budget below the model that read most of the file before a
 //! single weight was copied, and evicted it again before the copies came: the real ComfyUI load
-//! of a 2.1 GB checkpoint through a 256 MiB budget read 2.30× the file (issue 11).
+//! of a 2.1 GB checkpoint through a 256 MiB budget read 2.30× the file (acceptance benchmark).
 //!
 //! So each file remembers its recent *runs*: ranges that successive requests extended. A
 //! request that starts a new run, or continues one still shorter than [`STREAM_AFTER`], is a

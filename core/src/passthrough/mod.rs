@@ -3,8 +3,8 @@
 //! A model file no larger than what is left of the budget is best served by not serving it:
 //! the FUSE adapter opens it with FUSE passthrough (`FOPEN_PASSTHROUGH`, Linux ≥ 6.9, root), so
 //! the reader's `read()` and `mmap` go straight to the source file's page cache, and cold reads
-//! get the source's own readahead. Measured with the issue 11 benchmark
-//! (`tests/bench/issue11-results.md`, 1.5 GiB DiT, nine loaders): cold 1.00–1.08× the plain
+//! get the source's own readahead. Measured with the acceptance benchmark
+//! (`tests/bench/acceptance-results.md`, 1.5 GiB DiT, nine loaders): cold 1.00–1.08× the plain
 //! file's speed on a 1 GB/s source and 0.90–3.09× on a 4 GB/s one, warm 0.79–1.09×; the chunk
 //! path served the same loaders warm at 0.09–0.54× from its own RAM
 //! (`tests/bench/loader-results.md`), held back by the FUSE page cache's 4 KiB folios.
@@ -34,7 +34,7 @@
 //! io_uring) are passed through like any other open, and so keep what they asked for: the kernel
 //! hands their reads to the backing file as direct reads, which go to the source device and leave
 //! nothing in its page cache. Such an open reserves the file's size while it is open; closed, it
-//! parks nothing (`cachestat` finds no page resident). Measured on the issue 11 fast source (ext4
+//! parks nothing (`cachestat` finds no page resident). Measured on the acceptance benchmark's fast source (ext4
 //! on zram, 1.5 GiB DiT, one runai process for every pass; `tests/bench/odirect.py`, results in
 //! `tests/bench/odirect-results.md` and, with `FUSE_ASYNC_DIO`, `odirect-results-async-dio.md`,
 //! 2026-12-02):
@@ -50,7 +50,7 @@
 //!   0.44–0.81 s (0.72–1.21 s before the adapter asked for `FUSE_ASYNC_DIO`, when the requests
 //!   came one at a time). Faster than the plain file, but its cold pass is the chunk cache's
 //!   (0.92 s cold), and serving every first `O_DIRECT` open from the chunk cache, tried on the
-//!   issue 11 runai rows (`tests/bench/issue11-results-runai-trial.md`), took warm to 1.17–1.20
+//!   acceptance benchmark's runai rows (`tests/bench/acceptance-results-runai-trial.md`), took warm to 1.17–1.20
 //!   but cold fast to 0.64–1.33 and cold slow to 0.91–1.07, rows passthrough passes (2.02–2.23,
 //!   1.06–1.59): the rule was dropped;
 //! - a RAM-backed passthrough backing would not help: the model on tmpfs takes runai 0.30–0.32 s

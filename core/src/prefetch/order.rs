@@ -72,7 +72,7 @@ pub const TOLERANCE: usize = 4;
 /// new pass has more than `TOLERANCE` blocks, so the blocks outside the tail must be able to
 /// take it there: with six blocks and a tail of four, a pass could never grow past its first
 /// two blocks, every later block was "a straggler", and no block after the second was ever
-/// entered or prefetched again (the issue 11 `--quick` model, 6 blocks).
+/// entered or prefetched again (the acceptance benchmark's `--quick` model, 6 blocks).
 fn straggler_tail(blocks: usize) -> usize {
     TOLERANCE.min(blocks / 4)
 }

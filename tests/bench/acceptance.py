@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Issue 11's outcome, points 1-5, in one run: every ratio side by side with its goal.
+"""The acceptance benchmark, points 1-5, in one run: every ratio side by side with its goal.
 
-    sudo .venv/bin/python tests/bench/issue11.py [--quick] [--only 1,2,3,4,5] [--tierfs PATH]
+    sudo .venv/bin/python tests/bench/acceptance.py [--quick] [--only 1,2,3,4,5] [--tierfs PATH]
                                                  [--reps N] [--loaders a,b] [--data DIR] [--out FILE]
 
 Sources (tests/bench/sources.py): the models are copied onto an ext4 file system on a RAM-backed
@@ -24,7 +24,7 @@ baseline s / tierfs s, so above 1 means faster through the mount):
    <= 0.05), warm: loaded before through the mount, then again (goal >= 0.8 of the plain
    file held in the page cache), and again after drop_caches: tierfs's own RAM only (report; a
    passthrough file's page cache is dropped too).  Cold = caches dropped and a fresh mount.
-   Issue 12 point 4, loaders `gguf` (gguf-py GGUFReader reading every tensor's data, on point 4's
+   Loaders `gguf` (gguf-py GGUFReader reading every tensor's data, on point 4's
    GGUF) and `sharded` (safe_open shard by shard in index order, on the point-1 model cut into 4
    shards + index.json): the three cold cases only, budgets from the whole model's size.
 2. ComfyUI's load sequence, budget = file/4, slow source: disk bytes read (the largest of the blkio
@@ -41,14 +41,14 @@ baseline s / tierfs s, so above 1 means faster through the mount):
    file the daemon holds open or mapped (allocated blocks, counted once) + the mounted file's page
    cache (cachestat) + the growth of the source file's page cache.  Peak <= 1.1 x budget + 64 MiB
    while a file 3 x the budget is streamed by read() and by mmap, and while two processes map a
-   model that fits (fast source).  The same for a sharded model 3 x the budget (issue 12: the
+   model that fits (fast source).  The same for a sharded model 3 x the budget (the
    point-1 model cut into 4 shards + index.json, read shard by shard in index order; every
    shard's page cache counted) and for a GGUF file 3 x the budget.
 5. Repeated passes (reader.py, no compute) over a model larger than the budget, slow source:
    pass time of passes 2.. vs the plain file read by a reader whose memory cgroup is limited to
    the budget (>= 1.5 x), and disk bytes per later pass <= 1.15 x (model - budget).  The
    daemon runs in a memory cgroup of budget + 64 MiB.  Twice: the model as one .safetensors,
-   and (issue 12) the same tensors as 4 shards + index.json, read by the same reader shard by
+   and the same tensors as 4 shards + index.json, read by the same reader shard by
    shard in index order, each shard's tensors in index (= file, name) order as diffusers and
    transformers load a shard, grouped by block as the single file's are, against the plain shards.
 
@@ -59,7 +59,7 @@ the VM's free page reporting is turned off for the run, so that a pass's speed d
 which memory the host took back; restored at the end).  Generated
 models are kept in --data and copied onto the RAM device for each point.  When tierfs's stats list
 files with a `mode`, each row shows the mode the file was served in.  Writes
-tests/bench/issue11-results.md and .json (or --out) with the command, date, machine, binary hash
+tests/bench/acceptance-results.md and .json (or --out) with the command, date, machine, binary hash
 and load averages.  A benchmark reports; it asserts nothing.  Needs root.
 """
 
@@ -99,7 +99,7 @@ SLOW_BPS = 1_000_000_000
 DAEMON_OVERHEAD = 64 * MiB
 WARMUP_GROUPS = 2  # point 3: (other) + the first block: nothing can be read ahead of them cold
 
-# The goals of issue 11's outcome.
+# The goals of the benchmark's points.
 GOAL_COLD_FITS, GOAL_COLD_FAST, GOAL_WARM, GOAL_COLD_QUARTER = 0.95, 0.8, 0.8, 0.9
 GOAL_DISK_COMFY, GOAL_DISK_SEQ, GOAL_WASTED = 1.15, 1.05, 0.05
 GOAL_STALL_PP = 5.0
@@ -112,11 +112,11 @@ SIZES = {
     # point 3: (dim, ffn, blocks, budget) per case; bf16 block bytes = 2 * (8 dim^2 + 2 dim ffn)
     "p3_big": ((2560, 10240, 10, 1 * GiB), (1280, 5120, 12, 256 * MiB)),      # ~210 MB / ~52 MB blocks
     "p3_small": ((1280, 5120, 60, 2 * GiB), (640, 2560, 48, 512 * MiB)),     # ~52 MB / ~13 MB blocks
-    # point 4's GGUF (issue 12): Flux-shaped (dim, double blocks, single blocks), 1.38 GiB / 194 MiB,
+    # point 4's GGUF: Flux-shaped (dim, double blocks, single blocks), 1.38 GiB / 194 MiB,
     # no larger than p1_file so the RAM device's size does not change
     "p4_gguf": ((3072, 3, 6), (1536, 2, 2)),
 }
-# Sharded models (issue 12): the tensors of "p1" and "p3_big" cut into N_SHARDS diffusers-style
+# Sharded models: the tensors of "p1" and "p3_big" cut into N_SHARDS diffusers-style
 # shards + index.json (tests/python/gen_gguf.make_sharded), kept in --data/<model>-shards/.
 SHARD_STEM, N_SHARDS = "diffusion_pytorch_model", 4
 
@@ -373,14 +373,14 @@ def loaders_table() -> dict:
         "whole_read": ("whole-file read", load_whole_read, ()),
         "runai": ("runai SafetensorsStreamer", L.load_runai, ("torch", "runai_model_streamer")),
         "np_memmap": ("numpy.memmap whole-file copy", load_np_memmap, ("numpy",)),
-        # issue 12: the same cold cases on the GGUF and the sharded model (LOADER_MODEL)
+        # the same cold cases on the GGUF and the sharded model (LOADER_MODEL)
         "gguf": ("GGUF: gguf-py GGUFReader, every tensor's data", L.load_gguf_reader, ("numpy", "gguf")),
         "sharded": ("sharded: safe_open (numpy) shard by shard, index order", L.load_sharded, ("safetensors",)),
     }
 
 
 # The model a point-1 loader reads (stored_model keys), "p1" where not named here.  These loaders
-# run the cold cases only (COLD_CASES): issue 12 point 4 asks for cold ratios, and the warm
+# run the cold cases only (COLD_CASES): cold ratios are what these models are judged on, and the warm
 # baseline pins one file's pages (bench.Pinned), not a sharded model's.
 LOADER_MODEL = {"gguf": "p4_gguf", "sharded": "p1_shards"}
 
@@ -1217,7 +1217,7 @@ def render(cmd: str, elapsed: float, info: dict, raw: dict, run: Run) -> str:
     n_tie = sum(r["result"].startswith("PASS (tie") for r in run.rows)
     n_fail = sum(r["result"] == "FAIL" for r in run.rows)
     return "\n".join([
-        "# Issue 11: loaders through the mount vs the plain file (one run)",
+        "# Acceptance benchmark: loaders through the mount vs the plain file (one run)",
         "",
         f"- command: `{cmd}` ({elapsed / 60:.1f} min)",
         f"- date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
@@ -1268,8 +1268,8 @@ def main() -> int:
          "gguf", "sharded"]))
     ap.add_argument("--slow-bps", type=int, default=SLOW_BPS)
     ap.add_argument("--compute-factor", type=float, default=1.35, help="point 3 compute / block disk time")
-    ap.add_argument("--data", default="/var/tmp/tierfs-issue11-data", help="generated models, kept and reused")
-    ap.add_argument("--out", help="results (default tests/bench/issue11-results.md + .json for a full run)")
+    ap.add_argument("--data", default="/var/tmp/tierfs-bench-data", help="generated models, kept and reused")
+    ap.add_argument("--out", help="results (default tests/bench/acceptance-results.md + .json for a full run)")
     ap.add_argument("--prepare", action="store_true", help="only generate the models in --data (no root needed)")
     args = ap.parse_args()
     if args.one:
@@ -1291,12 +1291,12 @@ def main() -> int:
         if unknown:
             raise SystemExit(f"--loaders: unknown {sorted(unknown)}")
     if os.geteuid() != 0:
-        raise SystemExit("issue11.py needs root (devices, mounts, cgroups, drop_caches)")
+        raise SystemExit("acceptance.py needs root (devices, mounts, cgroups, drop_caches)")
     if not os.access(args.tierfs, os.X_OK):
         raise SystemExit(f"{args.tierfs} missing: cargo build --release -p tierfs")
     args.tierfs = args.tierfs.resolve()
     full = args.only == [1, 2, 3, 4, 5] and not args.loaders
-    out = Path(args.out) if args.out else (HERE / "issue11-results.md" if full else None)
+    out = Path(args.out) if args.out else (HERE / "acceptance-results.md" if full else None)
 
     def on_signal(signum, _frame):
         raise KeyboardInterrupt(f"signal {signum}")
@@ -1344,7 +1344,7 @@ def main() -> int:
     finally:
         bench.cleanup(root)
     elapsed = time.monotonic() - t0
-    cmd = "sudo .venv/bin/python tests/bench/issue11.py " + " ".join(shlex.quote(x) for x in sys.argv[1:])
+    cmd = "sudo .venv/bin/python tests/bench/acceptance.py " + " ".join(shlex.quote(x) for x in sys.argv[1:])
     text = render(cmd.strip(), elapsed, info, run.raw, run)
     print("\n" + text)
     if out:

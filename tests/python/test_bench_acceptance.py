@@ -1,4 +1,4 @@
-"""The pure helpers of tests/bench/issue11.py and sources.py: parsing, goals, ratios.
+"""The pure helpers of tests/bench/acceptance.py and sources.py: parsing, goals, ratios.
 
 No devices, mounts or cgroups are created: the benchmark itself is not run here (it needs a
 quiet machine and ~25 minutes; see tests/bench/RESULTS.md)."""
@@ -12,42 +12,42 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import issue11  # noqa: E402
+import acceptance  # noqa: E402
 import sources  # noqa: E402
 
 pytestmark = pytest.mark.timeout(10)
 
 
 def test_parse_only():
-    assert issue11.parse_only("3,1, 3") == [1, 3]
+    assert acceptance.parse_only("3,1, 3") == [1, 3]
     for bad in ("", "6", "0,1"):
         with pytest.raises(argparse.ArgumentTypeError):
-            issue11.parse_only(bad)
+            acceptance.parse_only(bad)
 
 
 def test_judge_and_ratio():
-    assert issue11.judge(1.0, ">=", 1.0) == "PASS"
-    assert issue11.judge(0.99, ">=", 1.0) == "FAIL"
-    assert issue11.judge(1.15, "<=", 1.15) == "PASS"
-    assert issue11.judge(1.16, "<=", 1.15) == "FAIL"
-    assert issue11.judge(float("nan"), "<=", 1.15) == "FAIL"
-    assert issue11.judge(float("nan"), ">=", 0.8) == "FAIL"
+    assert acceptance.judge(1.0, ">=", 1.0) == "PASS"
+    assert acceptance.judge(0.99, ">=", 1.0) == "FAIL"
+    assert acceptance.judge(1.15, "<=", 1.15) == "PASS"
+    assert acceptance.judge(1.16, "<=", 1.15) == "FAIL"
+    assert acceptance.judge(float("nan"), "<=", 1.15) == "FAIL"
+    assert acceptance.judge(float("nan"), ">=", 0.8) == "FAIL"
     # baseline seconds / tierfs seconds: a mount twice as fast is 2.0
-    assert issue11.time_ratio(2.0, 1.0) == 2.0
-    assert issue11.time_ratio(1.0, 0.0) != issue11.time_ratio(1.0, 0.0)  # NaN, never a pass
+    assert acceptance.time_ratio(2.0, 1.0) == 2.0
+    assert acceptance.time_ratio(1.0, 0.0) != acceptance.time_ratio(1.0, 0.0)  # NaN, never a pass
 
 
 def test_tie_tolerance_is_the_baselines_spread_within_bounds():
     # 1.627-1.658 s: MAD 0.007 s of 1.634 -> 0.64 %
-    assert abs(issue11.tie_tolerance([1.627, 1.658, 1.634]) - 0.00635) < 1e-4
+    assert abs(acceptance.tie_tolerance([1.627, 1.658, 1.634]) - 0.00635) < 1e-4
     # one slow outlier does not widen it; a single pass gets the floor; wild noise the cap
-    assert issue11.tie_tolerance([2.182, 1.624, 1.628]) == 0.005
-    assert issue11.tie_tolerance([1.63]) == 0.005
-    assert issue11.tie_tolerance([1.5, 1.7, 1.9]) == 0.015
+    assert acceptance.tie_tolerance([2.182, 1.624, 1.628]) == 0.005
+    assert acceptance.tie_tolerance([1.63]) == 0.005
+    assert acceptance.tie_tolerance([1.5, 1.7, 1.9]) == 0.015
 
 
 def test_a_tie_passes_only_an_at_least_as_fast_goal():
-    run = issue11.Run.__new__(issue11.Run)
+    run = acceptance.Run.__new__(acceptance.Run)
     run.rows, run.modes = [], {}
     run.row(1, "a", "1.64", "1.63", 0.994, ">=", 1.0, "≥ 1.0", tie=0.0064)
     run.row(1, "b", "1.65", "1.63", 0.988, ">=", 1.0, "≥ 1.0", tie=0.0064)
@@ -57,22 +57,22 @@ def test_a_tie_passes_only_an_at_least_as_fast_goal():
 
 def test_memory_goal():
     mib = 1 << 20
-    assert issue11.memory_goal(1000 * mib) == 1100 * mib + 64 * mib
+    assert acceptance.memory_goal(1000 * mib) == 1100 * mib + 64 * mib
 
 
 def test_find_key():
-    assert issue11.find_key({"cache": {"pinned_bytes": 5}}, "pinned_bytes") == 5
-    assert issue11.find_key({"files": [{"a": 1}, {"pinned_bytes": 0}]}, "pinned_bytes") == 0
-    assert issue11.find_key({"cache": {}}, "pinned_bytes") is None
+    assert acceptance.find_key({"cache": {"pinned_bytes": 5}}, "pinned_bytes") == 5
+    assert acceptance.find_key({"files": [{"a": 1}, {"pinned_bytes": 0}]}, "pinned_bytes") == 0
+    assert acceptance.find_key({"cache": {}}, "pinned_bytes") is None
 
 
 def test_parse_status_and_io():
     status = "Name:\ttierfs\nVmRSS:\t  2048 kB\nRssAnon:\t  1024 kB\nRssFile:\t 512 kB\nRssShmem:\t 0 kB\nThreads: 9\n"
-    st = issue11.parse_status(status)
+    st = acceptance.parse_status(status)
     assert st == {"VmRSS": 2 << 20, "RssAnon": 1 << 20, "RssFile": 512 << 10, "RssShmem": 0}
     io = "rchar: 10\nwchar: 0\nsyscr: 1\nsyscw: 0\nread_bytes: 4096\nwrite_bytes: 0\n"
-    assert issue11.parse_io_read_bytes(io) == 4096
-    assert issue11.parse_io_read_bytes("") == 0
+    assert acceptance.parse_io_read_bytes(io) == 4096
+    assert acceptance.parse_io_read_bytes("") == 0
 
 
 def test_file_modes():
@@ -80,9 +80,9 @@ def test_file_modes():
                        {"path": "other.safetensors", "mode": "fuse"},
                        {"path": "model.safetensors.bak", "mode": "x"},
                        {"path": "model.safetensors"}]}
-    assert issue11.file_modes(stats, "model.safetensors") == ["passthrough"]
-    assert issue11.file_modes({"files": []}, "m") == []
-    assert issue11.file_modes({}, "m") == []
+    assert acceptance.file_modes(stats, "model.safetensors") == ["passthrough"]
+    assert acceptance.file_modes({"files": []}, "m") == []
+    assert acceptance.file_modes({}, "m") == []
 
 
 def test_blkio_service_bytes_and_throttle_verdict():
@@ -102,13 +102,13 @@ def test_sharded_model_files_and_plan(tmp_path):
     import gen
     import gen_gguf
     specs = gen.sorted_dit_specs(64, 128, 6)
-    index = gen_gguf.make_sharded(tmp_path / "m", issue11.SHARD_STEM, specs, 3, seed=1)
-    files = issue11.model_files(index)
-    assert [f.name for f in files] == [f"{issue11.SHARD_STEM}-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
-    assert issue11.model_bytes(index) == sum(f.stat().st_size for f in files)
+    index = gen_gguf.make_sharded(tmp_path / "m", acceptance.SHARD_STEM, specs, 3, seed=1)
+    files = acceptance.model_files(index)
+    assert [f.name for f in files] == [f"{acceptance.SHARD_STEM}-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
+    assert acceptance.model_bytes(index) == sum(f.stat().st_size for f in files)
     single = files[0]
-    assert issue11.model_files(single) == [single]
-    groups = issue11.plan_groups(index)
+    assert acceptance.model_files(single) == [single]
+    groups = acceptance.plan_groups(index)
     assert [g["file"] for g in groups] == sorted(g["file"] for g in groups)  # shard by shard
     # each shard's tensors in index (file) order: the groups' first bytes ascend within a shard
     for i in range(len(files)):
@@ -118,13 +118,13 @@ def test_sharded_model_files_and_plan(tmp_path):
         want = sorted((s, e) for _, s, e in gen.tensor_ranges(f))
         got = sorted(tuple(r) for g in groups if g["file"] == i for r in g["ranges"])
         assert got == want, f.name
-    assert {g["file"] for g in issue11.plan_groups(single)} == {0}
+    assert {g["file"] for g in acceptance.plan_groups(single)} == {0}
 
 
 def test_models_note():
     st = {"models": [{"name": "m/x.safetensors.index.json", "shards": [{}, {}], "blocks": 7, "order_learned": True}]}
-    assert issue11.models_note(st) == "stats model m/x.safetensors.index.json: 2 shards, 7 blocks, order learned True"
-    assert issue11.models_note({}) == "no model in the stats' models[]"
+    assert acceptance.models_note(st) == "stats model m/x.safetensors.index.json: 2 shards, 7 blocks, order learned True"
+    assert acceptance.models_note({}) == "no model in the stats' models[]"
 
 
 def test_reader_reads_a_sharded_plan(tmp_path):
@@ -134,31 +134,31 @@ def test_reader_reads_a_sharded_plan(tmp_path):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import gen
     import gen_gguf
-    index = gen_gguf.make_sharded(tmp_path / "m", issue11.SHARD_STEM, gen.sorted_dit_specs(64, 128, 6), 3, seed=2)
-    files = issue11.model_files(index)
+    index = gen_gguf.make_sharded(tmp_path / "m", acceptance.SHARD_STEM, gen.sorted_dit_specs(64, 128, 6), 3, seed=2)
+    files = acceptance.model_files(index)
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"groups": [dict(g, compute_s=0.0) for g in issue11.plan_groups(index)]}))
-    p = subprocess.run([sys.executable, str(issue11.HERE / "reader.py"), str(plan), *map(str, files)],
+    plan.write_text(json.dumps({"groups": [dict(g, compute_s=0.0) for g in acceptance.plan_groups(index)]}))
+    p = subprocess.run([sys.executable, str(acceptance.HERE / "reader.py"), str(plan), *map(str, files)],
                        capture_output=True, text=True, timeout=60, check=True)
     out = json.loads(p.stdout)
     assert out["bytes"] == sum(e - s for f in files for _, s, e in gen.tensor_ranges(f))
-    assert len(out["groups"]) == len(issue11.plan_groups(index))
+    assert len(out["groups"]) == len(acceptance.plan_groups(index))
 
 
 def test_point1_loaders_by_model_and_cases():
-    """The issue-12 loaders read their own models and run the cold cases only; the others the
+    """The GGUF and sharded loaders read their own models and run the cold cases only; the others the
     point-1 file and every case."""
-    table = issue11.loaders_table()
+    table = acceptance.loaders_table()
     assert {"gguf", "sharded"} <= set(table)
-    assert issue11.loaders_by_model(["comfy", "gguf", "sharded", "pread"]) == {
+    assert acceptance.loaders_by_model(["comfy", "gguf", "sharded", "pread"]) == {
         "p1": ["comfy", "pread"], "p4_gguf": ["gguf"], "p1_shards": ["sharded"]}
-    assert issue11.point1_cases("gguf") == issue11.point1_cases("sharded") == issue11.COLD_CASES
-    assert issue11.point1_cases("comfy") == issue11.ALL_CASES
-    assert [c[1] for c in issue11.COLD_CASES] == ["mount cold slow", "mount cold fast", "mount cold slow quarter",
+    assert acceptance.point1_cases("gguf") == acceptance.point1_cases("sharded") == acceptance.COLD_CASES
+    assert acceptance.point1_cases("comfy") == acceptance.ALL_CASES
+    assert [c[1] for c in acceptance.COLD_CASES] == ["mount cold slow", "mount cold fast", "mount cold slow quarter",
                                                   "mount cold fast quarter", "mount cold fast eighth"]
-    assert {c[1] for c in issue11.COLD_CASES} <= {c[1] for c in issue11.ALL_CASES}
+    assert {c[1] for c in acceptance.COLD_CASES} <= {c[1] for c in acceptance.ALL_CASES}
     # Every below-the-model case reports its disk bytes and wasted prefetch, for every loader.
-    assert set(issue11.BELOW_BUDGET_CASES) <= {c[1] for c in issue11.COLD_CASES}
+    assert set(acceptance.BELOW_BUDGET_CASES) <= {c[1] for c in acceptance.COLD_CASES}
 
 
 @pytest.mark.timeout(60)
@@ -171,11 +171,11 @@ def test_gguf_and_sharded_passes_read_every_tensor(tmp_path):
     import gen
     import gen_gguf
     g = gen_gguf.make_dit_gguf(tmp_path / "m.gguf", seed=3, dim=256, n_double=1, n_single=1)
-    index = gen_gguf.make_sharded(tmp_path / "s", issue11.SHARD_STEM, gen.sorted_dit_specs(64, 128, 6), 3, seed=2)
+    index = gen_gguf.make_sharded(tmp_path / "s", acceptance.SHARD_STEM, gen.sorted_dit_specs(64, 128, 6), 3, seed=2)
     want = {"gguf": (g, sum(t[4] - t[3] for t in gen_gguf.gguf_tensors(g))),
-            "sharded": (index, sum(e - s for f in issue11.model_files(index) for _, s, e in gen.tensor_ranges(f)))}
+            "sharded": (index, sum(e - s for f in acceptance.model_files(index) for _, s, e in gen.tensor_ranges(f)))}
     for name, (path, nbytes) in want.items():
-        p = subprocess.run([sys.executable, str(issue11.HERE / "issue11.py"), "--pass", name, str(path)],
+        p = subprocess.run([sys.executable, str(acceptance.HERE / "acceptance.py"), "--pass", name, str(path)],
                            capture_output=True, text=True, timeout=50, check=True)
         assert json.loads(p.stdout.strip().splitlines()[-1])["bytes"] == nbytes, name
 
