@@ -26,7 +26,9 @@ baseline s / tierfs s, so above 1 means faster through the mount):
    passthrough file's page cache is dropped too).  Cold = caches dropped and a fresh mount.
    Loaders `gguf` (gguf-py GGUFReader reading every tensor's data, on point 4's
    GGUF) and `sharded` (safe_open shard by shard in index order, on the point-1 model cut into 4
-   shards + index.json): the three cold cases only, budgets from the whole model's size.
+   shards + index.json), and `comfy_checkpoint` (ComfyUI's load sequence on an SD1.5-shaped
+   all-in-one checkpoint, gen.checkpoint_specs: text encoder, VAE and UNet in one file, in name
+   order): the cold cases only, budgets from the whole model's size.
 2. ComfyUI's load sequence, budget = file/4, slow source: disk bytes read (the largest of the blkio
    cgroup's count, which includes a reader's own reads of a passthrough file, the daemon's
    /proc/PID/io read_bytes and tierfs's disk.read_bytes), cold
@@ -297,7 +299,7 @@ def load_safe_open_pt(path: Path) -> int:
     return n
 
 
-def load_comfy(path: Path) -> int:
+def load_comfy(path: Path, order=gen.model_order) -> int:
     """ComfyUI: comfy.utils.load_torch_file (pt safe_open, get_tensor for every key, keys in name
     order) then load_state_dict (every weight copied, in module order)."""
     import torch
@@ -308,11 +310,17 @@ def load_comfy(path: Path) -> int:
             sd[k] = f.get_tensor(k)
     stage = torch.empty(max(t.nbytes for t in sd.values()), dtype=torch.uint8)
     n = 0
-    for name, _, _ in gen.model_order(path):
+    for name, _, _ in order(path):
         flat = sd[name].reshape(-1).view(torch.uint8)
         stage[: flat.numel()].copy_(flat)
         n += flat.numel()
     return n
+
+
+def load_comfy_checkpoint(path: Path) -> int:
+    """ComfyUI's load of an all-in-one checkpoint: load_torch_file, then the UNet's, the VAE's and
+    the text encoder's weights copied in that order (gen.checkpoint_order)."""
+    return load_comfy(path, order=gen.checkpoint_order)
 
 
 def load_whole_read(path: Path) -> int:
@@ -376,13 +384,15 @@ def loaders_table() -> dict:
         # the same cold cases on the GGUF and the sharded model (LOADER_MODEL)
         "gguf": ("GGUF: gguf-py GGUFReader, every tensor's data", L.load_gguf_reader, ("numpy", "gguf")),
         "sharded": ("sharded: safe_open (numpy) shard by shard, index order", L.load_sharded, ("safetensors",)),
+        "comfy_checkpoint": ("all-in-one checkpoint: ComfyUI load_torch_file + load_state_dict", load_comfy_checkpoint,
+                             ("torch", "safetensors")),
     }
 
 
 # The model a point-1 loader reads (stored_model keys), "p1" where not named here.  These loaders
 # run the cold cases only (COLD_CASES): cold ratios are what these models are judged on, and the warm
 # baseline pins one file's pages (bench.Pinned), not a sharded model's.
-LOADER_MODEL = {"gguf": "p4_gguf", "sharded": "p1_shards"}
+LOADER_MODEL = {"gguf": "p4_gguf", "sharded": "p1_shards", "comfy_checkpoint": "p1_checkpoint"}
 
 
 def loader_model(name: str) -> str:
@@ -633,6 +643,12 @@ def stored_model(data: Path, key: str, q: int) -> Path:
         if not stored.exists():
             print(f"generating {stored} ...", flush=True)
         return gen_gguf.make_dit_gguf(stored, seed=2615, dim=dim, n_double=n_double, n_single=n_single)
+    if key == "p1_checkpoint":
+        stored = data / stored_model_name(key, q)
+        if not stored.exists():
+            print(f"generating {stored} ...", flush=True)
+            gen.write_streaming(stored, gen.checkpoint_specs(scale=1 + 2 * q), seed=2616)
+        return stored
     if key == "p1":
         size = SIZES["p1_file"][q]
         stored = data / stored_model_name(key, q)
@@ -650,6 +666,8 @@ def stored_model(data: Path, key: str, q: int) -> Path:
 
 
 def stored_model_name(key: str, q: int) -> str:
+    if key == "p1_checkpoint":
+        return f"sd_checkpoint_{1 + 2 * q}.safetensors"
     if key == "p1":
         return f"dit_{SIZES['p1_file'][q] // MiB}mib_sorted.safetensors"
     dim, ffn, blocks, _ = SIZES[key][q]
@@ -1265,7 +1283,7 @@ def main() -> int:
     ap.add_argument("--passes", type=int, default=3, help="point 5 passes")
     ap.add_argument("--loaders", help="point 1 loaders (default all): " + ",".join(
         ["safe_open_np", "safe_open_pt", "load_file", "comfy", "aimdo", "pread", "whole_read", "runai", "np_memmap",
-         "gguf", "sharded"]))
+         "gguf", "sharded", "comfy_checkpoint"]))
     ap.add_argument("--slow-bps", type=int, default=SLOW_BPS)
     ap.add_argument("--compute-factor", type=float, default=1.35, help="point 3 compute / block disk time")
     ap.add_argument("--data", default="/var/tmp/tierfs-bench-data", help="generated models, kept and reused")

@@ -117,6 +117,56 @@ def unet_specs(ch: int = 320, levels: int = 3) -> list[Spec]:
     return s
 
 
+def checkpoint_specs(scale: int = 1) -> list[Spec]:
+    """An SD1.5-shaped all-in-one checkpoint (about 1.37 GB; channels divided by `scale`): a
+    CLIP-L text encoder (`cond_stage_model`, fp16), a VAE (`first_stage_model`, fp32) and a UNet
+    (`model.diffusion_model`, fp16) in one file, tensors in name order as writers store them:
+    file order and a loader's module order (gen.model_order) disagree across the three models."""
+    c, v, m = "cond_stage_model.transformer.text_model", "first_stage_model", "model.diffusion_model"
+    w = 768 // scale
+    s: list[Spec] = [(f"{c}.embeddings.token_embedding.weight", "F16", (49408 // scale, w))]
+    for i in range(12):
+        p = f"{c}.encoder.layers.{i}"
+        s += [(f"{p}.self_attn.{n}.weight", "F16", (w, w)) for n in ("q_proj", "k_proj", "v_proj", "out_proj")]
+        s += [(f"{p}.mlp.fc1.weight", "F16", (4 * w, w)), (f"{p}.mlp.fc2.weight", "F16", (w, 4 * w))]
+    for part in ("encoder.down", "decoder.up"):
+        for i, ch in enumerate((128 // scale, 256 // scale, 512 // scale, 512 // scale)):
+            s += [(f"{v}.{part}.{i}.block.{j}.conv{k}.weight", "F32", (ch, ch, 3, 3)) for j in (0, 1) for k in (1, 2)]
+    chans = [320 // scale] * 4 + [640 // scale] * 4 + [1280 // scale] * 4
+    for i, ch in enumerate(chans):
+        p = f"{m}.input_blocks.{i}"
+        s += [(f"{p}.0.in_layers.2.weight", "F16", (ch, ch, 3, 3)),
+              (f"{p}.1.transformer_blocks.0.attn1.to_q.weight", "F16", (ch, ch)),
+              (f"{p}.1.transformer_blocks.0.ff.net.0.proj.weight", "F16", (8 * ch, ch)),
+              (f"{p}.1.transformer_blocks.0.ff.net.2.weight", "F16", (ch, 4 * ch))]
+    top = 1280 // scale
+    s += [(f"{m}.middle_block.0.in_layers.2.weight", "F16", (top, top, 3, 3)),
+          (f"{m}.middle_block.1.transformer_blocks.0.ff.net.0.proj.weight", "F16", (8 * top, top))]
+    for i, ch in enumerate(reversed(chans)):
+        p = f"{m}.output_blocks.{i}"
+        s += [(f"{p}.0.in_layers.2.weight", "F16", (ch, 2 * ch, 3, 3)),
+              (f"{p}.1.transformer_blocks.0.ff.net.0.proj.weight", "F16", (8 * ch, ch)),
+              (f"{p}.1.transformer_blocks.0.ff.net.2.weight", "F16", (ch, 4 * ch))]
+    return sorted(s)
+
+
+_CHECKPOINT_RANK = {"model.diffusion_model.": 0, "first_stage_model.": 1, "cond_stage_model.": 2}
+
+
+def checkpoint_order(path: Path) -> list[tuple[str, int, int]]:
+    """[(name, abs_start, abs_end)] of an all-in-one checkpoint in the order ComfyUI's
+    `load_checkpoint_guess_config` copies them: the UNet, then the VAE, then the text encoder,
+    each in its modules' order (numbers compared as numbers; the VAE's encoder before its
+    decoder)."""
+    def key(t: tuple[str, int, int]) -> tuple:
+        name = t[0]
+        rank = next((r for prefix, r in _CHECKPOINT_RANK.items() if name.startswith(prefix)), 3)
+        part = 1 if ".decoder." in name else 0
+        natural = tuple((0, int(x)) if x.isdigit() else (1, x) for x in re.split(r"(\d+)", name) if x)
+        return rank, part, natural
+    return sorted(tensor_ranges(path), key=key)
+
+
 def flux_specs(dim: int = 512, n_double: int = 3, n_single: int = 4) -> list[Spec]:
     """Flux-style, with scaled-fp8 MLP weights, 0-d scales and a zero-element tensor."""
     s: list[Spec] = [

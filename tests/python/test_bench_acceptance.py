@@ -149,7 +149,9 @@ def test_point1_loaders_by_model_and_cases():
     """The GGUF and sharded loaders read their own models and run the cold cases only; the others the
     point-1 file and every case."""
     table = acceptance.loaders_table()
-    assert {"gguf", "sharded"} <= set(table)
+    assert {"gguf", "sharded", "comfy_checkpoint"} <= set(table)
+    assert acceptance.loaders_by_model(["comfy", "comfy_checkpoint"]) == {"p1": ["comfy"], "p1_checkpoint": ["comfy_checkpoint"]}
+    assert acceptance.point1_cases("comfy_checkpoint") == acceptance.COLD_CASES
     assert acceptance.loaders_by_model(["comfy", "gguf", "sharded", "pread"]) == {
         "p1": ["comfy", "pread"], "p4_gguf": ["gguf"], "p1_shards": ["sharded"]}
     assert acceptance.point1_cases("gguf") == acceptance.point1_cases("sharded") == acceptance.COLD_CASES

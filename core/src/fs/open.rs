@@ -99,9 +99,9 @@ impl<B: Send + Sync> TierFs<B> {
             from_reader,
             o_direct,
         } = kind;
-        let (bytes, model) = self
-            .ops()
-            .time(Op::Read, || self.read_handle(fh, offset, size, o_direct))?;
+        let (bytes, model) = self.ops().time(Op::Read, || {
+            self.read_handle(fh, offset, size, o_direct, !from_reader)
+        })?;
         // Which reads fill the mounted file's page cache: with `direct_io`, a `read()` goes
         // straight into the reader's buffer, and only `mmap` faults (kernel readahead) land in
         // the page cache. Recording direct reads in the window would only cost a needless
@@ -349,18 +349,21 @@ impl<B: Send + Sync> TierFs<B> {
     }
 
     /// The bytes a `read` of handle `fh` answers, and whether they are a model file's (which
-    /// the kernel may keep in the mounted file's page cache: see `read`).
+    /// the kernel may keep in the mounted file's page cache: see `read`). `readahead`: the
+    /// kernel asks to fill the page cache, not for a reader's `read()`.
     fn read_handle(
         &self,
         fh: u64,
         offset: u64,
         size: u32,
         o_direct: bool,
+        readahead: bool,
     ) -> Result<(ReadBytes, bool), FsError> {
         match &self.handles.get(fh)?.kind {
-            Handle::Model(model) => {
-                Ok((self.read_model(model.file(), offset, size, o_direct)?, true))
-            }
+            Handle::Model(model) => Ok((
+                self.read_model(model.file(), offset, size, o_direct, readahead)?,
+                true,
+            )),
             Handle::Plain(file) => Ok((ReadBytes::Owned(pread_full(file, offset, size)?), false)),
             Handle::Stats(json) => {
                 let start = (offset as usize).min(json.len());
@@ -381,10 +384,13 @@ impl<B: Send + Sync> TierFs<B> {
         offset: u64,
         size: u32,
         o_direct: bool,
+        readahead: bool,
     ) -> Result<ReadBytes, FsError> {
         let started = Instant::now();
         let result = if o_direct {
             self.store.read_direct(model, offset, size)
+        } else if readahead {
+            self.store.read_readahead(model, offset, size)
         } else {
             self.store.read(model, offset, size)
         };

@@ -148,6 +148,12 @@ pub enum Layout {
     Malformed { reason: String },
 }
 
+/// How far into a block kernel readahead past the end of the previous one reaches, at most
+/// ([`ModelFile::is_spill`]): an `mmap` fault's read-around plus the async window ahead of it
+/// are one or two readahead sizes (128 KiB by default); 512 KiB leaves room for both with
+/// margin, and is all a reader that does go on into the block reads twice.
+const SPILL_BYTES: u64 = 512 << 10;
+
 /// One version of one model file.
 #[derive(Debug)]
 pub struct ModelFile {
@@ -380,13 +386,16 @@ impl ModelFile {
     /// ([`runs`]): it does not continue a run of [`runs::STREAM_AFTER`] bytes, and its block is
     /// neither the one a stream of this file is in nor the next one in the order (other threads
     /// of a reader streaming that block, or a reader following a learned order, are no probes).
-    fn is_probe(&self, chunk: usize, offset: u64, end: u64) -> bool {
+    fn is_probe(&self, chunk: usize, offset: u64, end: u64, readahead: bool) -> bool {
         let run_before = self.runs.record(offset, end);
         let (Some(access), Some(span)) = (self.access(), self.plan().and_then(|p| p.get(chunk)))
         else {
             return false;
         };
         if run_before >= runs::STREAM_AFTER {
+            if readahead && self.is_spill(chunk, offset) {
+                return true;
+            }
             self.stream_block.store(span.block, Ordering::Relaxed);
             return false;
         }
@@ -395,6 +404,52 @@ impl ModelFile {
             return true;
         }
         span.block != streaming && !access.follows(streaming, span.block)
+    }
+
+    /// Whether byte `offset`, in chunk `chunk`, is where a stream runs on in *file* order past
+    /// the end of its block into one the reader is not heading for: within the first
+    /// [`SPILL_BYTES`] of a stretch of another block that is neither the stream's nor the next
+    /// one in the order.
+    ///
+    /// Kernel readahead does that at the end of every tensor an `mmap` reader copies (its window
+    /// runs up to two readahead sizes ahead of the reader), and a checkpoint whose file order
+    /// is not its loading order (an all-in-one checkpoint, stored in name order, read UNet
+    /// first; `input_blocks.1` followed in the file by `input_blocks.10`) has a block boundary
+    /// of that kind at nearly every block. Loading the chunk there read a whole chunk of a block
+    /// needed only later, evicted before its turn through a small budget: ComfyUI's load of an
+    /// SD1.5-shaped checkpoint read 1.11–1.20× the file through a quarter to an eighth of it
+    /// (acceptance benchmark, `comfy_checkpoint`). Such bytes are served like probes, exactly
+    /// and uncached; a reader that really goes on into that block becomes its stream once past
+    /// the first [`SPILL_BYTES`]. Only readahead is judged so ([`ModelStore::read_readahead`]):
+    /// a `read()` past a block's end is the reader's own and goes on into that block.
+    fn is_spill(&self, chunk: usize, offset: u64) -> bool {
+        let (Some(access), Some(plan)) = (self.access(), self.plan()) else {
+            return false;
+        };
+        let Some(span) = plan.get(chunk) else {
+            return false;
+        };
+        let streaming = self.stream_block.load(Ordering::Relaxed);
+        if streaming == usize::MAX
+            || span.block == streaming
+            || access.follows(streaming, span.block)
+        {
+            return false;
+        }
+        // Where this stretch of the block starts: back over the chunks of the same block that
+        // touch each other, no further than SPILL_BYTES.
+        let mut start = span.start;
+        let mut before = chunk;
+        while offset.saturating_sub(start) < SPILL_BYTES && before > 0 {
+            match plan.get(before - 1) {
+                Some(prev) if prev.block == span.block && prev.end == start => {
+                    start = prev.start;
+                    before -= 1;
+                }
+                _ => break,
+            }
+        }
+        offset.saturating_sub(start) < SPILL_BYTES
     }
 
     /// Whether chunk `chunk` is already cached or being read.
@@ -800,6 +855,28 @@ impl ModelStore {
         offset: u64,
         len: u32,
     ) -> Result<ReadBytes, ReadError> {
+        self.read_as(file, offset, len, false)
+    }
+
+    /// [`Self::read`] for the kernel's readahead into the mounted file's page cache (an `mmap`
+    /// reader's fault): the part past the end of a block, in a block the reader is not heading
+    /// for, is served exactly and uncached ([`ModelFile::is_spill`]).
+    pub fn read_readahead(
+        &self,
+        file: &Arc<ModelFile>,
+        offset: u64,
+        len: u32,
+    ) -> Result<ReadBytes, ReadError> {
+        self.read_as(file, offset, len, true)
+    }
+
+    fn read_as(
+        &self,
+        file: &Arc<ModelFile>,
+        offset: u64,
+        len: u32,
+        readahead: bool,
+    ) -> Result<ReadBytes, ReadError> {
         let end = file.size().min(offset.saturating_add(u64::from(len)));
         if file.header_end().is_some_and(|h| offset < h) && end <= file.header.len() as u64 {
             // A header read, perhaps running a little into the data: all from memory.
@@ -814,7 +891,7 @@ impl ModelStore {
             (end > h).then(|| plan.chunk_at(offset.max(h))).flatten()
         });
         if let Some(first) = first_data_chunk {
-            if file.is_probe(first, offset, end) {
+            if file.is_probe(first, offset, end, readahead) {
                 return self.read_probe(file, offset, end);
             }
         }
@@ -830,7 +907,8 @@ impl ModelStore {
                 return Ok(ReadBytes::Chunk { bytes, range });
             }
         }
-        self.read_assembled(file, offset, end).map(ReadBytes::Owned)
+        self.read_assembled(file, offset, end, readahead)
+            .map(ReadBytes::Owned)
     }
 
     /// A read that spans regions or chunks, copied together into one buffer.
@@ -839,6 +917,7 @@ impl ModelStore {
         file: &Arc<ModelFile>,
         offset: u64,
         end: u64,
+        readahead: bool,
     ) -> Result<Vec<u8>, ReadError> {
         let mut out = Vec::with_capacity(end.saturating_sub(offset) as usize);
         let mut pos = offset;
@@ -849,10 +928,20 @@ impl ModelStore {
                 out.extend_from_slice(&file.header[pos as usize..stop as usize]);
                 stop
             } else if let Some(chunk) = file.plan().and_then(|plan| plan.chunk_at(pos)) {
-                last_chunk = Some(chunk);
-                let (bytes, range, stop) = self.chunk_slice(file, chunk, pos, end)?;
-                out.extend_from_slice(&bytes.as_slice()[range]);
-                stop
+                if readahead && pos > offset && file.is_spill(chunk, pos) {
+                    // The request runs past its block into one the reader is not heading for.
+                    let stop = file
+                        .plan()
+                        .and_then(|p| p.get(chunk))
+                        .map_or(end, |s| s.end.min(end));
+                    out.extend_from_slice(&self.read_probe(file, pos, stop)?);
+                    stop
+                } else {
+                    last_chunk = Some(chunk);
+                    let (bytes, range, stop) = self.chunk_slice(file, chunk, pos, end)?;
+                    out.extend_from_slice(&bytes.as_slice()[range]);
+                    stop
+                }
             } else {
                 self.copy_uncached(file, pos, end, &mut out)?
             };

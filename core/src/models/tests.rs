@@ -740,3 +740,91 @@ fn direct_reads_of_a_file_larger_than_the_cache_are_exact_and_uncached() {
     assert!(store.cache().snapshot().used_bytes > 0);
     assert_eq!(Counters::get(&store.counters().direct_bytes), 0);
 }
+
+/// Kernel readahead that runs on in file order past the end of its block into a block the order
+/// does not name next (`blocks.1` is followed in the file by `blocks.10`) is served exactly and
+/// uncached there, for the first [`SPILL_BYTES`] of that block: it loads no chunk of a block
+/// needed only later. A reader that goes on into that block becomes its stream, and its chunks
+/// are cached again; a reader's own `read()` across the boundary loads the chunk as before.
+#[test]
+fn a_stream_running_into_a_block_not_next_in_the_order_loads_none_of_it() {
+    let (_dir, bytes, _exec, store, file) = opened_manual(256 << 20, 64 << 20, 9);
+    let plan = file.plan().unwrap();
+    let access = file.access().unwrap();
+    // Chunks in file order where one block ends and the next one in the file is not the
+    // block's successor in the order, with at least 2 MiB of the first block before it.
+    let boundary = (1..plan.len())
+        .find(|&c| {
+            let (a, b) = (plan.get(c - 1).unwrap(), plan.get(c).unwrap());
+            let run_of_a: u64 = plan
+                .block_chunks(a.block)
+                .iter()
+                .map(|&k| plan.get(k).unwrap().len())
+                .sum();
+            a.block != b.block
+                && !access.follows(a.block, b.block)
+                && run_of_a >= 2 << 20
+                && plan.get(c).unwrap().len() >= 7 << 18
+        })
+        .expect("a boundary between blocks that do not follow each other");
+    let (a_span, b_span) = (
+        *plan.get(boundary - 1).unwrap(),
+        *plan.get(boundary).unwrap(),
+    );
+    let a_end = a_span.end;
+    assert_eq!(b_span.start, a_end);
+    let step: u64 = 128 << 10;
+    let exact = |offset: u64, len: u64| {
+        let got = store.read_readahead(&file, offset, len as u32).unwrap();
+        assert_eq!(&got[..], &bytes[offset as usize..(offset + len) as usize]);
+    };
+    // Stream through the last 2 MiB of block A in readahead-sized requests.
+    let mut pos = a_end - (2 << 20);
+    while pos + step <= a_end - step / 2 {
+        exact(pos, step);
+        pos += step;
+    }
+    let probes = Counters::get(&store.counters().probe_bytes);
+    // A request across the boundary, then one inside B right after it.
+    exact(pos, a_end + step / 2 - pos);
+    exact(a_end + step / 2, step);
+    assert!(
+        !file.chunk_present(store.cache(), boundary),
+        "the chunk of the block not heading for was loaded"
+    );
+    assert!(Counters::get(&store.counters().probe_bytes) >= probes + step + step / 2);
+    // Going on into B: past its first SPILL_BYTES it is the stream, and its chunk is cached.
+    let mut pos = a_end + step / 2 + step;
+    while pos < a_end + (3 << 19) {
+        exact(pos, step);
+        pos += step;
+    }
+    assert!(
+        file.chunk_present(store.cache(), boundary),
+        "a reader going on into the block streams it"
+    );
+}
+
+/// The same kind of boundary crossed by a reader's own `read()`s: the next block's chunk is
+/// loaded, as a `read()` reader in file order goes on into it.
+#[test]
+fn a_readers_own_read_across_a_block_boundary_loads_the_next_block() {
+    let (_dir, bytes, _exec, store, file) = opened_manual(256 << 20, 64 << 20, 9);
+    let plan = file.plan().unwrap();
+    let access = file.access().unwrap();
+    let boundary = (1..plan.len())
+        .find(|&c| {
+            let (a, b) = (plan.get(c - 1).unwrap(), plan.get(c).unwrap());
+            a.block != b.block && !access.follows(a.block, b.block) && a.len() >= 3 << 19
+        })
+        .expect("a boundary between blocks that do not follow each other");
+    let a_end = plan.get(boundary).unwrap().start;
+    let step: u64 = 128 << 10;
+    let mut pos = a_end - (3 << 19);
+    while pos < a_end + step {
+        let got = store.read(&file, pos, step as u32).unwrap();
+        assert_eq!(&got[..], &bytes[pos as usize..(pos + step) as usize]);
+        pos += step;
+    }
+    assert!(file.chunk_present(store.cache(), boundary));
+}
