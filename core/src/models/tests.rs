@@ -741,6 +741,22 @@ fn direct_reads_of_a_file_larger_than_the_cache_are_exact_and_uncached() {
     assert_eq!(Counters::get(&store.counters().direct_bytes), 0);
 }
 
+/// The first chunk, in file order, that starts a block the order does not name after the block
+/// ending just before it, with at least 1.5 MiB of chunk on either side of the boundary.
+fn boundary_to_a_block_not_next(file: &ModelFile) -> usize {
+    let plan = file.plan().unwrap();
+    let access = file.access().unwrap();
+    (1..plan.len())
+        .find(|&c| {
+            let (a, b) = (plan.get(c - 1).unwrap(), plan.get(c).unwrap());
+            a.block != b.block
+                && !access.follows(a.block, b.block)
+                && a.end == b.start
+                && a.len().min(b.len()) >= 3 << 19
+        })
+        .expect("a boundary between blocks that do not follow each other")
+}
+
 /// Kernel readahead that runs on in file order past the end of its block into a block the order
 /// does not name next (`blocks.1` is followed in the file by `blocks.10`) is served exactly and
 /// uncached there, for the first [`SPILL_BYTES`] of that block: it loads no chunk of a block
@@ -749,37 +765,15 @@ fn direct_reads_of_a_file_larger_than_the_cache_are_exact_and_uncached() {
 #[test]
 fn a_stream_running_into_a_block_not_next_in_the_order_loads_none_of_it() {
     let (_dir, bytes, _exec, store, file) = opened_manual(256 << 20, 64 << 20, 9);
-    let plan = file.plan().unwrap();
-    let access = file.access().unwrap();
-    // Chunks in file order where one block ends and the next one in the file is not the
-    // block's successor in the order, with at least 2 MiB of the first block before it.
-    let boundary = (1..plan.len())
-        .find(|&c| {
-            let (a, b) = (plan.get(c - 1).unwrap(), plan.get(c).unwrap());
-            let run_of_a: u64 = plan
-                .block_chunks(a.block)
-                .iter()
-                .map(|&k| plan.get(k).unwrap().len())
-                .sum();
-            a.block != b.block
-                && !access.follows(a.block, b.block)
-                && run_of_a >= 2 << 20
-                && plan.get(c).unwrap().len() >= 7 << 18
-        })
-        .expect("a boundary between blocks that do not follow each other");
-    let (a_span, b_span) = (
-        *plan.get(boundary - 1).unwrap(),
-        *plan.get(boundary).unwrap(),
-    );
-    let a_end = a_span.end;
-    assert_eq!(b_span.start, a_end);
+    let boundary = boundary_to_a_block_not_next(&file);
+    let a_end = file.plan().unwrap().get(boundary).unwrap().start;
     let step: u64 = 128 << 10;
     let exact = |offset: u64, len: u64| {
         let got = store.read_readahead(&file, offset, len as u32).unwrap();
         assert_eq!(&got[..], &bytes[offset as usize..(offset + len) as usize]);
     };
-    // Stream through the last 2 MiB of block A in readahead-sized requests.
-    let mut pos = a_end - (2 << 20);
+    // Stream through the last 1.5 MiB of block A in readahead-sized requests.
+    let mut pos = a_end - (3 << 19);
     while pos + step <= a_end - step / 2 {
         exact(pos, step);
         pos += step;
@@ -810,15 +804,8 @@ fn a_stream_running_into_a_block_not_next_in_the_order_loads_none_of_it() {
 #[test]
 fn a_readers_own_read_across_a_block_boundary_loads_the_next_block() {
     let (_dir, bytes, _exec, store, file) = opened_manual(256 << 20, 64 << 20, 9);
-    let plan = file.plan().unwrap();
-    let access = file.access().unwrap();
-    let boundary = (1..plan.len())
-        .find(|&c| {
-            let (a, b) = (plan.get(c - 1).unwrap(), plan.get(c).unwrap());
-            a.block != b.block && !access.follows(a.block, b.block) && a.len() >= 3 << 19
-        })
-        .expect("a boundary between blocks that do not follow each other");
-    let a_end = plan.get(boundary).unwrap().start;
+    let boundary = boundary_to_a_block_not_next(&file);
+    let a_end = file.plan().unwrap().get(boundary).unwrap().start;
     let step: u64 = 128 << 10;
     let mut pos = a_end - (3 << 19);
     while pos < a_end + step {
