@@ -129,6 +129,17 @@ def bytes_result(data: bytes) -> str:
     return "bytes:%d:%s" % (len(data), hashlib.sha256(data).hexdigest()[:16])
 
 
+def write_table(name: str, tried: str, rows: list[tuple[str, str, str, str]]) -> str:
+    """Writes `rows` (tried, expected, through SOURCE, through the mount) as a markdown table to
+    `name` in the test session directory, prints it and returns it."""
+    table = [f"| tried ({tried}) | expected | same path through SOURCE | through the mount |", "|---|---|---|---|"]
+    table += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
+    text = "\n".join(table) + "\n"
+    (conftest.SESSION_ROOT / name).write_text(text)
+    print("\n" + text)
+    return text
+
+
 def run_user(ops: list[tuple[str, str, str]]) -> list[str]:
     r = users.run_as([USER_PY, "-c", CHILD], input=json.dumps(ops), timeout=60, cwd="/")
     assert r.returncode == 0, f"user child failed: {r.stderr[-2000:]}"
@@ -327,13 +338,7 @@ def test_shared_mount_rule_table(world, mount):
                  f"public {public_reads}, secret {secret_reads}, errors "
                  f"{ {k: v for k, v in seen.items() if k not in (SECRET.decode(), PUBLIC.decode())} }"))
 
-    table = ["| tried (as `tierfs-user`, root daemon, `--allow-other`) | expected | same path through SOURCE | through the mount |",
-             "|---|---|---|---|"]
-    table += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
-    text = "\n".join(table) + "\n"
-    out = conftest.SESSION_ROOT / "security-table.md"
-    out.write_text(text)
-    print("\n" + text)
+    text = write_table("security-table.md", "as `tierfs-user`, root daemon, `--allow-other`", rows)
     assert m.alive(), m.log_tail()
 
     # The checks, after the table is written so a failure still shows every row.
@@ -531,12 +536,8 @@ def test_links_into_proc_and_the_mount_and_planted_shards(world, mount):
         table_rows.append((tried, expected, through_source, got))
         if got != expected or got != through_source:
             failures.append(f"{tried}: expected {expected}, SOURCE {through_source}, mount {got}")
-    table = ["| tried (as `tierfs-user` unless said; root daemon, `--allow-other`, `--threads 2`) | expected | same path through SOURCE | through the mount |",
-             "|---|---|---|---|"]
-    table += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in table_rows]
-    text = "\n".join(table) + "\n"
-    (conftest.SESSION_ROOT / "security-links-table.md").write_text(text)
-    print("\n" + text)
+    text = write_table("security-links-table.md",
+                       "as `tierfs-user` unless said; root daemon, `--allow-other`, `--threads 2`", table_rows)
     assert m.alive(), m.log_tail()
     assert not failures, "\n".join(failures) + "\n\n" + text
 
@@ -667,10 +668,5 @@ def test_a_users_shared_mount_follows_no_swapped_link_and_no_acl(user_shared_wor
                  "ok" if mine.returncode == 0 else mine.stderr.strip()))
     if mine.returncode != 0 or "the user's private file" not in mine.stdout:
         failures.append(f"the mounting user: {mine.stdout} {mine.stderr}")
-    table = ["| tried (as `nobody`; non-root daemon of `tierfs-user`, `--allow-other`) | expected | same path through SOURCE | through the mount |",
-             "|---|---|---|---|"]
-    table += [f"| {a} | {b} | {c} | {e} |" for a, b, c, e in rows]
-    text = "\n".join(table) + "\n"
-    (conftest.SESSION_ROOT / "security-user-table.md").write_text(text)
-    print("\n" + text)
+    text = write_table("security-user-table.md", "as `nobody`; non-root daemon of `tierfs-user`, `--allow-other`", rows)
     assert not failures, "\n".join(failures) + "\n\n" + text
