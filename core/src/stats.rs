@@ -146,10 +146,19 @@ pub struct FileSnapshot {
     pub prefetch: PrefetchSnapshot,
     /// Time readers of this file waited for the disk.
     pub stall_seconds: f64,
+    /// The part of it spent in the first block of the order: the wait of a reader starting
+    /// the model (a workflow's switch to it), which the next-model warm is there to remove.
+    pub start_stall_seconds: f64,
     /// The sharded model (`models[].name`) this file is a shard of; its `order_learned`,
     /// `learned_blocks`, `prefetch` and `stall_seconds` are then the model's.
     pub model: Option<String>,
     /// Why a file that looks like a shard is served on its own (broken index.json, missing
     /// shard, …).
     pub standalone_reason: Option<String>,
+    /// Why the file is served in its `mode`: it fits the budget (passthrough), its model is
+    /// larger than the budget, it competes with other models that take turns (a model whose
+    /// page cache was dropped to make room for another is served from the chunk cache), …
+    pub mode_reason: Option<&'static str>,
+    /// Page cache of the closed file the passthrough tier keeps for its next open.
+    pub page_cache_kept_bytes: u64,
 }

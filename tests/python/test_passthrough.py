@@ -143,6 +143,39 @@ def test_page_cache_of_passthrough_files_stays_within_the_budget(mount, src):
     assert m.stats()["passthrough"]["parked_bytes"] == 0
 
 
+def test_models_taking_turns_share_the_chunk_cache_and_the_next_one_is_warmed(mount, src):
+    """Two models that each fit the budget but not together, loaded in turn: the first switch
+    is passthrough's; the model dropped to make room competes and comes back through the chunk
+    cache, and so does the other once dropped in turn (the stats say why); each cycle then
+    reads less than both models from disk, and closing one model warms the first blocks of
+    the one that followed it."""
+    a = _model(src / "a.safetensors", 4, 14)  # ~200 MiB each
+    b = _model(src / "b.safetensors", 4, 15)
+    budget = 256 * MiB
+    assert len(a) + len(b) > budget and max(len(a), len(b)) < budget
+    drop_caches()
+    m = mount(src, f"{budget // MiB}MiB")
+    if not _passthrough_available(m):
+        pytest.skip("FUSE passthrough unavailable (needs Linux >= 6.9 and root)")
+    disk = []
+    for cycle in range(4):
+        for name, want in (("a.safetensors", a), ("b.safetensors", b)):
+            d0 = m.stats()["disk"]["read_bytes"]
+            if cycle >= 2:
+                assert _file_stats(m, name)["cached_bytes"] > 0, f"cycle {cycle}: {name} not warmed"
+            assert (m.mnt / name).read_bytes() == want, f"cycle {cycle}: {name}"
+            disk.append(m.stats()["disk"]["read_bytes"] - d0)
+    st = m.stats()
+    for name in ("a.safetensors", "b.safetensors"):
+        f = _file_stats(m, name)
+        assert f["mode"] == "cache", f
+        assert f["mode_reason"] == "competes with other models for the budget", f
+    assert st["passthrough"]["competing_files"] == 2, st["passthrough"]
+    later = disk[4] + disk[5]  # cycle 3, read by the daemon (the chunk cache serves both)
+    assert 0 < later < len(a) + len(b) - budget // 2, f"per-load disk bytes {disk}"
+    assert st["cache"]["used_bytes"] <= st["cache"]["chunk_budget_bytes"] <= budget
+
+
 def test_replaced_model_old_handle_old_bytes_new_open_new_bytes(mount, src):
     old = _model(src / "a.safetensors", 3, 6)
     m = mount(src, "512MiB")

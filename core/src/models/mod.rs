@@ -58,6 +58,7 @@ use crate::stats::{Counters, FileSnapshot, IndexSnapshot, PrefetchSnapshot};
 use crate::sync::{lock, Mutex, MutexGuard};
 
 mod open;
+mod sequence;
 pub mod table;
 pub use open::OpenModel;
 use table::ModelTable;
@@ -168,10 +169,14 @@ pub struct ModelFile {
     layout: Layout,
     /// How readers walk the file's blocks (well-formed files only).
     access: Option<Arc<FileAccess>>,
-    /// Key of the file's learned order in [`SavedOrders`].
+    /// Key of the file's learned order in [`SavedOrders`] (a shard's is its model's).
     order_key: String,
-    /// How the last open of this version is served ([`ServeMode`]).
+    /// The file's own key (its path and version), under which the model file that follows it
+    /// is saved ([`sequence`]).
+    file_key: String,
+    /// How the last open of this version is served ([`ServeMode`]), and why ([`ModeReason`]).
     mode: AtomicU8,
+    mode_reason: AtomicU8,
     /// Recent request runs, telling probes from streams ([`runs`]).
     runs: runs::Runs,
     /// The block the last stream of this file was in (`usize::MAX`: none since the last open;
@@ -205,6 +210,57 @@ impl ServeMode {
     }
 }
 
+/// Why a model file is served in its mode, as the stats show it (`files[].mode_reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum ModeReason {
+    NotOpened = 0,
+    FitsBudget,
+    InodeInPassthrough,
+    PassthroughOff,
+    Malformed,
+    AlreadyCached,
+    ModelLargerThanBudget,
+    LargerThanRoom,
+    Competes,
+}
+
+impl ModeReason {
+    const ALL: [ModeReason; 9] = [
+        ModeReason::NotOpened,
+        ModeReason::FitsBudget,
+        ModeReason::InodeInPassthrough,
+        ModeReason::PassthroughOff,
+        ModeReason::Malformed,
+        ModeReason::AlreadyCached,
+        ModeReason::ModelLargerThanBudget,
+        ModeReason::LargerThanRoom,
+        ModeReason::Competes,
+    ];
+
+    fn text(self) -> Option<&'static str> {
+        Some(match self {
+            ModeReason::NotOpened => return None,
+            ModeReason::FitsBudget => "fits what the budget has left",
+            ModeReason::InodeInPassthrough => "other handles of the file are passthrough",
+            ModeReason::PassthroughOff => "passthrough is off or unavailable",
+            ModeReason::Malformed => "the header does not parse",
+            ModeReason::AlreadyCached => "the chunk cache holds part of it",
+            ModeReason::ModelLargerThanBudget => "its model is larger than the budget",
+            ModeReason::LargerThanRoom => "larger than what the budget had left",
+            ModeReason::Competes => "competes with other models for the budget",
+        })
+    }
+
+    fn load(cell: &AtomicU8) -> ModeReason {
+        let index = cell.load(Ordering::Relaxed) as usize;
+        ModeReason::ALL
+            .get(index)
+            .copied()
+            .unwrap_or(ModeReason::NotOpened)
+    }
+}
+
 impl ModelFile {
     /// Indexes the version of `abs` there now; returns it with the descriptors it was read
     /// through, open for as long as the caller holds them.
@@ -226,7 +282,8 @@ impl ModelFile {
             }
             None => SourceFile::open_with(paths.as_ref(), abs, wrap)?,
         });
-        let mut order_key = SavedOrders::key(&source.canonical_path(), &source.identity());
+        let file_key = SavedOrders::key(&source.canonical_path(), &source.identity());
+        let mut order_key = file_key.clone();
         let format = Format::of_path(path).unwrap_or_default();
         let (header, layout) = match read_header(&source, format) {
             Ok((header, index)) => {
@@ -265,7 +322,9 @@ impl ModelFile {
             layout,
             access,
             order_key,
+            file_key,
             mode: AtomicU8::new(ServeMode::Cache as u8),
+            mode_reason: AtomicU8::new(ModeReason::NotOpened as u8),
             runs: runs::Runs::default(),
             stream_block: std::sync::atomic::AtomicUsize::new(usize::MAX),
             handles: std::sync::atomic::AtomicUsize::new(0),
@@ -277,6 +336,11 @@ impl ModelFile {
     }
 
     /// How the last open of this version was served.
+    fn set_mode(&self, mode: ServeMode, reason: ModeReason) {
+        self.mode.store(mode as u8, Ordering::Relaxed);
+        self.mode_reason.store(reason as u8, Ordering::Relaxed);
+    }
+
     pub fn mode(&self) -> ServeMode {
         match self.mode.load(Ordering::Relaxed) {
             1 => ServeMode::Passthrough,
@@ -488,8 +552,11 @@ impl ModelFile {
                 wasted_bytes: get(|c| &c.prefetch_wasted_bytes),
             },
             stall_seconds: get(|c| &c.stall_ns) as f64 / 1e9,
+            start_stall_seconds: get(|c| &c.start_stall_ns) as f64 / 1e9,
             model: None,
             standalone_reason: None,
+            mode_reason: None,
+            page_cache_kept_bytes: 0,
         };
         shards::annotate(&mut snapshot, self);
         snapshot
@@ -566,6 +633,8 @@ pub struct ModelStore {
     shards: shards::Registry,
     /// How source files are reached by path ([`ModelStore::reach_source_through`]).
     paths: std::sync::OnceLock<Arc<dyn PathAccess>>,
+    /// Which model follows which ([`sequence`]).
+    sequence: Mutex<sequence::Sequence>,
 }
 
 impl ModelStore {
@@ -604,6 +673,7 @@ impl ModelStore {
             read_wrapper: None,
             shards: shards::Registry::default(),
             paths: std::sync::OnceLock::new(),
+            sequence: Mutex::new(sequence::Sequence::default()),
         }
     }
 
@@ -634,6 +704,42 @@ impl ModelStore {
         self.prefetcher.warm(file);
         if let Some(access) = file.access().filter(|a| a.learned().0) {
             self.saved.put(file.order_key.clone(), access.saved_order());
+        }
+    }
+
+    /// Queues the first blocks of `next`, the model that followed the one just closed
+    /// ([`sequence`]), if the chunk cache will serve it.
+    fn warm_next(&self, next: &Arc<ModelFile>) {
+        let identity = next.source.identity();
+        let cache_served =
+            next.mode() == ServeMode::Cache || self.passthrough.is_competing(&identity);
+        if next.is_malformed() || !cache_served {
+            return;
+        }
+        tracing::debug!(file = %next.path.display(), "warming the first blocks of the next model");
+        self.prefetcher
+            .warm_head(next, self.budget() / sequence::HEAD_SHARE);
+    }
+
+    /// [`Self::warm_next`] of the successor saved for the file of sequence key `key` (after a
+    /// remount), opened by its path, if it is still the version that followed.
+    fn warm_saved_next(&self, key: &str) {
+        let Some(saved) = self.saved.next_model(key) else {
+            return;
+        };
+        // Not as a reader: nothing is discovered beside it (no shard set is formed for a file
+        // nobody opened), and it does not count as an open.
+        let opened = self.open_version((&saved.next_path, &saved.next_source, None), false);
+        match opened.map(|(file, _)| file) {
+            Ok(next) if sequence::key_of(&next) == saved.next_key => {
+                if next.handles.load(Ordering::Acquire) == 0 {
+                    self.warm_next(&next);
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::debug!(file = %saved.next_path.display(), error = %e, "the saved next model is gone")
+            }
         }
     }
 
@@ -701,20 +807,32 @@ impl ModelStore {
         } else {
             room
         };
-        let mode = if passthrough_possible
-            && !file.is_malformed()
-            && self.cache.cached_bytes(file.generation) == 0
-            && self
-                .passthrough
-                .admit(file.source.path(), &file.source.identity(), room)
-        {
-            ServeMode::Passthrough
+        let identity = file.source.identity();
+        let refused = if !passthrough_possible {
+            Some(ModeReason::PassthroughOff)
+        } else if file.is_malformed() {
+            Some(ModeReason::Malformed)
+        } else if self.cache.cached_bytes(file.generation) > 0 {
+            Some(ModeReason::AlreadyCached)
+        } else if self.passthrough.admit(file.source.path(), &identity, room) {
+            None
+        } else if self.passthrough.is_competing(&identity) {
+            Some(ModeReason::Competes)
+        } else if room == 0 && shards::too_large(file, self.budget()) {
+            Some(ModeReason::ModelLargerThanBudget)
         } else {
-            // The chunk cache gets its room back from parked passthrough files.
-            self.passthrough.make_room(self.budget(), file.size());
-            ServeMode::Cache
+            Some(ModeReason::LargerThanRoom)
         };
-        file.mode.store(mode as u8, Ordering::Relaxed);
+        let (mode, reason) = match refused {
+            None => (ServeMode::Passthrough, ModeReason::FitsBudget),
+            Some(reason) => {
+                // The chunk cache gets its room back from parked passthrough files.
+                self.passthrough
+                    .make_room_for_model(self.budget(), file.size());
+                (ServeMode::Cache, reason)
+            }
+        };
+        file.set_mode(mode, reason);
         self.rebalance();
         mode
     }
@@ -724,8 +842,9 @@ impl ModelStore {
     pub fn force_passthrough(&self, file: &ModelFile) {
         self.passthrough
             .admit(file.source.path(), &file.source.identity(), u64::MAX);
-        file.mode
-            .store(ServeMode::Passthrough as u8, Ordering::Relaxed);
+        if file.mode() != ServeMode::Passthrough {
+            file.set_mode(ServeMode::Passthrough, ModeReason::InodeInPassthrough);
+        }
         self.rebalance();
     }
 
@@ -974,10 +1093,11 @@ impl ModelStore {
         if let Some(access) = file.access() {
             access.pace.read_done();
             if outcome == Outcome::Miss {
-                Counters::add(
-                    &access.counters.stall_ns,
-                    started.elapsed().as_nanos() as u64,
-                );
+                let waited = started.elapsed().as_nanos() as u64;
+                Counters::add(&access.counters.stall_ns, waited);
+                if access.is_first(span.block) {
+                    Counters::add(&access.counters.start_stall_ns, waited);
+                }
             }
         }
         let stop = end.min(span.end);
@@ -1147,10 +1267,22 @@ impl ModelStore {
     /// One entry per known model file (its current version), sorted by path.
     pub fn files_snapshot(&self) -> Vec<FileSnapshot> {
         let files: Vec<Arc<ModelFile>> = self.lock().files().cloned().collect();
-        let mut snapshots: Vec<FileSnapshot> =
-            files.iter().map(|f| f.snapshot(&self.cache)).collect();
+        let mut snapshots: Vec<FileSnapshot> = files
+            .iter()
+            .map(|f| {
+                let mut snapshot = f.snapshot(&self.cache);
+                self.explain_mode(f, &mut snapshot);
+                snapshot
+            })
+            .collect();
         snapshots.sort_by(|a, b| a.path.cmp(&b.path));
         snapshots
+    }
+
+    /// Fills in what the passthrough tier keeps of `file` and why the file is served as it is.
+    fn explain_mode(&self, file: &ModelFile, snapshot: &mut FileSnapshot) {
+        snapshot.page_cache_kept_bytes = self.passthrough.parked_bytes_of(&file.source.identity());
+        snapshot.mode_reason = ModeReason::load(&file.mode_reason).text();
     }
 
     fn lock(&self) -> MutexGuard<'_, ModelTable> {

@@ -19,8 +19,9 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::{ModelFile, ModelStore, OpenError};
+use super::{sequence, ModelFile, ModelStore, OpenError};
 use crate::source::SourceFile;
+use crate::sync::lock;
 
 /// An open handle of one model file version (see the module docs).
 pub struct OpenModel {
@@ -107,7 +108,12 @@ impl ModelStore {
     }
 
     fn handle(self: &Arc<Self>, file: Arc<ModelFile>, source: Arc<SourceFile>) -> OpenModel {
-        file.handles.fetch_add(1, Ordering::AcqRel);
+        if file.handles.fetch_add(1, Ordering::AcqRel) == 0 {
+            let learned = lock(&self.sequence).opened(&file);
+            if let Some((key, next)) = learned {
+                self.saved.put_next_model(&key, next);
+            }
+        }
         OpenModel {
             file,
             source,
@@ -117,6 +123,12 @@ impl ModelStore {
 
     /// The last open handle of `file` closed: prunes the version if SOURCE no longer holds it.
     fn closed(&self, file: &Arc<ModelFile>) {
+        let successor = lock(&self.sequence).closed(file);
+        match successor {
+            sequence::Successor::Known(Some(next)) => self.warm_next(&next),
+            sequence::Successor::Known(None) => {}
+            sequence::Successor::Unknown => self.warm_saved_next(sequence::key_of(file)),
+        }
         if file.source.is_current() {
             return;
         }

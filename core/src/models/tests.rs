@@ -815,3 +815,98 @@ fn a_readers_own_read_across_a_block_boundary_loads_the_next_block() {
     }
     assert!(file.chunk_present(store.cache(), boundary));
 }
+
+/// A workflow taking turns between two models: once `b` was seen to follow `a`, closing `a`
+/// queues the first blocks of `b`, and only those; a model never followed by another warms
+/// nothing.
+#[test]
+fn closing_a_model_warms_the_head_of_the_one_that_followed_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let a_bytes = checkpoint(dir.path(), "a.safetensors", 24 << 20, 21);
+    let b_bytes = checkpoint(dir.path(), "b.safetensors", 24 << 20, 22);
+    let exec = Arc::new(ManualExecutor::new(1024));
+    let store = Arc::new(ModelStore::with_executor(
+        16 << 20,
+        SavedOrders::default(),
+        exec.clone(),
+    ));
+    let open = |name: &str| {
+        let handle = store
+            .open_handle(Path::new(name), &dir.path().join(name))
+            .unwrap();
+        assert_eq!(store.choose_mode(&handle, false), ServeMode::Cache);
+        handle
+    };
+    for (name, bytes) in [("a.safetensors", &a_bytes), ("b.safetensors", &b_bytes)] {
+        let handle = open(name);
+        assert_eq!(&read_all(&store, handle.file(), 1 << 20), bytes);
+        drop(handle);
+        exec.run_pending();
+    }
+    let b = open("b.safetensors");
+    let b_file = Arc::clone(b.file());
+    drop(b);
+    store.drop_cached();
+    exec.run_pending();
+    assert_eq!(store.cache().cached_bytes(b_file.generation), 0);
+
+    drop(open("a.safetensors"));
+    exec.run_pending();
+    let order = b_file.access().unwrap().order();
+    let first = b_file.plan().unwrap().block_chunks(order[0])[0];
+    assert!(
+        b_file.chunk_present(store.cache(), first),
+        "the next model's first chunk is warm"
+    );
+    let warm = store.cache().cached_bytes(b_file.generation);
+    assert!(
+        warm > 0 && warm <= (16 << 20) / sequence::HEAD_SHARE + (4 << 20),
+        "only the head of the next model is warmed: {warm} bytes"
+    );
+    // `b` was last followed by `a`: closing `b` warms `a`, and nothing of `b` itself.
+    store.drop_cached();
+    drop(open("b.safetensors"));
+    exec.run_pending();
+    assert_eq!(store.cache().cached_bytes(b_file.generation), 0);
+    store.cache().check_accounting();
+}
+
+/// The sequence is kept with the orders: after a remount (a new store on the same state
+/// file), closing `a` warms `b`, which this store never opened, by the path it had.
+#[test]
+fn the_next_model_is_remembered_across_remounts() {
+    let dir = tempfile::tempdir().unwrap();
+    checkpoint(dir.path(), "a.safetensors", 24 << 20, 23);
+    checkpoint(dir.path(), "b.safetensors", 24 << 20, 24);
+    let state = dir.path().join("state/orders.json");
+    let store_with = |exec: &Arc<ManualExecutor>| {
+        let saved = SavedOrders::load(Some(state.clone()));
+        Arc::new(ModelStore::with_executor(16 << 20, saved, exec.clone()))
+    };
+    let open = |store: &Arc<ModelStore>, name: &str| {
+        let handle = store
+            .open_handle(Path::new(name), &dir.path().join(name))
+            .unwrap();
+        store.choose_mode(&handle, false);
+        handle
+    };
+    {
+        let exec = Arc::new(ManualExecutor::new(1024));
+        let store = store_with(&exec);
+        drop(open(&store, "a.safetensors"));
+        drop(open(&store, "b.safetensors"));
+        exec.run_pending();
+    } // unmounted: the state file is written
+
+    let exec = Arc::new(ManualExecutor::new(1024));
+    let store = store_with(&exec);
+    drop(open(&store, "a.safetensors"));
+    exec.run_pending();
+    let b = store
+        .files_snapshot()
+        .into_iter()
+        .find(|f| f.path == "b.safetensors")
+        .expect("b is known: opened by its saved path");
+    assert!(b.cached_bytes > 0, "b's head is warm: {b:?}");
+    store.cache().check_accounting();
+}

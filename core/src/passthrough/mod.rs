@@ -21,6 +21,19 @@
 //! - **Room is made by dropping parked files**, least recently parked first, with
 //!   `POSIX_FADV_DONTNEED` ([`residency::drop_page_cache`]), when a new admission or the chunk
 //!   cache needs the bytes ([`PassthroughTier::make_room`]).
+//! - **A file dropped to make room competes**: it is remembered, and is not admitted again
+//!   (the chunk cache serves it). So do files still open when another model that would fit
+//!   the budget alone is refused for the room they reserve. Models that take turns and do not fit the budget together (a
+//!   workflow's two experts, a text encoder and a diffusion model) would otherwise each drop
+//!   the other whole at every switch and read all of themselves from disk each time: the tier
+//!   can only keep or drop a closed file's page cache, it never sees the reads of an open one.
+//!   The chunk cache shares one budget between them by the rule it uses within one model (the
+//!   chunk needed soonest stays), so each switch reads about what the budget cannot hold. Measured with
+//!   `tests/bench/workflow.py` (`workflow-results.md`): two and three models taking turns
+//!   read all of every model per cycle when every model was admitted here, and 1.1–1.3 × (sum
+//!   of the models − budget) through the chunk cache. A first switch is still served by
+//!   passthrough: a user who moves from one model to the next for good keeps passthrough's
+//!   speed for the new one.
 //!
 //! The tier reports what it holds ([`PassthroughTier::held_bytes`]); the owner (the model store)
 //! gives the chunk cache the rest of the budget. A page of a parked file may also be reclaimed by
@@ -103,14 +116,22 @@ struct State {
     open_bytes: u64,
     parked: Option<LruCache<FileKey, Parked>>,
     parked_bytes: u64,
+    /// Files whose parked page cache was dropped to make room (see the module docs).
+    competing: Option<LruCache<FileKey, ()>>,
     admitted: u64,
     refused: u64,
+    refused_competing: u64,
     dropped_bytes: u64,
 }
 
 impl State {
     fn parked(&mut self) -> &mut LruCache<FileKey, Parked> {
         self.parked
+            .get_or_insert_with(|| LruCache::new(lru_capacity()))
+    }
+
+    fn competing(&mut self) -> &mut LruCache<FileKey, ()> {
+        self.competing
             .get_or_insert_with(|| LruCache::new(lru_capacity()))
     }
 }
@@ -131,6 +152,10 @@ pub struct PassthroughSnapshot {
     /// Opens admitted to the tier, and opens refused because the file did not fit.
     pub admitted: u64,
     pub refused: u64,
+    /// Files dropped to make room for another model, served from the chunk cache since, and
+    /// the opens refused for that reason (see the module docs).
+    pub competing_files: usize,
+    pub refused_competing: u64,
     /// Page cache of parked files given back to make room.
     pub dropped_bytes: u64,
 }
@@ -154,6 +179,10 @@ impl PassthroughTier {
             state.admitted += 1;
             return true;
         }
+        if state.competing().contains(&key) {
+            state.refused_competing += 1;
+            return false;
+        }
         let parked = state.parked().pop(&key);
         if let Some(parked) = &parked {
             state.parked_bytes -= parked.resident;
@@ -163,11 +192,20 @@ impl PassthroughTier {
                 state.parked_bytes += parked.resident;
                 state.parked().put(key, parked);
             }
+            // Files open now take the room this one would need (a loader that keeps a model
+            // mapped until it is collected holds it past the next model's open): they compete
+            // with it, and their next opens go to the chunk cache.
+            if identity.size <= room {
+                let open: Vec<FileKey> = state.open.keys().copied().collect();
+                for key in open {
+                    state.competing().put(key, ());
+                }
+            }
             state.refused += 1;
             return false;
         }
         let need = (state.open_bytes + identity.size + state.parked_bytes).saturating_sub(room);
-        let dropped = Self::drop_parked(&mut state, need);
+        let dropped = Self::drop_parked(&mut state, need, true);
         state.open_bytes += identity.size;
         state.open.insert(
             key,
@@ -228,18 +266,44 @@ impl PassthroughTier {
     /// with it (deleted), or belongs to the file's new version (rewritten in place).
     pub fn forget(&self, identity: &SourceIdentity) {
         let mut state = self.lock();
-        if let Some(parked) = state.parked().pop(&key_of(identity)) {
+        let key = key_of(identity);
+        if let Some(parked) = state.parked().pop(&key) {
             state.parked_bytes -= parked.resident;
         }
+        state.competing().pop(&key);
     }
 
-    /// Drops parked files until what the tier holds leaves `wanted` bytes of `budget` free.
-    /// Returns the bytes given back.
+    /// Why the tier does not serve `identity`, if it was refused because it competes with
+    /// other models for the budget (the stats' `mode_reason`).
+    pub fn is_competing(&self, identity: &SourceIdentity) -> bool {
+        self.lock().competing().contains(&key_of(identity))
+    }
+
+    /// The page cache of `identity` the tier keeps parked (as measured when it closed).
+    pub fn parked_bytes_of(&self, identity: &SourceIdentity) -> u64 {
+        self.lock()
+            .parked()
+            .peek(&key_of(identity))
+            .map_or(0, |p| p.resident)
+    }
+
+    /// Drops parked files until what the tier holds leaves `wanted` bytes of `budget` free, for
+    /// a budget change or a `drop`. Returns the bytes given back.
     pub fn make_room(&self, budget: u64, wanted: u64) -> u64 {
+        self.make_room_as(budget, wanted, false)
+    }
+
+    /// [`Self::make_room`] for a model the chunk cache serves: the files dropped compete with it
+    /// (see the module docs).
+    pub fn make_room_for_model(&self, budget: u64, wanted: u64) -> u64 {
+        self.make_room_as(budget, wanted, true)
+    }
+
+    fn make_room_as(&self, budget: u64, wanted: u64, competing: bool) -> u64 {
         let mut state = self.lock();
         let held = state.open_bytes + state.parked_bytes;
         let need = (held + wanted.min(budget)).saturating_sub(budget);
-        let dropped = Self::drop_parked(&mut state, need);
+        let dropped = Self::drop_parked(&mut state, need, competing);
         drop(state);
         let bytes = dropped.iter().map(|p| p.resident).sum();
         drop_all(dropped);
@@ -261,18 +325,24 @@ impl PassthroughTier {
             parked_bytes: state.parked_bytes,
             admitted: state.admitted,
             refused: state.refused,
+            competing_files: state.competing().len(),
+            refused_competing: state.refused_competing,
             dropped_bytes: state.dropped_bytes,
         }
     }
 
     /// Takes parked files off the list, least recently parked first, until `need` bytes are
-    /// freed; the caller drops their page cache once the lock is released.
-    fn drop_parked(state: &mut State, mut need: u64) -> Vec<Parked> {
+    /// freed; the caller drops their page cache once the lock is released. `competing`: the
+    /// room is for another model, so the files dropped are remembered as competing with it.
+    fn drop_parked(state: &mut State, mut need: u64, competing: bool) -> Vec<Parked> {
         let mut dropped = Vec::new();
         while need > 0 {
-            let Some((_, parked)) = state.parked().pop_lru() else {
+            let Some((key, parked)) = state.parked().pop_lru() else {
                 break;
             };
+            if competing {
+                state.competing().put(key, ());
+            }
             need = need.saturating_sub(parked.resident);
             state.parked_bytes -= parked.resident;
             state.dropped_bytes += parked.resident;

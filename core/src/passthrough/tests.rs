@@ -126,3 +126,58 @@ fn a_replaced_file_is_neither_measured_nor_dropped() {
     assert!(residency::resident_bytes(&a.path, &stale).is_err());
     assert!(residency::drop_page_cache(&a.path, &stale).is_err());
 }
+
+/// Two models taking turns that do not fit together: the one dropped to make room for the
+/// other is not admitted again (the chunk cache shares the budget between them), while a
+/// `drop` or a budget change marks nothing.
+#[test]
+fn a_file_dropped_to_make_room_for_another_competes() {
+    let tier = PassthroughTier::default();
+    let (a, id_a) = temp_file("turn-a", 6 * MIB);
+    let (b, id_b) = temp_file("turn-b", 6 * MIB);
+    let (c, id_c) = temp_file("turn-c", 2 * MIB);
+    read_all(&a.path);
+    assert!(tier.admit(&a.path, &id_a, 8 * MIB));
+    tier.release(&id_a);
+    assert!(tier.admit(&b.path, &id_b, 8 * MIB), "the first switch");
+    tier.release(&id_b);
+    assert!(tier.is_competing(&id_a) && !tier.is_competing(&id_b));
+    assert!(!tier.admit(&a.path, &id_a, 8 * MIB), "a competes with b");
+    let snap = tier.snapshot();
+    assert_eq!((snap.competing_files, snap.refused_competing), (1, 1));
+
+    read_all(&c.path);
+    assert!(tier.admit(&c.path, &id_c, 8 * MIB));
+    tier.release(&id_c);
+    tier.make_room(8 * MIB, 8 * MIB);
+    assert!(!tier.is_competing(&id_c), "a drop is not competition");
+    tier.forget(&id_a);
+    assert!(!tier.is_competing(&id_a), "a new version starts afresh");
+}
+
+/// A model refused because another one is still open (a loader that keeps the first mapped
+/// until it is collected): the open one competes from then on, its next open goes to the chunk
+/// cache. A file too large for the budget alone marks nothing.
+#[test]
+fn files_open_when_a_fitting_model_is_refused_compete_with_it() {
+    let tier = PassthroughTier::default();
+    let (a, id_a) = temp_file("held-a", 6 * MIB);
+    let (b, id_b) = temp_file("held-b", 6 * MIB);
+    let (big, id_big) = temp_file("held-big", 10 * MIB);
+    assert!(tier.admit(&a.path, &id_a, 8 * MIB));
+    assert!(
+        !tier.admit(&big.path, &id_big, 8 * MIB),
+        "larger than the room"
+    );
+    assert!(
+        !tier.is_competing(&id_a),
+        "a file that never fits competes with nobody"
+    );
+    assert!(!tier.admit(&b.path, &id_b, 8 * MIB), "a is still open");
+    assert!(tier.is_competing(&id_a));
+    tier.release(&id_a);
+    assert!(
+        !tier.admit(&a.path, &id_a, 8 * MIB),
+        "a's next open is the chunk cache's"
+    );
+}

@@ -100,6 +100,9 @@ pub struct FileCounters {
     pub prefetch_used_bytes: AtomicU64,
     pub prefetch_wasted_bytes: AtomicU64,
     pub stall_ns: AtomicU64,
+    /// The part of `stall_ns` spent in the first block of the order: what a reader starting
+    /// the model waits before its first tensors (the stall at a switch between models).
+    pub start_stall_ns: AtomicU64,
 }
 
 impl FileAccess {
@@ -236,6 +239,11 @@ impl FileAccess {
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |d| {
                 (d < MAX_DEPTH).then_some(d + 1)
             });
+    }
+
+    /// Whether `block` is the first of the order.
+    pub fn is_first(&self, block: usize) -> bool {
+        read(&self.position).get(block) == Some(&0)
     }
 
     /// How many blocks ahead of the reader `block` is needed (0: in use now; larger: later).

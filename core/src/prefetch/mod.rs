@@ -319,18 +319,24 @@ impl Prefetcher {
     /// Queues every block of `file`, in its order, until the budget's worth is queued. The
     /// next reader is expected at the start of the order ([`FileAccess::rewind`]).
     pub fn warm<F: PrefetchTarget>(&self, file: &Arc<F>) {
+        self.warm_head(file, self.cache.budget());
+    }
+
+    /// [`Self::warm`] of the first `bytes` of the order only (the first chunk whatever its
+    /// size).
+    pub fn warm_head<F: PrefetchTarget>(&self, file: &Arc<F>, bytes: u64) {
         let (Some(access), Some(plan)) = (file.access(), file.plan()) else {
             return;
         };
         access.rewind();
-        let budget = self.cache.budget();
         let mut queued = 0;
         for block in access.order() {
             for &chunk in plan.block_chunks(block) {
-                queued += plan.get(chunk).map_or(0, |c| c.len());
-                if queued > budget || !self.queue(file, chunk, None) {
+                let len = plan.get(chunk).map_or(0, |c| c.len());
+                if (queued > 0 && queued + len > bytes) || !self.queue(file, chunk, None) {
                     return;
                 }
+                queued += len;
             }
         }
     }

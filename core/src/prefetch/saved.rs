@@ -4,7 +4,9 @@
 //! Orders are keyed by the source file's canonical path, size and modification time: a file
 //! replaced or rewritten starts fresh, and an order whose block count no longer
 //! matches the file is ignored when loaded ([`crate::prefetch::access::FileAccess::new`]). The
-//! file holds one short list of numbers per model.
+//! file holds one short list of numbers per model, and, per model file, the model file opened
+//! after it last time ([`NextModel`], `crate::models` "sequence"), under the key
+//! `then|` + the file's key.
 //!
 //! **Writing.** A read that completes a pass learns an order ([`SavedOrders::put`]); the file is
 //! not written on that (FUSE request) thread but by one background writer thread per mount,
@@ -28,6 +30,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use serde::{Deserialize, Serialize};
+
 use crate::prefetch::order::AccessOrder;
 use crate::source::SourceIdentity;
 use crate::sync::{lock, wait, Condvar, Mutex};
@@ -36,7 +40,27 @@ use crate::sync::{lock, wait, Condvar, Mutex};
 /// has tens of files, so this only bounds a pathological state file.
 const MAX_ORDERS: usize = 4096;
 
-type Orders = BTreeMap<String, AccessOrder>;
+type Orders = BTreeMap<String, Entry>;
+
+/// Prefix of the keys of [`NextModel`] entries.
+const NEXT_PREFIX: &str = "then|";
+
+/// One entry of the file: a learned block order, or the model file that follows one.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+enum Entry {
+    Order(AccessOrder),
+    Next(NextModel),
+}
+
+/// The model file a workflow opened after another one: where it is (relative to the mount
+/// root, and in SOURCE) and the key of the version that was opened.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NextModel {
+    pub next_path: PathBuf,
+    pub next_source: PathBuf,
+    pub next_key: String,
+}
 
 /// Puts requested and written, counted, so [`SavedOrders::flush`] can wait for a given put.
 #[derive(Default)]
@@ -119,14 +143,37 @@ impl SavedOrders {
     }
 
     pub fn get(&self, key: &str) -> Option<AccessOrder> {
-        lock(&self.shared.orders).get(key).cloned()
+        match lock(&self.shared.orders).get(key) {
+            Some(Entry::Order(order)) => Some(order.clone()),
+            _ => None,
+        }
     }
 
     /// Records a learned order; the background writer saves it soon after.
     pub fn put(&self, key: String, order: AccessOrder) {
+        self.insert(key, Entry::Order(order));
+    }
+
+    /// The model file opened after the file of `key` last time.
+    pub fn next_model(&self, key: &str) -> Option<NextModel> {
+        match lock(&self.shared.orders).get(&format!("{NEXT_PREFIX}{key}")) {
+            Some(Entry::Next(next)) => Some(next.clone()),
+            _ => None,
+        }
+    }
+
+    /// Records that `next` was opened after the file of `key`.
+    pub fn put_next_model(&self, key: &str, next: NextModel) {
+        if self.next_model(key).as_ref() == Some(&next) {
+            return; // a workflow repeats its sequence: nothing to write
+        }
+        self.insert(format!("{NEXT_PREFIX}{key}"), Entry::Next(next));
+    }
+
+    fn insert(&self, key: String, entry: Entry) {
         {
             let mut orders = lock(&self.shared.orders);
-            orders.insert(key, order);
+            orders.insert(key, entry);
             trim(&mut orders);
         }
         if self.writer.is_some() {

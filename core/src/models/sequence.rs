@@ -1,0 +1,92 @@
+//! Which model follows which: the next model's first blocks are read while the reader is done
+//! with the one before.
+//!
+//! Contract: when the last handle of a model file closes and, the last time that file was
+//! closed, the next model file opened was `N`, the first 1/[`HEAD_SHARE`] of the budget of `N`
+//! in its learned block order is queued for prefetch, so that a workflow switching between
+//! models (a high-noise and a low-noise expert, a text encoder and a diffusion model) finds
+//! the next model's first blocks in RAM when it opens it. Only files the chunk cache will
+//! serve are warmed: a passthrough file keeps its own page cache, or competes and is then
+//! served from the chunk cache (`crate::passthrough`).
+//!
+//! The sequence is learned from the opens of the mount, one successor per file (the latest
+//! seen), and kept with the learned orders ([`crate::prefetch::saved::NextModel`]), so a
+//! workflow's first switch after a remount is warmed too: the successor is then opened by the
+//! path it had, and warmed only if it is still the version that was opened (same key). In
+//! memory, successors are held weakly: a version pruned or evicted from the table is not
+//! warmed through it. [`MAX_SUCCESSORS`] bounds what a folder of many files can make it hold.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+
+use super::ModelFile;
+use crate::prefetch::saved::NextModel;
+
+/// Share of the budget warmed of the next model (1/8): enough for its first blocks (a block of
+/// a 14B DiT is 1–3 % of a 16 GiB budget) without pushing out much of what the budget keeps
+/// of the others.
+pub const HEAD_SHARE: u64 = 8;
+
+/// Successors remembered in memory at most (one per model file opened).
+const MAX_SUCCESSORS: usize = 1024;
+
+/// The learned sequence of model opens of one mount.
+#[derive(Default)]
+pub struct Sequence {
+    /// The file whose last handle closed most recently (and its sequence key), unless another
+    /// file opened since.
+    last_closed: Option<(Weak<ModelFile>, String)>,
+    /// Successor of each file (by generation) the last time a different file opened after it.
+    next: HashMap<u64, Weak<ModelFile>>,
+}
+
+/// The key a file's successor is saved under: the file's own (a shard's, not its model's).
+pub fn key_of(file: &ModelFile) -> &str {
+    &file.file_key
+}
+
+impl Sequence {
+    /// `file` got its first open handle: it follows the file closed last, if another. Returns
+    /// the entry to save, if any.
+    pub fn opened(&mut self, file: &Arc<ModelFile>) -> Option<(String, NextModel)> {
+        let (prev, prev_key) = self.last_closed.take()?;
+        let prev = prev.upgrade()?;
+        if prev.generation == file.generation {
+            return None;
+        }
+        if self.next.len() >= MAX_SUCCESSORS && !self.next.contains_key(&prev.generation) {
+            self.next.retain(|_, w| w.strong_count() > 0);
+        }
+        if self.next.len() < MAX_SUCCESSORS || self.next.contains_key(&prev.generation) {
+            self.next.insert(prev.generation, Arc::downgrade(file));
+        }
+        let next = NextModel {
+            next_path: file.path.clone(),
+            next_source: file.source.path().to_owned(),
+            next_key: key_of(file).to_owned(),
+        };
+        Some((prev_key, next))
+    }
+
+    /// The last handle of `file` closed: what followed it last time in this mount, if anything
+    /// did.
+    pub fn closed(&mut self, file: &Arc<ModelFile>) -> Successor {
+        self.last_closed = Some((Arc::downgrade(file), key_of(file).to_owned()));
+        let Some(next) = self.next.get(&file.generation) else {
+            return Successor::Unknown;
+        };
+        let next = next.upgrade().filter(|next| {
+            next.handles.load(std::sync::atomic::Ordering::Acquire) == 0
+                && next.generation != file.generation
+        });
+        Successor::Known(next)
+    }
+}
+
+/// What followed a file the last time it closed, as this mount saw it.
+pub enum Successor {
+    /// Nothing seen in this mount (the saved sequence may know).
+    Unknown,
+    /// The file that followed, if it is still known and not open now.
+    Known(Option<Arc<ModelFile>>),
+}
