@@ -103,7 +103,7 @@ timeout --kill-after=30 "$PYTEST_CAP" \
 pytest_rc=$?
 set -e
 
-# Windows: core tests under wine64, the WinFsp front end type-checked (README, "Windows").
+# Windows: core tests under wine64, the WinFsp front end type-checked (docs/WINDOWS.md).
 # After the Linux suite, so that a Windows failure never hides the Linux results.
 bash tests/windows/check.sh
 exit "$pytest_rc"

@@ -1,5 +1,5 @@
 //! `tierfs`: a read-only FUSE mount that streams `.safetensors` checkpoints through a
-//! byte-bounded, tensor-aware RAM cache. See the README for the user's view; this file only
+//! byte-bounded, tensor-aware RAM cache. See README.md and docs/ for the user's view; this file only
 //! parses the command line and dispatches.
 
 mod comfyui;
@@ -68,7 +68,7 @@ enum Command {
         #[arg(long)]
         no_model_passthrough: bool,
         /// Let other users use the mount: each one reads only what they could read in SOURCE
-        /// themselves (see the README, "Shared mounts").
+        /// themselves (see docs/SECURITY.md).
         #[arg(long)]
         allow_other: bool,
         /// Cap on the memory of model headers and indexes (least recently opened files are

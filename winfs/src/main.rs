@@ -8,7 +8,7 @@
 //! answers WinFsp's requests through it, and `mount` runs the WinFsp host. The first three are
 //! plain Rust, tested on any platform; the last two exist only on Windows.
 //!
-//! What this front end was checked against is stated in the README ("Windows"): it compiles
+//! What this front end was checked against is stated in docs/WINDOWS.md: it compiles
 //! and passes clippy for `x86_64-pc-windows-gnu`; it has not been run against a real WinFsp.
 
 #[cfg(windows)]
