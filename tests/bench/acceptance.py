@@ -815,9 +815,9 @@ class Run:
         """Before every timed cold load of part 1, source and mount alike: caches dropped, then
         the same idle time. The throttle lets a reader that starts after an idle gap through a
         little faster (1.5 GiB `dd` at 1.0 GB/s: 1.576-1.577 s right after another read,
-        1.541-1.553 s after 0.3-3 s idle), and the mount's passes used to start after mounting
-        (idle) while the source's started right after the previous load: a bias of ~2 % for
-        the mount, as large as the differences the slow-source rows are about."""
+        1.541-1.553 s after 0.3-3 s idle); without the same idle time, the mount's passes start
+        after mounting (idle) while the source's start right after the previous load: a bias of
+        ~2 % for the mount, as large as the differences the slow-source rows are about."""
         sources.drop_caches()
         time.sleep(COLD_IDLE_S)
 
