@@ -11,8 +11,9 @@ and each one is checked for what can be checked without changing the machine:
 - the README's test command is the one `.ci/run` runs, and it makes `.venv` itself.
 
 Every path of the repository quoted in backticks exists, every relative link resolves to a file
-(and a `#fragment` to a heading of it), and the README's demo runs as written (with the binary
-under test instead of `cargo run`, its temporary folder under the session root).
+(and a `#fragment` to a heading of it), the README's demo runs as written (with the binary
+under test instead of `cargo run`, its temporary folder under the session root), and every field
+of a live `.tierfs/stats` is named in docs/STATS.md.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+import gen
 from conftest import REPO, TIERFS_BIN, fresh_dir, mounted_under
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -266,3 +268,32 @@ def test_readme_demo_runs(tierfs_bin):
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert "Every byte read through the mount matched the source file." in run.stdout + run.stderr
     assert not mounted_under(tmp)
+
+
+def _leaf_paths(value, prefix: str = "") -> list[str]:
+    """Dotted paths of every leaf of a JSON document (`files[].mode`)."""
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _leaf_paths(v, f"{prefix}.{k}" if prefix else k)]
+    if isinstance(value, list):
+        return _leaf_paths(value[0], prefix + "[]") if value else [prefix + "[]"]
+    return [prefix]
+
+
+def test_every_stats_field_is_documented(mount):
+    """Every field of a live `.tierfs/stats` (a model file opened and read, so `files[]` has a
+    row) is named in docs/STATS.md, within the section it belongs to."""
+    src = fresh_dir("docs-stats") / "src"
+    src.mkdir()
+    gen.write_small(src / "m.safetensors", gen.dit_specs(64, 128, 3), seed=5)
+    m = mount(src)
+    with open(m.mnt / "m.safetensors", "rb") as f:
+        f.read()
+    doc = (REPO / "docs" / "STATS.md").read_text()
+    spans = re.findall(r"`([^`]+)`", doc)
+    missing = []
+    for path in _leaf_paths(m.stats()):
+        section, leaf = path.split(".")[0], re.sub(r"\[\]$", "", path.split(".")[-1])
+        named = any(re.search(rf"(?<![\w]){re.escape(leaf)}(?![\w])", s) for s in spans)
+        if not named or f"`{section.removesuffix('[]')}" not in doc:
+            missing.append(path)
+    assert not missing, f"docs/STATS.md does not name: {missing}"
