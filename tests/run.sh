@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The one test command (see README): build everything, run the Rust tests, then
 # the end-to-end Python suite against target/release/tierfs.  Exits non-zero on
-# any failure.  Needs root and /dev/fuse for the end-to-end part; makes .venv
-# (tests/setup-venv.sh) when it is missing.
+# any failure.  Needs root; installs what it needs when it is missing
+# (tests/setup-system.sh, tests/setup-venv.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -10,6 +10,10 @@ REPO=$PWD
 if ! command -v cargo >/dev/null && [ -f "$HOME/.cargo/env" ]; then
     . "$HOME/.cargo/env"
 fi
+
+# What the suite needs from the system (apt packages, fuse3, the Rust target of the Windows
+# checks): installed if missing, so that this command works on a fresh machine as it is.
+bash tests/setup-system.sh
 
 echo "== cargo build --release --workspace"
 cargo build --release --workspace

@@ -8,7 +8,8 @@ and each one is checked for what can be checked without changing the machine:
 - `cargo … -p PACKAGE … -- SUBCOMMAND`: the package is in the workspace, the subcommand exists;
 - a script or file of this repository named by a command (`bash tests/run.sh`,
   `mount-scripts/tierfs-mount.sh`, `install … target/release/tierfs …`) exists;
-- the README's test command is the one `.ci/run` runs, and it makes `.venv` itself.
+- the README's test command is the one `.ci/run` runs, and it sets itself up (system packages,
+  `.venv`).
 
 Every path of the repository quoted in backticks exists, every relative link resolves to a file
 (and a `#fragment` to a heading of it), the README's demo runs as written (with the binary
@@ -205,7 +206,7 @@ def test_readme_test_command_sets_itself_up():
     assert "bash tests/run.sh" in commands
     assert re.search(r"^exec bash tests/run\.sh\b", (REPO / ".ci" / "run").read_text(), re.M)
     run_sh = (REPO / "tests" / "run.sh").read_text()
-    assert "bash tests/setup-venv.sh" in run_sh
+    assert "bash tests/setup-venv.sh" in run_sh and "bash tests/setup-system.sh" in run_sh
     setup = (REPO / "tests" / "setup-venv.sh").read_text()
     for package in ("numpy", "safetensors", "ml_dtypes", "pytest", "pytest-timeout", "gguf"):
         assert re.search(rf"\b{re.escape(package)}\b", setup), package
