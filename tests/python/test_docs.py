@@ -201,8 +201,8 @@ def test_inline_command_names_what_exists(where, words, tierfs_bin):
 
 
 def test_readme_test_command_sets_itself_up():
-    """The README's test command is `.ci/run`'s, and it makes .venv when it is missing."""
-    commands = [" ".join(w) for _, w in all_commands() if _ == "README.md"]
+    """The README's test command is `.ci/run`'s, and it installs what it needs when missing."""
+    commands = [" ".join(words) for where, words in all_commands() if where == "README.md"]
     assert "bash tests/run.sh" in commands
     assert re.search(r"^exec bash tests/run\.sh\b", (REPO / ".ci" / "run").read_text(), re.M)
     run_sh = (REPO / "tests" / "run.sh").read_text()
