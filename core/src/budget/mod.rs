@@ -40,7 +40,7 @@
 //! ## Measured
 //! `tests/python/test_pressure.py` (figures in docs/MEMORY.md): a 576 MiB allocation into a
 //! 1152 MiB cgroup holding a full 768 MiB cache succeeds (peak 1025 MiB, `failcnt` 0) where a
-//! daemon without the governor is OOM-killed; `tests/bench/bench.py --rows 4`: no cost without
+//! daemon without the governor is OOM-killed; `tests/bench/read_patterns.py --rows 4`: no cost without
 //! pressure. The watcher costs 70 ms of CPU in 20 s on an idle mount (0.35 % of a core).
 
 pub mod probe;
