@@ -298,3 +298,12 @@ def test_every_stats_field_is_documented(mount):
         if not named or f"`{section.removesuffix('[]')}" not in doc:
             missing.append(path)
     assert not missing, f"docs/STATS.md does not name: {missing}"
+
+
+def test_every_results_file_is_in_the_performance_map():
+    """Each results file of tests/bench/ is named after its benchmark and listed, with what it
+    holds, in docs/PERFORMANCE.md."""
+    links = set(_links(REPO / "docs" / "PERFORMANCE.md"))
+    for results in sorted((REPO / "tests" / "bench").glob("*.md")):
+        assert results.name.endswith(("-results.md", ".md")) and "results" in results.name, results.name
+        assert f"../tests/bench/{results.name}" in links, f"docs/PERFORMANCE.md does not list {results.name}"
