@@ -22,7 +22,7 @@
 
     Needs WinFsp 2.x (winfsp.dev installer) and tierfs.exe built from winfs\ of the tierfs
     repository. This script was written against the documented behaviour of these tools; it has
-    not been run on Windows (see the README, "Windows").
+    not been run on Windows (see docs/WINDOWS.md).
 #>
 [CmdletBinding()]
 param(

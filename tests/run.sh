@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one test command (see README): build everything, run the Rust tests, then
 # the end-to-end Python suite against target/release/tierfs.  Exits non-zero on
-# any failure.  Needs root and /dev/fuse for the end-to-end part.
+# any failure.  Needs root; installs what it needs when it is missing
+# (tests/setup-system.sh, tests/setup-venv.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -9,6 +10,10 @@ REPO=$PWD
 if ! command -v cargo >/dev/null && [ -f "$HOME/.cargo/env" ]; then
     . "$HOME/.cargo/env"
 fi
+
+# What the suite needs from the system (apt packages, fuse3, the Rust target of the Windows
+# checks): installed if missing, so that this command works on a fresh machine as it is.
+bash tests/setup-system.sh
 
 echo "== cargo build --release --workspace"
 cargo build --release --workspace
@@ -23,7 +28,13 @@ echo "== loom: RUSTFLAGS=\"--cfg loom\" cargo test -p tierfs-core --release loom
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom timeout 900 \
     cargo test -p tierfs-core --release loom
 
-if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
+# The suite's Python: .venv, made (or completed) by tests/setup-venv.sh when it lacks a package
+# the suite imports, so that this command works on a fresh clone as it is.
+if ! .venv/bin/python -c 'import numpy, safetensors, ml_dtypes, pytest, pytest_timeout, gguf, torch, comfy_aimdo, runai_model_streamer' 2>/dev/null; then
+    echo "== .venv is missing or incomplete: bash tests/setup-venv.sh"
+    bash tests/setup-venv.sh
+fi
+PY=.venv/bin/python
 
 # Everything the e2e tests create (mounts included) lives under this root, so a
 # hung or killed pytest can still be cleaned up here.
@@ -96,7 +107,7 @@ timeout --kill-after=30 "$PYTEST_CAP" \
 pytest_rc=$?
 set -e
 
-# Windows: core tests under wine64, the WinFsp front end type-checked (README, "Windows").
+# Windows: core tests under wine64, the WinFsp front end type-checked (docs/WINDOWS.md).
 # After the Linux suite, so that a Windows failure never hides the Linux results.
 bash tests/windows/check.sh
 exit "$pytest_rc"

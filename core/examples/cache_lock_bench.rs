@@ -11,7 +11,7 @@
 //! A probe thread takes the cache lock in a loop ([`ChunkCache::budget`]) and records the
 //! longest it waited, which is the longest the lock was held by the operation (plus scheduling
 //! noise). The operation's whole time, unmapping included, is the baseline: it is how long the
-//! lock was held before unmapping moved out of it. Results: `tests/bench/RESULTS.md`.
+//! lock was held before unmapping moved out of it. Results: `tests/bench/cache-lock-results.md`.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

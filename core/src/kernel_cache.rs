@@ -22,11 +22,11 @@
 //! tierfs cache it stays within 1.1 × budget + 64 MiB.
 //!
 //! The headroom follows the mount's readahead ([`headroom_for_readahead`]): what must be spared
-//! is the read-around of the faults in flight, one readahead window each. The fixed 48 MiB it
-//! replaces was sized for 4 MiB windows; at the 128 KiB default a streaming `mmap` reader kept
-//! all 48 MiB fresh, and an `mmap` copy of a file three times a 519 MiB budget peaked at
-//! 637 MiB against the 635 MiB bound (acceptance benchmark, point 4: 537 MiB daemon, 100 MiB
-//! mounted page cache).
+//! is the read-around of the faults in flight, one readahead window each. A fixed 48 MiB, sized
+//! for 4 MiB windows, is too much at the 128 KiB default: a streaming `mmap` reader kept all
+//! 48 MiB fresh, and an `mmap` copy of a file three times a 519 MiB budget peaked at 637 MiB
+//! against the 635 MiB bound (acceptance benchmark part 4, memory: 537 MiB daemon, 100 MiB
+//! mounted page cache; `tests/bench/acceptance.py`).
 
 use crate::sync::{lock, Mutex};
 use std::collections::VecDeque;

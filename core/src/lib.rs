@@ -16,6 +16,7 @@
 //! - [`control`]: the commands of `.tierfs/control`.
 //! - [`synth`]: deterministic synthetic checkpoints (demo, tests, benchmarks).
 //! - [`size`]: human byte sizes.
+//! - `cli` (feature `cli`): the command-line pieces both front ends share.
 //! - [`sync`]: the locks of the core (swapped for loom's in model-checked tests).
 //! - [`access`]: who may see what through a shared mount (per-request credentials).
 //! - [`fs`]: the filesystem itself (inodes, handles, open policy, errors), free of any kernel
@@ -27,6 +28,9 @@ pub mod access;
 // Built on `access` (and passthrough descriptors): Linux only for now (see its docs).
 pub mod budget;
 pub mod cache;
+// The front ends' shared command line; `clap` only where asked for.
+#[cfg(any(feature = "cli", test))]
+pub mod cli;
 pub mod control;
 // Linux and Windows: its OS-facing pieces are in `fs::platform`.
 #[cfg(any(target_os = "linux", windows))]

@@ -3,7 +3,7 @@
 //! **Fork after parsing, not re-exec.** The parent forks once the command line is parsed into a
 //! [`MountRequest`]; the child serves that very value. A re-exec would have to turn the request
 //! back into arguments, a second copy of the CLI definition that drifts as soon as a flag is
-//! added (the previous implementation did, by hand). Forking is sound only while the process
+//! added. Forking is sound only while the process
 //! has one thread (a child of a threaded process inherits locks held by threads that do not
 //! exist in it): nothing starts a thread before this point (logging has none; the mount's threads
 //! start in the child), and [`run`] checks it.

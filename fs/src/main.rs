@@ -1,5 +1,5 @@
 //! `tierfs`: a read-only FUSE mount that streams `.safetensors` checkpoints through a
-//! byte-bounded, tensor-aware RAM cache. See the README for the user's view; this file only
+//! byte-bounded, tensor-aware RAM cache. See README.md and docs/ for the user's view; this file only
 //! parses the command line and dispatches.
 
 mod comfyui;
@@ -18,7 +18,8 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use tierfs_core::size::{format_size, parse_size};
+use tierfs_core::cli::{parse_size_arg, BudgetArgs, CtlArgs, StateArgs};
+use tierfs_core::size::format_size;
 
 #[derive(Parser)]
 #[command(
@@ -37,9 +38,8 @@ enum Command {
     Mount {
         source: PathBuf,
         mountpoint: PathBuf,
-        /// RAM cache budget: 512MiB, 8GiB, 8G or bytes [default: a quarter of RAM].
-        #[arg(long, value_parser = parse_size_arg)]
-        ram_cache: Option<u64>,
+        #[command(flatten)]
+        budget: BudgetArgs,
         /// Floor the cache never shrinks below under memory pressure
         /// [default: an eighth of --ram-cache, at least 256MiB].
         #[arg(long, value_parser = parse_size_arg)]
@@ -68,27 +68,18 @@ enum Command {
         #[arg(long)]
         no_model_passthrough: bool,
         /// Let other users use the mount: each one reads only what they could read in SOURCE
-        /// themselves (see the README, "Shared mounts").
+        /// themselves (see docs/SECURITY.md).
         #[arg(long)]
         allow_other: bool,
         /// Cap on the memory of model headers and indexes (least recently opened files are
         /// forgotten past it).
         #[arg(long, default_value = "256MiB", value_parser = parse_size_arg)]
         index_cache: u64,
-        /// Where learned block orders are kept across remounts
-        /// [default: /var/lib/tierfs for root, else ~/.local/state/tierfs].
-        #[arg(long)]
-        state_dir: Option<PathBuf>,
-        /// Do not keep learned block orders across remounts.
-        #[arg(long, conflicts_with = "state_dir")]
-        no_state: bool,
+        #[command(flatten)]
+        state: StateArgs,
     },
     /// Send a command to a mount's control file: ram-cache SIZE | drop | prefetch PATH.
-    Ctl {
-        mountpoint: PathBuf,
-        #[arg(required = true, num_args = 1.., trailing_var_arg = true)]
-        command: Vec<String>,
-    },
+    Ctl(CtlArgs),
     /// Unmount a tierfs mount (also cleans up a dead one).
     Unmount {
         mountpoint: PathBuf,
@@ -132,10 +123,6 @@ enum Command {
     },
 }
 
-fn parse_size_arg(text: &str) -> Result<u64, String> {
-    parse_size(text).map_err(|e| e.to_string())
-}
-
 fn main() -> ExitCode {
     init_logging();
     let cli = Cli::parse();
@@ -161,7 +148,7 @@ fn run(command: Command) -> Result<()> {
         Command::Mount {
             source,
             mountpoint,
-            ram_cache,
+            budget: BudgetArgs { ram_cache },
             ram_cache_min,
             daemon,
             log_file,
@@ -171,8 +158,7 @@ fn run(command: Command) -> Result<()> {
             no_model_passthrough,
             allow_other,
             index_cache,
-            state_dir,
-            no_state,
+            state,
         } => {
             let budget = ram_cache.unwrap_or_else(|| {
                 let budget = mount::default_budget();
@@ -194,11 +180,7 @@ fn run(command: Command) -> Result<()> {
                 model_passthrough: !no_model_passthrough,
                 allow_other,
                 index_cap: index_cache,
-                state_file: (!no_state).then(|| {
-                    state_dir
-                        .unwrap_or_else(mount::default_state_dir)
-                        .join("orders.json")
-                }),
+                state_file: state.orders_file(mount::default_state_dir),
             };
             if daemon {
                 return daemon::run(&request, log_file.as_deref());
@@ -206,10 +188,7 @@ fn run(command: Command) -> Result<()> {
             mount::run_foreground(&request)
         }
         Command::Unmount { mountpoint, lazy } => mount::unmount(&mountpoint, lazy),
-        Command::Ctl {
-            mountpoint,
-            command,
-        } => mount::send_control(&mountpoint, &command.join(" ")),
+        Command::Ctl(ctl) => mount::send_control(&ctl.mountpoint, &ctl.command_line()),
         Command::Stats {
             mountpoint,
             watch,

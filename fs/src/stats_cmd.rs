@@ -116,7 +116,7 @@ fn render(doc: &Value, previous: Option<&(Instant, Value)>) -> String {
         size(&["modes", "readahead_bytes"]),
         doc["modes"]["readahead_note"].as_str().unwrap_or("?"),
         if doc["modes"]["root"].as_bool() == Some(false) {
-            "; not root (see README, \"Without root\")"
+            "; not root (see docs/CONFIGURATION.md, \"Without root\")"
         } else {
             ""
         },

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The acceptance benchmark, points 1-5, in one run: every ratio side by side with its goal.
+"""The acceptance benchmark, parts 1-5, in one run: every ratio side by side with its goal.
 
     sudo .venv/bin/python tests/bench/acceptance.py [--quick] [--only 1,2,3,4,5] [--tierfs PATH]
                                                  [--reps N] [--loaders a,b] [--data DIR] [--out FILE]
@@ -10,7 +10,7 @@ device read-throttled to --slow-bps (1 GB/s) by a blkio cgroup that this process
 loader and tierfs daemon it starts, belongs to.  Both raw cold rates are measured and reported;
 the throttle is verified by measurement before anything is timed.
 
-Points (every figure is compared with a baseline measured in the same run; ratios of times are
+Parts (every figure is compared with a baseline measured in the same run; ratios of times are
 baseline s / tierfs s, so above 1 means faster through the mount):
 
 1. Loaders: safe_open numpy and pt, safetensors.torch.load_file, ComfyUI's load_torch_file
@@ -24,8 +24,8 @@ baseline s / tierfs s, so above 1 means faster through the mount):
    <= 0.05), warm: loaded before through the mount, then again (goal >= 0.8 of the plain
    file held in the page cache), and again after drop_caches: tierfs's own RAM only (report; a
    passthrough file's page cache is dropped too).  Cold = caches dropped and a fresh mount.
-   Loaders `gguf` (gguf-py GGUFReader reading every tensor's data, on point 4's
-   GGUF) and `sharded` (safe_open shard by shard in index order, on the point-1 model cut into 4
+   Loaders `gguf` (gguf-py GGUFReader reading every tensor's data, on part 4's
+   GGUF) and `sharded` (safe_open shard by shard in index order, on the part-1 model cut into 4
    shards + index.json), and `comfy_checkpoint` (ComfyUI's load sequence on an SD1.5-shaped
    all-in-one checkpoint, gen.checkpoint_specs: text encoder, VAE and UNet in one file, in name
    order): the cold cases only, budgets from the whole model's size.
@@ -44,7 +44,7 @@ baseline s / tierfs s, so above 1 means faster through the mount):
    cache (cachestat) + the growth of the source file's page cache.  Peak <= 1.1 x budget + 64 MiB
    while a file 3 x the budget is streamed by read() and by mmap, and while two processes map a
    model that fits (fast source).  The same for a sharded model 3 x the budget (the
-   point-1 model cut into 4 shards + index.json, read shard by shard in index order; every
+   part-1 model cut into 4 shards + index.json, read shard by shard in index order; every
    shard's page cache counted) and for a GGUF file 3 x the budget.
 5. Repeated passes (reader.py, no compute) over a model larger than the budget, slow source:
    pass time of passes 2.. vs the plain file read by a reader whose memory cgroup is limited to
@@ -59,7 +59,7 @@ from tests/python/gen.py, tensors in name order like real writers) and take ~17 
 default 5 repetitions, plus up to a minute to fault in free memory (tests/bench/guest_memory.py:
 the VM's free page reporting is turned off for the run, so that a pass's speed does not depend on
 which memory the host took back; restored at the end).  Generated
-models are kept in --data and copied onto the RAM device for each point.  When tierfs's stats list
+models are kept in --data and copied onto the RAM device for each part.  When tierfs's stats list
 files with a `mode`, each row shows the mode the file was served in.  Writes
 tests/bench/acceptance-results.md and .json (or --out) with the command, date, machine, binary hash
 and load averages.  A benchmark reports; it asserts nothing.  Needs root.
@@ -90,7 +90,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "tests" / "python"))
 sys.path.insert(0, str(HERE))
-import bench  # noqa: E402
+import read_patterns as bench  # noqa: E402
 import gen  # noqa: E402
 import gen_gguf  # noqa: E402
 import guest_memory  # noqa: E402
@@ -99,9 +99,9 @@ import sources  # noqa: E402
 MiB, GiB = 1 << 20, 1 << 30
 SLOW_BPS = 1_000_000_000
 DAEMON_OVERHEAD = 64 * MiB
-WARMUP_GROUPS = 2  # point 3: (other) + the first block: nothing can be read ahead of them cold
+WARMUP_GROUPS = 2  # part 3: (other) + the first block: nothing can be read ahead of them cold
 
-# The goals of the benchmark's points.
+# The goals of the benchmark's parts.
 GOAL_COLD_FITS, GOAL_COLD_FAST, GOAL_WARM, GOAL_COLD_QUARTER = 0.95, 0.8, 0.8, 0.9
 GOAL_DISK_COMFY, GOAL_DISK_SEQ, GOAL_WASTED = 1.15, 1.05, 0.05
 GOAL_STALL_PP = 5.0
@@ -111,10 +111,10 @@ GOAL_REPEAT_SPEEDUP, GOAL_REPEAT_DISK = 1.5, 1.15
 # Sizes: (default, --quick).
 SIZES = {
     "p1_file": (int(1.5 * GiB), 320 * MiB),
-    # point 3: (dim, ffn, blocks, budget) per case; bf16 block bytes = 2 * (8 dim^2 + 2 dim ffn)
+    # part 3: (dim, ffn, blocks, budget) per case; bf16 block bytes = 2 * (8 dim^2 + 2 dim ffn)
     "p3_big": ((2560, 10240, 10, 1 * GiB), (1280, 5120, 12, 256 * MiB)),      # ~210 MB / ~52 MB blocks
     "p3_small": ((1280, 5120, 60, 2 * GiB), (640, 2560, 48, 512 * MiB)),     # ~52 MB / ~13 MB blocks
-    # point 4's GGUF: Flux-shaped (dim, double blocks, single blocks), 1.38 GiB / 194 MiB,
+    # part 4's GGUF: Flux-shaped (dim, double blocks, single blocks), 1.38 GiB / 194 MiB,
     # no larger than p1_file so the RAM device's size does not change
     "p4_gguf": ((3072, 3, 6), (1536, 2, 2)),
 }
@@ -125,7 +125,7 @@ SHARD_STEM, N_SHARDS = "diffusion_pytorch_model", 4
 
 # ----------------------------------------------------------------------------- pure helpers (unit-tested)
 
-# Idle time before every timed cold load of point 1 (see Run.cold_start): past the 0.3 s after
+# Idle time before every timed cold load of part 1 (see Run.cold_start): past the 0.3 s after
 # which the throttle's head start no longer grew in the measurement quoted there.
 COLD_IDLE_S = 0.5
 
@@ -133,7 +133,7 @@ COLD_IDLE_S = 0.5
 def parse_only(s: str) -> list[int]:
     pts = sorted({int(x) for x in s.split(",") if x.strip()})
     if not pts or not set(pts) <= {1, 2, 3, 4, 5}:
-        raise argparse.ArgumentTypeError(f"--only: points are 1-5, got {s!r}")
+        raise argparse.ArgumentTypeError(f"--only: parts are 1-5, got {s!r}")
     return pts
 
 
@@ -146,7 +146,7 @@ def judge(value: float, op: str, goal: float) -> str:
 
 
 def loader_reps(name: str, reps: int) -> int:
-    """Repetitions of a loader's point-1 cases: `reps`, but at least 5 for runai even when fewer
+    """Repetitions of a loader's part-1 cases: `reps`, but at least 5 for runai even when fewer
     are asked for. Before guest memory was held steady (guest_memory.py) its single passes
     ranged over 0.54-1.27 s on both sides in one run, and with 3 repetitions the median of its
     warm row flipped between 0.71 and 1.76 from one run to the next; with steady memory its
@@ -389,7 +389,7 @@ def loaders_table() -> dict:
     }
 
 
-# The model a point-1 loader reads (stored_model keys), "p1" where not named here.  These loaders
+# The model a part-1 loader reads (stored_model keys), "p1" where not named here.  These loaders
 # run the cold cases only (COLD_CASES): cold ratios are what these models are judged on, and the warm
 # baseline pins one file's pages (bench.Pinned), not a sharded model's.
 LOADER_MODEL = {"gguf": "p4_gguf", "sharded": "p1_shards", "comfy_checkpoint": "p1_checkpoint"}
@@ -408,7 +408,7 @@ def loaders_by_model(names: list[str]) -> dict[str, list[str]]:
     return out
 
 
-# Point 1's rows: (case, tierfs key, baseline key, goal, goal text); the cold-only loaders get
+# Part 1's rows: (case, tierfs key, baseline key, goal, goal text); the cold-only loaders get
 # COLD_CASES, worded for a model that may be several files.
 ALL_CASES = (
     ("cold slow, budget ≥ file", "mount cold slow", "source cold slow", GOAL_COLD_FITS, "≥ 0.95"),
@@ -431,7 +431,7 @@ COLD_CASES = (
 BELOW_BUDGET_CASES = ("mount cold slow quarter", "mount cold fast quarter", "mount cold fast eighth")
 
 
-def point1_cases(name: str) -> tuple:
+def part1_cases(name: str) -> tuple:
     return ALL_CASES if loader_model(name) == "p1" else COLD_CASES
 
 
@@ -729,7 +729,7 @@ class Run:
         if modes:
             self.modes.setdefault(label, set()).update(modes)
 
-    def row(self, point: int, name: str, tierfs: str, base: str, value: float, op: str, goal: float | None,
+    def row(self, part: int, name: str, tierfs: str, base: str, value: float, op: str, goal: float | None,
             goal_text: str, mode_key: str | None = None, tie: float = 0.0) -> None:
         """`tie`: for a ">= 1.0" goal, a ratio this far below 1.0 is a tie ([`tie_tolerance`]),
         reported as "PASS (tie)"."""
@@ -737,7 +737,7 @@ class Run:
         if result == "FAIL" and op == ">=" and goal == 1.0 and value >= 1.0 - tie:
             result = f"PASS (tie, ±{tie * 100:.1f} %)"
         mode = ", ".join(sorted(self.modes.get(mode_key, ()))) if mode_key else ""
-        self.rows.append({"point": point, "name": name, "tierfs": tierfs, "baseline": base,
+        self.rows.append({"part": part, "name": name, "tierfs": tierfs, "baseline": base,
                           "ratio": f"{value:.2f}" if value == value else "n/a", "goal": goal_text,
                           "result": result, "mode": mode})
 
@@ -758,9 +758,9 @@ class Run:
         print(f"sources: fast {self.raw['fast']:.2f} GB/s, slow {slow:.2f} GB/s (throttle "
               f"{self.args.slow_bps / 1e9:.2f} GB/s) on {self.disk.kind} {self.disk.dev}", flush=True)
 
-    # -- point 1
-    def point1(self) -> None:
-        print("point 1: loaders, cold slow / cold fast / warm / cold slow with budget = file/4", flush=True)
+    # -- part 1
+    def part1(self) -> None:
+        print("part 1: loaders, cold slow / cold fast / warm / cold slow with budget = file/4", flush=True)
         table = loaders_table()
         names = self.args.loaders or list(table)
         size_of: dict[str, int] = {}
@@ -778,14 +778,14 @@ class Run:
                         with LoaderProc(name) as lp:
                             self.loader_rep(lp, name, f, full, quarter)
                     except Exception as e:  # noqa: BLE001 - one broken loader must not end the run
-                        self.details.append(f"- point 1, {name} failed: {str(e)[:400]!r}")
+                        self.details.append(f"- part 1, {name} failed: {str(e)[:400]!r}")
                         print(f"  FAILED: {e}", flush=True)
                         for m in list(reversed(bench._MOUNTS)):
                             m.close()
                         break
             what = (f"{len(gen.tensor_ranges(f))} tensors" if key == "p1" else
                     f"{len(model_files(f))} file(s): {', '.join(x.name for x in model_files(f))}")
-            self.details.append(f"- point 1 ({', '.join(group)}): model {f.relative_to(self.disk.mnt)} "
+            self.details.append(f"- part 1 ({', '.join(group)}): model {f.relative_to(self.disk.mnt)} "
                                 f"({size / GiB:.2f} GiB, {what}), budgets {full / MiB:.0f} MiB (≥ model) and "
                                 f"{quarter / MiB:.0f} MiB (model/4); median of {self.args.reps} repetitions ("
                                 f"runai {loader_reps('runai', self.args.reps)}); per "
@@ -793,7 +793,7 @@ class Run:
         for name in names:
             label = table[name][0]
             k = lambda case: f"p1 {name} {case}"  # noqa: E731
-            for case, mcase, scase, goal, text in point1_cases(name):
+            for case, mcase, scase, goal, text in part1_cases(name):
                 tm, ts = self.med(k(mcase)), self.med(k(scase))
                 gbs = lambda t: f"{t:.2f} ({size_of[name] / t / 1e9:.2f} GB/s)" if t > 0 else "n/a"  # noqa: E731
                 self.row(1, f"{label}: {case} (s)", gbs(tm), gbs(ts), time_ratio(ts, tm), ">=", goal, text,
@@ -812,12 +812,12 @@ class Run:
 
     @staticmethod
     def cold_start() -> None:
-        """Before every timed cold load of point 1, source and mount alike: caches dropped, then
+        """Before every timed cold load of part 1, source and mount alike: caches dropped, then
         the same idle time. The throttle lets a reader that starts after an idle gap through a
         little faster (1.5 GiB `dd` at 1.0 GB/s: 1.576-1.577 s right after another read,
-        1.541-1.553 s after 0.3-3 s idle), and the mount's passes used to start after mounting
-        (idle) while the source's started right after the previous load: a bias of ~2 % for
-        the mount, as large as the differences the slow-source rows are about."""
+        1.541-1.553 s after 0.3-3 s idle); without the same idle time, the mount's passes start
+        after mounting (idle) while the source's start right after the previous load: a bias of
+        ~2 % for the mount, as large as the differences the slow-source rows are about."""
         sources.drop_caches()
         time.sleep(COLD_IDLE_S)
 
@@ -842,7 +842,7 @@ class Run:
             m.close()
 
     def loader_rep(self, lp: LoaderProc, name: str, f: Path, full: int, quarter: int) -> None:
-        """One repetition of a loader's point-1 cases on the model `f` (a file or an index.json)."""
+        """One repetition of a loader's part-1 cases on the model `f` (a file or an index.json)."""
         k = lambda case: f"p1 {name} {case}"  # noqa: E731
         # An untimed load first: the first load in a fresh process pays one-time costs (lazy
         # imports, first faults of the loader's code) that the timed passes must not, least of
@@ -865,7 +865,7 @@ class Run:
             self.cold_start()
             self.rec(k("mount cold fast"), lp.load(self.on_mount(m, f)))
             self.note_model_modes(k("mount cold fast"), m, f)
-            if point1_cases(name) is COLD_CASES:
+            if part1_cases(name) is COLD_CASES:
                 return
             # One warm pass before the measured one, as the source gets below ("priming"): the
             # first pass over pages just read costs CPU that later passes do not pay, through the
@@ -881,7 +881,7 @@ class Run:
             self.note_modes(k("mount warm-k"), m, f.name)
             warm_disk = self.thr.read_bytes() - cg0
             if warm_disk > 0:
-                self.details.append(f"- point 1, {name}: the warm pass (no drop) read {warm_disk / MiB:.0f} MiB "
+                self.details.append(f"- part 1, {name}: the warm pass (no drop) read {warm_disk / MiB:.0f} MiB "
                                     "from disk (tierfs did not hold the whole file, or the loader reads "
                                     "with O_DIRECT: see the source's warm pass)")
             sources.drop_caches()
@@ -890,7 +890,7 @@ class Run:
             self.note_modes(k("mount warm"), m, f.name)
             drop_disk = self.thr.read_bytes() - cg0
             if drop_disk > 0:
-                self.details.append(f"- point 1, {name}: after drop_caches the warm pass read {drop_disk / MiB:.0f} "
+                self.details.append(f"- part 1, {name}: after drop_caches the warm pass read {drop_disk / MiB:.0f} "
                                     "MiB from disk (what tierfs held was page cache, e.g. a passthrough file, or the "
                                     "loader reads with O_DIRECT)")
         finally:
@@ -904,19 +904,19 @@ class Run:
         # io_uring) bypasses the page cache the file is pinned in: its "warm" baseline is the
         # device, read in full on every pass, and so is its pass through a passthrough mount.
         if src_disk > 0:
-            self.details.append(f"- point 1, {name}: the source's warm pass read {src_disk / MiB:.0f} MiB from disk "
+            self.details.append(f"- part 1, {name}: the source's warm pass read {src_disk / MiB:.0f} MiB from disk "
                                 "although the file was pinned in the page cache (the loader bypasses it: "
                                 "O_DIRECT), so this row's baseline is the device's speed")
 
     def drop_all(self) -> None:
-        """Frees the RAM device after a point: models are copied back when needed (seconds)."""
+        """Frees the RAM device after a part: models are copied back when needed (seconds)."""
         for p in [*self.disk.mnt.glob("*.safetensors"), *self.disk.mnt.glob("*.gguf"),
                   *self.disk.mnt.glob(f"*-shards/{SHARD_STEM}.safetensors.index.json")]:
             self.drop(p)
 
-    # -- point 2
-    def point2(self) -> None:
-        print("point 2: disk bytes, budget = file/4, slow source", flush=True)
+    # -- part 2
+    def part2(self) -> None:
+        print("part 2: disk bytes, budget = file/4, slow source", flush=True)
         f = self.model("p1")
         size = f.stat().st_size
         budget = size // 4
@@ -962,12 +962,12 @@ class Run:
                      f"{size / 1e9:.2f} GB", disk / size, "<=", goal, f"≤ {goal}", mode_key=key)
             self.row(2, f"{label}: prefetch.wasted_bytes / file", f"{d['wasted'] / 1e6:.0f} MB", f"{size / 1e9:.2f} GB",
                      d["wasted"] / size, "<=", GOAL_WASTED, f"≤ {GOAL_WASTED}", mode_key=key)
-            self.details.append(f"- point 2, {label}: daemon /proc io read_bytes {d['proc'] / 1e6:.0f} MB, blkio "
+            self.details.append(f"- part 2, {label}: daemon /proc io read_bytes {d['proc'] / 1e6:.0f} MB, blkio "
                                 f"cgroup {d['cgroup'] / 1e6:.0f} MB, tierfs disk.read_bytes {d['stats'] / 1e6:.0f} MB, "
                                 f"prefetch issued {d['issued'] / 1e6:.0f} MB, wasted {d['wasted'] / 1e6:.0f} MB")
         self.drop_all()
 
-    # -- point 3
+    # -- part 3
     def plan(self, f: Path, tag: str, compute_per_byte: float) -> tuple[Path, list]:
         doc = {"groups": [dict(g, compute_s=compute_per_byte * sum(e - s for s, e in g["ranges"]))
                           for g in plan_groups(f)]}
@@ -980,8 +980,8 @@ class Run:
         """Stall share of a reader.py pass, %: read time outside the warm-up groups / pass time."""
         return 100 * sum(g["read_s"] for g in r["groups"][WARMUP_GROUPS:]) / r["total_s"]
 
-    def point3(self) -> None:
-        print("point 3: streaming with compute, slow source", flush=True)
+    def part3(self) -> None:
+        print("part 3: streaming with compute, slow source", flush=True)
         for key in ("p3_big", "p3_small"):
             self.drop_all()
             dim, ffn, blocks, budget = SIZES[key][self.q]
@@ -1011,7 +1011,7 @@ class Run:
                     cg0 = self.thr.read_bytes()
                     r = bench.run_reader(plan, m.mnt / f.name)
                     if self.thr.read_bytes() > cg0:
-                        self.details.append(f"- point 3, {f.name}: the pass from RAM read "
+                        self.details.append(f"- part 3, {f.name}: the pass from RAM read "
                                             f"{(self.thr.read_bytes() - cg0) / MiB:.0f} MiB from disk")
                     self.note_modes(k("mount RAM stall %"), m, f.name)
                     self.rec(k("mount RAM stall %"), self.stall(r), "%")
@@ -1039,15 +1039,15 @@ class Run:
                      mode_key=k("mount RAM cache-mode stall %"))
             self.row(3, f"blocks ~{block / 1e6:.0f} MB: stall % of the plain file read cold (report)",
                      f"{cold:.1f} %", f"{src:.1f} %", cold - src, "<=", None, "report")
-            self.details.append(f"- point 3, {f.name}: {size / GiB:.2f} GiB, {len(groups)} groups, block "
+            self.details.append(f"- part 3, {f.name}: {size / GiB:.2f} GiB, {len(groups)} groups, block "
                                 f"{block / 1e6:.0f} MB, budget {budget / MiB:.0f} MiB; slow raw {tput / 1e9:.2f} GB/s, "
                                 f"compute {self.args.compute_factor} x block disk time; warm-up groups not counted: "
                                 f"{', '.join(g['name'] for g in groups[:WARMUP_GROUPS])}")
             self.drop_all()
 
-    # -- point 4
-    def point4(self) -> None:
-        print("point 4: memory counted fully", flush=True)
+    # -- part 4
+    def part4(self) -> None:
+        print("part 4: memory counted fully", flush=True)
         self.slow(False)
         third = lambda size: size // 3  # noqa: E731 - a model 3 x the budget
         fits = lambda size: (size // (64 * MiB) + 2) * 64 * MiB  # noqa: E731
@@ -1069,7 +1069,7 @@ class Run:
         self.drop_all()
 
     def memory_case(self, label: str, f: Path, budget: int, readers: list[str]) -> None:
-        """Point 4, one case: the peak full memory count while `readers` stream the model `f`
+        """Part 4, one case: the peak full memory count while `readers` stream the model `f`
         (each of its files in turn: a sharded model shard by shard in index order)."""
         sources.drop_caches()
         m = self.mount(budget)
@@ -1103,18 +1103,18 @@ class Run:
                  f"{goal / MiB:.0f} MiB", peak["total"] / goal, "<=", 1.0,
                  "≤ 1.0 (1.1 × budget + 64 MiB)", mode_key=f"p4 {label}")
         self.details.append(
-            f"- point 4, {label}: {f.relative_to(self.disk.mnt)} ({model_bytes(f) / MiB:.0f} MiB in {len(files)} "
+            f"- part 4, {label}: {f.relative_to(self.disk.mnt)} ({model_bytes(f) / MiB:.0f} MiB in {len(files)} "
             f"file(s)); at the peak, daemon anon RSS {peak.get('anon', 0) / MiB:.0f} MiB, daemon shmem "
             f"{peak.get('shmem', 0) / MiB:.0f} MiB, mounted files' page cache {peak.get('mount_pc', 0) / MiB:.0f} MiB, "
             f"source page cache growth {peak.get('source_pc', 0) / MiB:.0f} MiB"
             + (f"; stats pinned_bytes {pinned / MiB:.0f} MiB" if pinned is not None else "")
             + (f"; {models_note(st)}" if is_index(f) else ""))
 
-    # -- point 5
-    def point5(self) -> None:
-        print("point 5: repeated passes, slow source", flush=True)
+    # -- part 5
+    def part5(self) -> None:
+        print("part 5: repeated passes, slow source", flush=True)
         if not (bench.CGROUP_MEM / "cgroup.procs").exists():
-            self.details.append("- point 5: no cgroup v1 memory controller: not measured")
+            self.details.append("- part 5: no cgroup v1 memory controller: not measured")
             self.row(5, "repeated passes", "n/a", "n/a", float("nan"), ">=", GOAL_REPEAT_SPEEDUP, "≥ 1.5")
             return
         budget = SIZES["p3_big"][self.q][3]
@@ -1134,7 +1134,7 @@ class Run:
         return text, s1
 
     def repeat_case(self, key: str, label: str, f: Path, budget: int) -> None:
-        """Point 5 for the model `f` (a file or a sharded model's index.json)."""
+        """Part 5 for the model `f` (a file or a sharded model's index.json)."""
         size = model_bytes(f)
         files = model_files(f)
         plan, _ = self.plan(f, f"repeat-{key}", 0.0)
@@ -1167,7 +1167,7 @@ class Run:
                     self.rec(k("tierfs pass s"), r["total_s"])
                     self.rec(k("tierfs pass disk GB"), mnt_disk[-1] / 1e9, "GB")
                     text, _ = self.pass_stats(m, s0)
-                    self.details.append(f"- point 5, {key} pass {i + 1}: {r['total_s']:.2f} s, {text}")
+                    self.details.append(f"- part 5, {key} pass {i + 1}: {r['total_s']:.2f} s, {text}")
                 for x in files:
                     self.note_modes(k("mode"), m, x.name)
                 facts = cgd.facts()
@@ -1186,7 +1186,7 @@ class Run:
         self.row(5, f"{label}disk bytes per later pass (max) / (model − budget)", f"{later / 1e9:.2f} GB",
                  f"{(size - budget) / 1e9:.2f} GB", later / (size - budget), "<=", GOAL_REPEAT_DISK,
                  f"≤ {GOAL_REPEAT_DISK}", mode_key=k("mode"))
-        self.details.append(f"- point 5, {key}: {f.relative_to(self.disk.mnt)} ({len(files)} file(s)), {passes} passes, "
+        self.details.append(f"- part 5, {key}: {f.relative_to(self.disk.mnt)} ({len(files)} file(s)), {passes} passes, "
                             f"no compute, caches dropped before pass 1 only; daemon cgroup limit "
                             f"{facts['limit'] / MiB:.0f} MiB, max usage {facts['max_usage'] / MiB:.0f} MiB, OOM kills "
                             f"{facts['oom_kills']}; disk goal {target / 1e9:.2f} GB" + (f"; {models}" if models else ""))
@@ -1229,7 +1229,7 @@ def machine(args, load0, binary: Path, disk: sources.RamDisk) -> dict:
 
 def render(cmd: str, elapsed: float, info: dict, raw: dict, run: Run) -> str:
     has_mode = any(r["mode"] for r in run.rows)
-    head = "| point | row | tierfs | baseline | ratio | goal | result |" + (" mode |" if has_mode else "")
+    head = "| part | row | tierfs | baseline | ratio | goal | result |" + (" mode |" if has_mode else "")
     sep = "|---|---|---:|---:|---:|---|---|" + ("---|" if has_mode else "")
     n_pass = sum(r["result"].startswith("PASS") for r in run.rows)
     n_tie = sum(r["result"].startswith("PASS (tie") for r in run.rows)
@@ -1255,11 +1255,11 @@ def render(cmd: str, elapsed: float, info: dict, raw: dict, run: Run) -> str:
             "spread, see `tie_tolerance` in the harness)" if n_tie else ""),
         "",
         head, sep,
-        *(f"| {r['point']} | {r['name']} | {r['tierfs']} | {r['baseline']} | {r['ratio']} | {r['goal']} | "
+        *(f"| {r['part']} | {r['name']} | {r['tierfs']} | {r['baseline']} | {r['ratio']} | {r['goal']} | "
           f"{r['result']} |" + (f" {r['mode'] or '—'} |" if has_mode else "") for r in run.rows),
         "",
-        "Ratios: point 1 and 5 times are baseline s / tierfs s (above 1: faster through the mount); point 2 disk",
-        "bytes / file size; point 3 percentage points above the RAM floor; point 4 peak / (1.1 × budget + 64 MiB).",
+        "Ratios: part 1 and 5 times are baseline s / tierfs s (above 1: faster through the mount); part 2 disk",
+        "bytes / file size; part 3 percentage points above the RAM floor; part 4 peak / (1.1 × budget + 64 MiB).",
         "",
         "Details:",
         "",
@@ -1277,15 +1277,15 @@ def main() -> int:
     ap.add_argument("--pass", dest="one", nargs=2, metavar=("NAME", "PATH"), help=argparse.SUPPRESS)
     ap.add_argument("--serve", help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="small files (< 6 min)")
-    ap.add_argument("--only", type=parse_only, default=[1, 2, 3, 4, 5], help="points to run, e.g. 1,3")
+    ap.add_argument("--only", type=parse_only, default=[1, 2, 3, 4, 5], help="parts to run, e.g. 1,3")
     ap.add_argument("--tierfs", type=Path, default=REPO / "target" / "release" / "tierfs")
     ap.add_argument("--reps", type=int, help="passes per case, median reported (default 1 quick, 5 otherwise)")
-    ap.add_argument("--passes", type=int, default=3, help="point 5 passes")
-    ap.add_argument("--loaders", help="point 1 loaders (default all): " + ",".join(
+    ap.add_argument("--passes", type=int, default=3, help="part 5 passes")
+    ap.add_argument("--loaders", help="part 1 loaders (default all): " + ",".join(
         ["safe_open_np", "safe_open_pt", "load_file", "comfy", "aimdo", "pread", "whole_read", "runai", "np_memmap",
          "gguf", "sharded", "comfy_checkpoint"]))
     ap.add_argument("--slow-bps", type=int, default=SLOW_BPS)
-    ap.add_argument("--compute-factor", type=float, default=1.35, help="point 3 compute / block disk time")
+    ap.add_argument("--compute-factor", type=float, default=1.35, help="part 3 compute / block disk time")
     ap.add_argument("--data", default="/var/tmp/tierfs-bench-data", help="generated models, kept and reused")
     ap.add_argument("--out", help="results (default tests/bench/acceptance-results.md + .json for a full run)")
     ap.add_argument("--prepare", action="store_true", help="only generate the models in --data (no root needed)")
@@ -1343,13 +1343,13 @@ def main() -> int:
                 run.raw_rates()
                 for p in args.only:
                     try:
-                        getattr(run, f"point{p}")()
-                    except Exception as e:  # noqa: BLE001 - a broken point is reported, the others run
+                        getattr(run, f"part{p}")()
+                    except Exception as e:  # noqa: BLE001 - a broken part is reported, the others run
                         import traceback
                         traceback.print_exc()
-                        run.rows.append({"point": p, "name": "(point failed)", "tierfs": type(e).__name__,
+                        run.rows.append({"part": p, "name": "(part failed)", "tierfs": type(e).__name__,
                                          "baseline": "", "ratio": "n/a", "goal": "", "result": "FAIL", "mode": ""})
-                        run.details.append(f"- point {p} failed: {str(e)[:500]!r}")
+                        run.details.append(f"- part {p} failed: {str(e)[:500]!r}")
                         for m in list(reversed(bench._MOUNTS)):
                             m.close()
                         for cg in list(reversed(bench._CGROUPS)):

@@ -31,7 +31,7 @@ norms, tensors in name order like real writers, so model order is not file order
    200-400 MB; budgets of half the model).  With 8 blocks of 128 MiB (a quarter of the budget
    each) later passes read up to 1.2 x (model - budget), the same for one unsharded file of
    those blocks (measured 2026-12-01: 524-615 MiB per pass for both);
-9. the same sharded model read shard by shard in index order by bench.py row 4's reader: each
+9. the same sharded model read shard by shard in index order by read_patterns.py row 4's reader: each
    tensor cut into 2 MiB pieces that 8 threads pread (no fadvise: the page cache keeps what it
    can, which is the baseline the repeated-pass goal is about).
 
@@ -49,7 +49,7 @@ Rows, per loader (each figure the median of --reps passes; ratio = source s / ti
   repeat (loaders 8 and 9, --repeat-passes N >= 2) - N passes over the sharded model with
           --small-budget (the model is about twice it), caches dropped before pass 1 only.
           Baseline: the source shards read by a loader process in a cgroup v1 memory cgroup
-          limited to the budget (its page cache is charged there, as in bench.py row 4).
+          limited to the budget (its page cache is charged there, as in read_patterns.py row 4).
           tierfs: the daemon in a cgroup of budget + 64 MiB, the loader in one like the
           baseline's.  Disk bytes per pass: tierfs .tierfs/stats disk.read_bytes; baseline the
           loader's /proc/self/io read_bytes.  Goals: pass time (median of passes 2..) source /
@@ -61,7 +61,7 @@ both.  Mount stats after the passes (disk bytes, hits, misses, invalidated page 
 recorded with the results.
 
 Writes tests/bench/loader-results.md (command, date, machine, binary, table, all passes) for a
-full run, or --out.  Reuses bench.py's helpers (mounts torn down on every exit path, the binary
+full run, or --out.  Reuses read_patterns.py's helpers (mounts torn down on every exit path, the binary
 copied at the start, machine facts).  Needs root (drop_caches, mount).
 """
 
@@ -221,7 +221,7 @@ def load_sharded(index: Path) -> int:
 
 def load_sharded_pread(index: Path) -> int:
     """`index` is the model's index.json: every shard in name order, each tensor (weight_map
-    order) read in 2 MiB pieces by 8 threads, as bench.py's reader does (no fadvise)."""
+    order) read in 2 MiB pieces by 8 threads, as read_patterns.py's reader does (no fadvise)."""
     weight_map = json.loads(index.read_text())["weight_map"]
     from reader import pread_exact
     local = __import__("threading").local()
@@ -309,7 +309,7 @@ def run_pass(loader: int, path: Path) -> tuple[float, float]:
 
 class Run:
     def __init__(self, args, root: Path):
-        import bench
+        import read_patterns as bench
         self.b = bench
         self.args, self.root = args, root
         self.src = Path(args.data) / "loaders"
@@ -492,7 +492,7 @@ def main() -> int:
     if args.one:
         one_pass(int(args.one[0]), Path(args.one[1]), args.cgroup)
         return 0
-    import bench
+    import read_patterns as bench
     args.budget, args.small_budget = bench.parse_size(args.budget), bench.parse_size(args.small_budget)
     args.loaders = sorted({int(x) for x in args.loaders.split(",") if x.strip()})
     if not set(args.loaders) <= set(LOADERS):

@@ -37,7 +37,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "tests" / "python"))
 sys.path.insert(0, str(HERE))
-import bench  # noqa: E402
+import read_patterns as bench  # noqa: E402
 import acceptance as I  # noqa: E402
 import sources  # noqa: E402
 

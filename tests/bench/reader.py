@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Block-order streaming reader used by bench.py (rows 3 and 4); one pass per process.
+"""Block-order streaming reader used by read_patterns.py (rows 3 and 4); one pass per process.
 
     reader.py PLAN.json FILE [FILE ...] [--cgroup /sys/fs/cgroup/memory/NAME] [--threads 8] [--piece 2MiB]
 

@@ -1,7 +1,7 @@
 """The pure helpers of tests/bench/acceptance.py and sources.py: parsing, goals, ratios.
 
 No devices, mounts or cgroups are created: the benchmark itself is not run here (it needs a
-quiet machine and ~25 minutes; see tests/bench/RESULTS.md)."""
+quiet machine and ~25 minutes; see tests/bench/read-patterns-results.md)."""
 
 from __future__ import annotations
 
@@ -145,17 +145,17 @@ def test_reader_reads_a_sharded_plan(tmp_path):
     assert len(out["groups"]) == len(acceptance.plan_groups(index))
 
 
-def test_point1_loaders_by_model_and_cases():
+def test_part1_loaders_by_model_and_cases():
     """The GGUF and sharded loaders read their own models and run the cold cases only; the others the
-    point-1 file and every case."""
+    part-1 file and every case."""
     table = acceptance.loaders_table()
     assert {"gguf", "sharded", "comfy_checkpoint"} <= set(table)
     assert acceptance.loaders_by_model(["comfy", "comfy_checkpoint"]) == {"p1": ["comfy"], "p1_checkpoint": ["comfy_checkpoint"]}
-    assert acceptance.point1_cases("comfy_checkpoint") == acceptance.COLD_CASES
+    assert acceptance.part1_cases("comfy_checkpoint") == acceptance.COLD_CASES
     assert acceptance.loaders_by_model(["comfy", "gguf", "sharded", "pread"]) == {
         "p1": ["comfy", "pread"], "p4_gguf": ["gguf"], "p1_shards": ["sharded"]}
-    assert acceptance.point1_cases("gguf") == acceptance.point1_cases("sharded") == acceptance.COLD_CASES
-    assert acceptance.point1_cases("comfy") == acceptance.ALL_CASES
+    assert acceptance.part1_cases("gguf") == acceptance.part1_cases("sharded") == acceptance.COLD_CASES
+    assert acceptance.part1_cases("comfy") == acceptance.ALL_CASES
     assert [c[1] for c in acceptance.COLD_CASES] == ["mount cold slow", "mount cold fast", "mount cold slow quarter",
                                                   "mount cold fast quarter", "mount cold fast eighth"]
     assert {c[1] for c in acceptance.COLD_CASES} <= {c[1] for c in acceptance.ALL_CASES}
@@ -165,7 +165,7 @@ def test_point1_loaders_by_model_and_cases():
 
 @pytest.mark.timeout(60)
 def test_gguf_and_sharded_passes_read_every_tensor(tmp_path):
-    """`--pass gguf` and `--pass sharded` (the child processes point 1 times) read every tensor
+    """`--pass gguf` and `--pass sharded` (the child processes part 1 times) read every tensor
     byte of a small GGUF and of a small sharded model."""
     import json
     import subprocess

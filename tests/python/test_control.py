@@ -3,8 +3,8 @@
 The control file is write-only for the mounting user (mode 0200), takes one command per
 ``write()`` (a trailing newline is fine), and answers anything else with ``EINVAL`` while leaving
 the daemon, the budget and the cache exactly as they were. The rest of the mount stays read-only
-(``EROFS``); the mount no longer carries the kernel's ``ro`` flag, so the write paths are
-re-checked here.
+(``EROFS``); the mount cannot carry the kernel's ``ro`` flag (the control file takes writes),
+so the write paths are checked here.
 """
 
 from __future__ import annotations

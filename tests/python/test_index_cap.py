@@ -9,7 +9,7 @@ budget. Two hostile folders must keep the daemon's resident memory within its bo
 
 The bound checked is the RSS of the daemon after mounting, plus the cap, plus the chunk budget,
 plus `SLACK`, plus for the maximal headers one header being parsed (its buffer and parsed
-index exist before the table can evict for it): what the README states. The figures are
+index exist before the table can evict for it): what docs/MEMORY.md states. The figures are
 printed (`-s`).
 """
 

@@ -2,8 +2,8 @@
 core/src/source/slot.rs, core/src/models/open.rs).
 
 - A folder of 20 000 small `.safetensors`, each opened once through the mount, its header read
-  and closed (ComfyUI's LoRA scan): no open ever fails (the daemon used to keep three source
-  descriptors per file ever opened and ran out at its limit, answering EMFILE), every header is
+  and closed (ComfyUI's LoRA scan): no open ever fails (a daemon keeping three source
+  descriptors per file ever opened would run out at its limit and answer EMFILE), every header is
   bit-exact, and the daemon's descriptor count stays far below its limit, also with the
   daemon's limit lowered to 1024.
 - A model deleted or replaced in SOURCE while it is read and after it was read, in chunk-cache

@@ -204,7 +204,7 @@ def test_truncated_mid_read(mount, fault_src, model_bytes, regrow):
             assert r.fatal is None, f"reader {i}: {r.fatal} (errors {r.errors[:5]})"
             assert all(e == errno.EIO for _, e in r.errors), f"reader {i}: errors {r.errors[:5]}"
             if not regrow:
-                # EIO is allowed anywhere by the contract, but a chunk (<= 4 MiB, README) that lies
+                # EIO is allowed anywhere by the contract, but a chunk (<= 4 MiB, docs/ARCHITECTURE.md) that lies
                 # wholly below the new size still reads fine from disk: only reads within 4 MiB of
                 # the new end (whose chunk straddles it) or past it may fail.
                 low = [(o, e) for o, e in r.errors if o + MiB <= new_size - 4 * MiB]

@@ -10,8 +10,8 @@ swapped between a readable and a secret target while it opens the file again and
 Every read row is tried twice by the user: through the mount, and by the same path through
 SOURCE itself. The rule is that both give the same answer (same bytes, or a refusal), and each
 row also states the answer expected. The table (tried / expected / through SOURCE / through
-the mount) is written to ``security-table.md`` in the test session directory and printed; the
-README's Reliability section carries a copy.
+the mount) is written to ``security-table.md`` in the test session directory and printed;
+docs/SECURITY.md carries a copy.
 """
 
 from __future__ import annotations

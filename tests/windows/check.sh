@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Windows checks (README, "Windows"), run by tests/run.sh on every CI run:
+# The Windows checks (docs/WINDOWS.md), run by tests/run.sh on every CI run:
 #  1. tierfs-core's unit tests built for x86_64-pc-windows-gnu (mingw-w64) and run under wine64
 #     (tests/windows/wine-runner.sh is cargo's runner for that target, .cargo/config.toml);
 #  2. the WinFsp front end (winfs/) type-checked and clippy-clean for that target, against

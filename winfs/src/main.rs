@@ -8,7 +8,7 @@
 //! answers WinFsp's requests through it, and `mount` runs the WinFsp host. The first three are
 //! plain Rust, tested on any platform; the last two exist only on Windows.
 //!
-//! What this front end was checked against is stated in the README ("Windows"): it compiles
+//! What this front end was checked against is stated in docs/WINDOWS.md: it compiles
 //! and passes clippy for `x86_64-pc-windows-gnu`; it has not been run against a real WinFsp.
 
 #[cfg(windows)]
@@ -27,7 +27,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use tierfs_core::size::parse_size;
+use tierfs_core::cli::{BudgetArgs, CtlArgs, StateArgs};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -47,31 +47,18 @@ enum Command {
     Mount {
         source: PathBuf,
         mountpoint: String,
-        /// RAM cache budget: 512MiB, 16GiB, 8G or bytes [default: a quarter of RAM].
-        #[arg(long, value_parser = parse_size_arg)]
-        ram_cache: Option<u64>,
+        #[command(flatten)]
+        budget: BudgetArgs,
         /// Threads serving WinFsp requests.
         #[arg(long, default_value_t = 8)]
         threads: u32,
-        /// Where learned block orders are kept across remounts [default: %LOCALAPPDATA%\tierfs].
-        #[arg(long)]
-        state_dir: Option<PathBuf>,
-        /// Do not keep learned block orders across remounts.
-        #[arg(long, conflicts_with = "state_dir")]
-        no_state: bool,
+        #[command(flatten)]
+        state: StateArgs,
     },
     /// Send a command to a mount's control file: ram-cache SIZE | drop | prefetch PATH.
-    Ctl {
-        mountpoint: PathBuf,
-        #[arg(required = true, num_args = 1.., trailing_var_arg = true)]
-        command: Vec<String>,
-    },
+    Ctl(CtlArgs),
     /// Print a mount's live statistics (the JSON of MOUNTPOINT\.tierfs\stats).
     Stats { mountpoint: PathBuf },
-}
-
-fn parse_size_arg(text: &str) -> Result<u64, String> {
-    parse_size(text).map_err(|e| e.to_string())
 }
 
 fn main() -> ExitCode {
@@ -96,17 +83,14 @@ fn run(command: Command) -> Result<(), String> {
         Command::Mount {
             source,
             mountpoint,
-            ram_cache,
+            budget: BudgetArgs { ram_cache },
             threads,
-            state_dir,
-            no_state,
-        } => mount_command(source, mountpoint, ram_cache, threads, state_dir, no_state),
-        Command::Ctl {
-            mountpoint,
-            command,
-        } => {
-            let file = mountpoint.join(path::CONTROL_DIR).join("control");
-            std::fs::write(&file, command.join(" ")).map_err(|e| format!("{}: {e}", file.display()))
+            state,
+        } => mount_command(source, mountpoint, ram_cache, threads, state),
+        Command::Ctl(ctl) => {
+            let file = ctl.mountpoint.join(path::CONTROL_DIR).join("control");
+            std::fs::write(&file, ctl.command_line())
+                .map_err(|e| format!("{}: {e}", file.display()))
         }
         Command::Stats { mountpoint } => {
             let file = mountpoint.join(path::CONTROL_DIR).join("stats");
@@ -124,14 +108,9 @@ fn mount_command(
     mountpoint: String,
     ram_cache: Option<u64>,
     threads: u32,
-    state_dir: Option<PathBuf>,
-    no_state: bool,
+    state: StateArgs,
 ) -> Result<(), String> {
-    let state_file = (!no_state).then(|| {
-        state_dir
-            .unwrap_or_else(mount::default_state_dir)
-            .join("orders.json")
-    });
+    let state_file = state.orders_file(mount::default_state_dir);
     mount::run(mount::MountRequest {
         source,
         mountpoint,
@@ -148,8 +127,7 @@ fn mount_command(
     _: String,
     _: Option<u64>,
     _: u32,
-    _: Option<PathBuf>,
-    _: bool,
+    _: StateArgs,
 ) -> Result<(), String> {
     Err("this is the Windows (WinFsp) front end; on Linux use the `tierfs` of fs/".into())
 }
@@ -173,7 +151,7 @@ mod tests {
             Command::Mount {
                 source,
                 mountpoint,
-                ram_cache,
+                budget: BudgetArgs { ram_cache },
                 ..
             } => {
                 assert_eq!(source, PathBuf::from("D:\\models"));

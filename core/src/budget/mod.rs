@@ -37,21 +37,11 @@
 //!   shrink below one reserve, grow only above two), counting budget not yet filled as used.
 //!   At the configured budget the limit is lifted.
 //!
-//! ## Measurements (`tests/python/test_pressure.py`, 2-core VM loaded by other builds)
-//! A desktop's scenario scaled down: a 1152 MiB memory cgroup holds the daemon with a full
-//! 768 MiB cache; a second process there touches 576 MiB (at about 800 MiB/s) and holds it.
-//! - Without the governor (main at 7852706) the kernel OOM-kills the daemon (`oom_kill 1`, the
-//!   daemon exits with SIGKILL, the mount is dead).
-//! - With it, the cgroup's peak usage was 1025 MiB of 1152 and its `failcnt` 0: usage stopped at
-//!   the threshold (limit − reserve = 1024 MiB), so the kernel never had to reclaim. The cache
-//!   gave back 393 MiB in 4 steps (budget 376 MiB) and grew back to 768 MiB 8.1 s after the
-//!   process exited ([`CALM`] plus [`GROW_EVERY`] steps).
-//! - A process that keeps growing: the cache shrinks to the 256 MiB floor (512 MiB given back),
-//!   then the kernel kills the process, not the daemon, even with `oom_score_adj` 0.
-//! - The watcher's cost on an idle mount: 70 ms of CPU in 20 s (0.35 % of a core).
-//! - No pressure, no cost: `tests/bench/bench.py --rows 4` (repeated passes over a 4 GiB model,
-//!   2 GiB budget, the daemon alone in a cgroup of budget + 64 MiB), before (7852706) and after
-//!   in one session: 2.15 and 2.15 GB read per pass, 1.25 and 1.24 s per pass.
+//! ## Measured
+//! `tests/python/test_pressure.py` (figures in docs/MEMORY.md): a 576 MiB allocation into a
+//! 1152 MiB cgroup holding a full 768 MiB cache succeeds (peak 1025 MiB, `failcnt` 0) where a
+//! daemon without the governor is OOM-killed; `tests/bench/read_patterns.py --rows 4`: no cost without
+//! pressure. The watcher costs 70 ms of CPU in 20 s on an idle mount (0.35 % of a core).
 
 pub mod probe;
 #[cfg(target_os = "linux")]

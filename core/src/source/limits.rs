@@ -7,8 +7,8 @@
 //! `select` (fuser reads `/dev/fuse` with blocking reads, everything else is threads), so at
 //! startup it raises its soft limit to the hard one, as systemd recommends for such programs:
 //! with 1024, readers holding 330 model files open at once would already exhaust it.
-//! Descriptors no longer grow with the files ever opened, so the raise is headroom for readers
-//! that hold many files open at once, not a fix for a leak.
+//! Descriptors do not grow with the files ever opened, so the raise is headroom for readers
+//! that hold many files open at once.
 
 use std::io;
 

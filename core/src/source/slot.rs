@@ -1,11 +1,14 @@
 //! The source descriptors of one file version, open only while someone uses them.
 //!
+//! **Contract.** The daemon's descriptors are bounded by what readers hold open (three per open
+//! model file version), never by how many files were ever opened; a version nobody holds has no
+//! descriptor, so its disk space is freed as soon as SOURCE deletes it; and a reopen never reads
+//! another file than the version indexed.
+//!
 //! A [`SourceFile`] holds three descriptors (buffered, `O_DIRECT`, and a duplicate for page-cache
-//! advice). Holding them for every model file version the mount has ever indexed ran the daemon
-//! out of descriptors: reading the header of each of 20 000 small `.safetensors` in one folder
-//! (what ComfyUI's startup scan does with a large LoRA collection) failed after 6 661 files
-//! with `EMFILE`, returned to the reader for every later open. A descriptor of a deleted or
-//! replaced file also kept its disk space allocated for the life of the mount.
+//! advice). Kept for every version ever indexed, they would run the daemon out of descriptors:
+//! a header scan of 20 000 small `.safetensors` (ComfyUI's startup scan of a large LoRA
+//! collection) would fail with `EMFILE` after 6 661 files (`tests/python/test_lifecycle.py`).
 //!
 //! So a file version keeps only what identifies it (path and [`SourceIdentity`]) and a *weak*
 //! reference to its open descriptors. Whoever needs to read takes a strong one

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """tierfs benchmark: one command, one table of ratios measured in the same run.
 
-    sudo .venv/bin/python tests/bench/bench.py [--rows 1,2,3,4] [--reps 3] [--budget 3GiB]
+    sudo .venv/bin/python tests/bench/read_patterns.py [--rows 1,2,3,4] [--reps 3] [--budget 3GiB]
                                                [--stream-budget 2GiB] [--passes 3] [--reps4 2]
 
 Every figure is compared with a baseline measured in the same run (the disk is noisy); each
@@ -59,7 +59,7 @@ order, and nothing is written to the system's state dir.  The binary is copied a
 is recorded.  The machine may be shared: load averages at start and end are recorded.
 
 Prints the table (with PASS/FAIL vs each goal - a benchmark reports, it does not assert)
-and, for a full run (or with --out), writes tests/bench/RESULTS.md: command, date, machine,
+and, for a full run (or with --out), writes tests/bench/read-patterns-results.md: command, date, machine,
 binary, table, per-row details, all passes.  Generated checkpoints are kept in --data and
 reused.  Needs root (drop_caches, mount, cgroups).  Mounts and cgroups are removed on every
 exit path, Ctrl-C included.
@@ -506,7 +506,7 @@ class Bench:
         self.data = Path(args.data)
         self.src = self.data / "src"
         self.src.mkdir(parents=True, exist_ok=True)
-        self.passes: dict[str, list[float]] = {}      # key -> per-pass figures (for RESULTS.md)
+        self.passes: dict[str, list[float]] = {}      # key -> per-pass figures (for the results file)
         self.table: list[dict] = []
         self.details: list[str] = []
         self.hwms: list[int] = []
@@ -911,16 +911,16 @@ def main() -> int:
     ap.add_argument("--reps4", type=int, default=2, help="row 4 repetitions (each: baseline passes, then tierfs passes)")
     ap.add_argument("--data", default=os.environ.get("TIERFS_BENCH_DATA", "/tmp/tierfs-bench-data"),
                     help="where generated checkpoints are kept (reused across runs)")
-    ap.add_argument("--out", help="results file (default: tests/bench/RESULTS.md for a full run, none otherwise)")
+    ap.add_argument("--out", help="results file (default: tests/bench/read-patterns-results.md for a full run, none otherwise)")
     args = ap.parse_args()
     rows = sorted({int(x) for x in args.rows.split(",") if x.strip()})
     if not set(rows) <= {1, 2, 3, 4}:
         raise SystemExit(f"--rows: unknown row in {args.rows}")
     if os.geteuid() != 0:
-        raise SystemExit("bench.py needs root (drop_caches, mount, cgroups)")
+        raise SystemExit("read_patterns.py needs root (drop_caches, mount, cgroups)")
     if not os.access(TIERFS, os.X_OK):
         raise SystemExit(f"{TIERFS} missing: cargo build --release -p tierfs")
-    out = args.out or (str(HERE / "RESULTS.md") if rows == [1, 2, 3, 4] else None)
+    out = args.out or (str(HERE / "read-patterns-results.md") if rows == [1, 2, 3, 4] else None)
 
     def on_signal(signum, _frame):
         raise KeyboardInterrupt(f"signal {signum}")
@@ -965,7 +965,7 @@ def main() -> int:
         cleanup(root)
     elapsed = time.monotonic() - t0
 
-    cmd = "sudo .venv/bin/python tests/bench/bench.py " + " ".join(shlex.quote(x) for x in sys.argv[1:])
+    cmd = "sudo .venv/bin/python tests/bench/read_patterns.py " + " ".join(shlex.quote(x) for x in sys.argv[1:])
     files = []
     if {1, 2} & set(rows):
         c = b.ckpt2()
@@ -976,7 +976,7 @@ def main() -> int:
         files.append(f"rows 3-4: {c.name}, {c.stat().st_size / GiB:.2f} GiB, {len(gen.tensor_ranges(c))} tensors, "
                      f"--ram-cache {args.stream_budget / GiB:g} GiB")
     lines = [
-        "# tierfs benchmark results",
+        "# Read patterns benchmark results (`tests/bench/read_patterns.py`)",
         "",
         "(The acceptance benchmark: loaders on a fast and a throttled slow source: `sudo .venv/bin/python",
         "tests/bench/acceptance.py [--quick]`, results in tests/bench/acceptance-results.md.)",

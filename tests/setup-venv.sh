@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Makes .venv, the Python environment of the end-to-end suite (tests/python) and the
+# benchmarks (tests/bench), and installs into it what they import: the suite's own needs
+# (numpy, safetensors, ml_dtypes, pytest, pytest-timeout, gguf) and the real loaders that
+# tests/python/test_loaders.py checks through a mount (torch, comfy-aimdo,
+# runai-model-streamer). tests/run.sh calls it when .venv lacks any of them; .ci/run calls it
+# on every run. Needs python3 with the venv module (Debian/Ubuntu: python3-venv).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { echo "== tests/setup-venv.sh: $*" >&2; }
+
+if [ ! -x .venv/bin/python ]; then
+    if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
+        log "python3 with the venv module is needed (Debian/Ubuntu: apt-get install python3-venv)"
+        exit 1
+    fi
+    log "creating .venv"
+    python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q numpy safetensors ml_dtypes pytest pytest-timeout gguf
+# The real loaders of tests/python/test_loaders.py (pinned: the versions checked against this
+# suite). torch is the registry's plain wheel: it pulls the CUDA runtime wheels (about 4 GB
+# installed; ~1.5 min on a fresh venv) and runs on CPU without a GPU; `--no-deps` does not
+# work, `import torch` needs those libraries. comfy-aimdo's ModelMMAP loads without a GPU too.
+.venv/bin/python -m pip install -q torch==2.15.0 comfy-aimdo==0.6.0 runai-model-streamer==0.17.1
