@@ -2,7 +2,7 @@
 //!
 //! Counters are plain relaxed atomics bumped on the read path; a snapshot reads them without
 //! stopping readers, so figures taken together may be a few operations apart, never wrong by
-//! more. The JSON shape is the public contract documented in the README ("Stats").
+//! more. The JSON shape is the public contract documented in docs/STATS.md.
 
 pub mod ops;
 

@@ -1,4 +1,4 @@
-//! The JSON document served at `MOUNTPOINT/.tierfs/stats` (schema in the README, "Stats"), by
+//! The JSON document served at `MOUNTPOINT/.tierfs/stats` (schema in docs/STATS.md), by
 //! both front ends (FUSE, WinFsp). A front end adds its own sections next to these (the FUSE
 //! front end: `modes` and `budget`) by flattening this document into its own.
 

@@ -1,4 +1,4 @@
-//! The JSON document served at `MOUNTPOINT/.tierfs/stats` (schema in the README, "Stats"): the
+//! The JSON document served at `MOUNTPOINT/.tierfs/stats` (schema in docs/STATS.md): the
 //! front-end-neutral document of [`tierfs_core::stats_doc`] plus what only the Linux daemon
 //! knows (which root-only modes are in force, and the budget governor).
 

@@ -53,7 +53,7 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "tests" / "python"))
 sys.path.insert(0, str(HERE))
 import acceptance  # noqa: E402
-import bench  # noqa: E402
+import read_patterns as bench  # noqa: E402
 import gen  # noqa: E402
 import guest_memory  # noqa: E402
 import sources  # noqa: E402

@@ -296,7 +296,7 @@ struct State {
 /// A block prefetch still working through the block the reader is in (the reader outran it)
 /// found such a chunk absent and read it again: it was needed only in the next pass, so it was
 /// evicted unread, wasted. Once chunks the reader was served in full were consumed at once
-/// ([`served`]), this was 260 chunks read twice in the first 3 passes of acceptance benchmark point 5
+/// ([`served`]), this was 260 chunks read twice in the first 3 passes of acceptance benchmark part 5
 /// (traced per chunk: every one evicted as consumed, reloaded by the block's prefetch 1–100 ms
 /// later). A prefetch of a chunk listed here for its owner's current visit is skipped.
 #[derive(Default)]

@@ -5,7 +5,7 @@
 //! once the reader had not got it for [`super::RECENTLY_READ`] (50 ms). A reader going through
 //! resident blocks at RAM speed reads a whole ~210 MB block within that window, so at its first
 //! miss nothing behind it looked consumed and the victims were the chunks of the *last* block
-//! of the order, still needed in the same pass. From the 4th of 8 passes on (acceptance benchmark point 5,
+//! of the order, still needed in the same pass. From the 4th of 8 passes on (acceptance benchmark part 5,
 //! 2.11 GB model through a 1 GiB budget) about 35 chunks a pass were read twice, 1.12–1.19 ×
 //! (model − budget) per pass instead of 1.01–1.02. A wall-clock window cannot fix it: 10 ms
 //! only delayed the creep, and treating every chunk behind the reader as consumed evicted the
@@ -24,7 +24,7 @@
 //! a chunk may be evicted and read again (never wrong bytes), which needs reads smaller than a
 //! granule arriving out of order.
 //!
-//! Measured (acceptance benchmark point 5, 8 passes, same session, `tests/bench/passes-results.md`): later
+//! Measured (acceptance benchmark part 5, 8 passes, same session, `tests/bench/passes-results.md`): later
 //! passes read 1.04–1.09 GB (max 1.03–1.05 × (model − budget)) where main read 1.14–1.17 GB
 //! (1.12–1.13 ×). This needs [`super::ConsumedEvictions`] too: alone, chunks consumed at
 //! once were read again by the block prefetch the reader had outrun (1.17–1.44 GB a pass).

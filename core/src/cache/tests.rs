@@ -373,7 +373,7 @@ fn unread_chunks_of_the_current_block_are_kept_from_prefetch() {
 }
 
 /// A chunk of the current block that the reader was served in full is consumed at once, without
-/// waiting out the recency guard; one it got only part of stays (acceptance benchmark point 5: a reader at
+/// waiting out the recency guard; one it got only part of stays (acceptance benchmark part 5: a reader at
 /// RAM speed went through whole blocks within the guard, and the last block of the order was
 /// evicted instead).
 #[test]
@@ -401,7 +401,7 @@ fn finished_chunks_of_the_current_block_go_first_at_once() {
 }
 
 /// A block prefetch that the reader outran does not read again a chunk evicted as consumed in
-/// the same visit (it would be evicted unread: acceptance benchmark point 5 traced 260 such reads in 3
+/// the same visit (it would be evicted unread: acceptance benchmark part 5 traced 260 such reads in 3
 /// passes); the reader itself still gets it.
 #[test]
 fn a_chunk_evicted_as_consumed_is_not_prefetched_again_in_the_same_visit() {

@@ -439,7 +439,7 @@ impl ModelFile {
     /// tensor — and evicted it again before the copies came. Its touches also landed inside
     /// the previous load's runs, which made them look like continued streams. The reload read
     /// 1.72× the file through a quarter budget, 650 MB of it prefetched for nothing (acceptance
-    /// benchmark, point 2). A stream still running in another process pays one
+    /// benchmark, part 2). A stream still running in another process pays one
     /// [`runs::STREAM_AFTER`] of probes to become a stream again.
     fn opened(&self) {
         self.runs.clear();
@@ -1121,7 +1121,7 @@ impl ModelStore {
     /// touches of its tensor views found them, and each touch entered the next block as
     /// predicted: prefetch swept the whole file ahead of the touches and evicted it again
     /// before the copies came, 1.72× the file read through a quarter budget, 650 MB of
-    /// prefetch wasted (acceptance benchmark, point 2, reload).
+    /// prefetch wasted (acceptance benchmark, part 2, reload).
     fn read_probe(&self, file: &ModelFile, offset: u64, end: u64) -> Result<ReadBytes, ReadError> {
         self.read_exact_uncached(file, offset, end, &self.counters().probe_bytes)
     }
@@ -1153,7 +1153,7 @@ impl ModelStore {
     /// 8 MiB-aligned pieces of each worker's range with io_uring, and the unaligned head of
     /// each range only after the rest. Through the chunk cache with a budget a quarter of the
     /// file, those heads' chunks were loaded whole, evicted while the loader read elsewhere,
-    /// and loaded again: 1769–1812 MiB read for a 1558 MiB file (acceptance benchmark, point 1, 0.86–0.93 of
+    /// and loaded again: 1769–1812 MiB read for a 1558 MiB file (acceptance benchmark, part 1, 0.86–0.93 of
     /// the plain file's speed on the 1 GB/s source). So when the file is larger than the chunk
     /// cache, which could not keep it for a next pass anyway, its `O_DIRECT` reads are served
     /// like probes: exactly the bytes asked for (from resident chunks when they hold them, else

@@ -441,7 +441,7 @@ fn tensor_touches_are_probes_and_prefetch_nothing() {
 /// ComfyUI loading a checkpoint again: the previous load streamed the file and left chunks
 /// resident (the start of the next pass, prefetched). The new load's tensor touches are still
 /// probes: those that find their chunk resident are served from it, and none enters a block
-/// or starts a prefetch (which swept the whole file ahead of the touches: acceptance benchmark, point 2).
+/// or starts a prefetch (which swept the whole file ahead of the touches: acceptance benchmark, part 2).
 #[test]
 fn a_reload_touching_resident_chunks_prefetches_nothing() {
     let (dir, bytes, exec, store, file) = opened_manual(48 << 20, 24 << 20, 12);
@@ -599,7 +599,7 @@ fn next_block_missing_after_walk(pause: bool) -> Vec<usize> {
 
 /// Blocks larger than an eighth of the budget, a reader that computes between blocks: it gets
 /// the whole next block ahead as soon as it enters a block, the block it is in not using up
-/// the lead (acceptance benchmark point 3: 210 MB blocks through a 1 GiB budget stalled 23 points above
+/// the lead (acceptance benchmark part 3: 210 MB blocks through a 1 GiB budget stalled 23 points above
 /// the pass from RAM when it did).
 #[test]
 fn a_computing_reader_gets_a_whole_large_block_ahead() {

@@ -104,7 +104,7 @@ const QUEUE_DEPTH: usize = 1024;
 /// Reading the source costs CPU where it is a RAM-backed device (the benchmark's zram copies
 /// every page in the reading thread) and on a small machine: on 2 cores, the prefetch of the
 /// next 210 MB block ran while the reader read the current one, and that read took 44 ms against
-/// 31 ms with nothing prefetching (tests/bench/acceptance.py point 3). With the lead deferred to the
+/// 31 ms with nothing prefetching (tests/bench/acceptance.py part 3). With the lead deferred to the
 /// reader's pauses ([`pace::ReaderPace::wait_until_paused`]), 3 passes each, same session: 53 MB
 /// blocks 3.2 points above the pass from RAM at nice 10 against 5.1 at nice 0 (210 MB blocks:
 /// 3.1 and 1.5, within the run-to-run spread).
@@ -215,12 +215,12 @@ impl Prefetcher {
         // - It does not when the next block is over an eighth of the budget and the reader
         //   computes between blocks ([`pace`]). With the current block counted, the one-block
         //   lead was used up by the block the reader is in, the next block was never queued,
-        //   and each block was read on demand: acceptance benchmark point 3 (210 MB blocks, 1 GiB budget,
+        //   and each block was read on demand: acceptance benchmark part 3 (210 MB blocks, 1 GiB budget,
         //   compute 1.35× the block's disk time) stalled 23.4 points above the pass from RAM.
         //   Taken for every reader (branch `lead-trial`), the whole-block lead cut that to
         //   2.0–6.4 points, but a reader that does not compute gains little from it (the disk
         //   is its bottleneck either way) and pays a block of resident set on every pass:
-        //   acceptance benchmark point 5 (8 passes, same model) read 1.14–1.16 × (model − budget) per later
+        //   acceptance benchmark part 5 (8 passes, same model) read 1.14–1.16 × (model − budget) per later
         //   pass against 1.13 (goal 1.15), and `dd bs=4k` of a name-sorted file, whose next
         //   block in the file is not the next in the order, read 1.10× the file.
         let budget = self.cache.budget();

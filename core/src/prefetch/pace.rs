@@ -6,7 +6,7 @@
 //! that time, and the reader finds it in memory. A reader that reads without pause (a loader
 //! copying weights, `cat`, a repeated pass with nothing to compute) is held back by the disk
 //! alone, the sequential read-ahead already keeps the disk busy for it, and a block held ahead
-//! is a block less of the resident set its later passes keep: acceptance benchmark point 5 (8 passes of a
+//! is a block less of the resident set its later passes keep: acceptance benchmark part 5 (8 passes of a
 //! 2 GB model of 210 MB blocks through a 1 GiB budget) read 1.14–1.16 × (model − budget) per
 //! later pass with the whole-block lead for every reader, 1.13 without (goal 1.15).
 //!
@@ -14,7 +14,7 @@
 //! ended, and the *reading time* is how long the reader took over the block it left, from
 //! entering it to the end of its last read. The reader computes if the pause is at least
 //! [`MIN_PAUSE`] and at least a quarter of the reading time ([`MIN_PAUSE_SHARE`]).
-//! - A streaming reader computing 1.2–1.5× a block's disk time (acceptance benchmark point 3) pauses
+//! - A streaming reader computing 1.2–1.5× a block's disk time (acceptance benchmark part 3) pauses
 //!   70–280 ms per 53–210 MB block at 1 GB/s, more than its reading time whether the block came
 //!   from disk or from memory.
 //! - A reader that does not compute pauses for the time between two requests: tens of
@@ -26,7 +26,7 @@
 //! until the reader pauses ([`ReaderPace::wait_until_paused`]: no read ended for [`IDLE`], at most
 //! [`MAX_DEFER`]), so that the source is read while the reader computes rather than while it
 //! reads: where reading the source costs CPU (a RAM-backed device, a small machine), the two no
-//! longer compete. Acceptance benchmark point 3 on 2 cores, same session, 3 passes each: with 53 MB blocks
+//! longer compete. Acceptance benchmark part 3 on 2 cores, same session, 3 passes each: with 53 MB blocks
 //! through a 2 GiB budget the cold pass stalled 5.7 points above the pass from RAM without the
 //! deferral and 3.2 with it, and the stall the disk adds (against the pass from RAM in the
 //! chunk cache) fell from 2.5 points to 0.6; with 210 MB blocks 3.7 → 3.1 (1.1 → −0.2). The
@@ -166,7 +166,7 @@ mod tests {
 
     #[test]
     fn a_reader_pausing_between_blocks_computes() {
-        // Point 3 of the acceptance benchmark: 210 MB read in 210 ms from disk, computed for 280 ms.
+        // Part 3 of the acceptance benchmark: 210 MB read in 210 ms from disk, computed for 280 ms.
         assert_eq!(walk(&ReaderPace::default(), 4, 210, 280), [true; 3]);
         // The same blocks found in memory: read in 70 ms.
         assert_eq!(walk(&ReaderPace::default(), 4, 70, 280), [true; 3]);
