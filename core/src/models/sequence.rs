@@ -51,7 +51,7 @@ impl Sequence {
     pub fn opened(&mut self, file: &Arc<ModelFile>) -> Option<(String, NextModel)> {
         let (prev, prev_key) = self.last_closed.take()?;
         let prev = prev.upgrade()?;
-        if prev.generation == file.generation {
+        if prev.generation == file.generation || same_model(&prev, file) {
             return None;
         }
         if self.next.len() >= MAX_SUCCESSORS && !self.next.contains_key(&prev.generation) {
@@ -78,8 +78,18 @@ impl Sequence {
         let next = next.upgrade().filter(|next| {
             next.handles.load(std::sync::atomic::Ordering::Acquire) == 0
                 && next.generation != file.generation
+                && !same_model(file, next)
         });
         Successor::Known(next)
+    }
+}
+
+/// Whether `a` and `b` are shards of one model (one block order, one reader): the model's own
+/// prefetch crosses from shard to shard, and a warm would rewind its reader mid-pass.
+fn same_model(a: &ModelFile, b: &ModelFile) -> bool {
+    match (&a.access, &b.access) {
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        _ => false,
     }
 }
 
