@@ -152,8 +152,9 @@ impl<B: Send + Sync> TierFs<B> {
         open_backing: &dyn Fn(File) -> io::Result<B>,
     ) -> Result<Opened<B>, FsError> {
         let entry = self.inodes.entry(ino).ok_or(FsError::NotFound)?;
-        let (rel, abs) = (entry.path.clone(), self.abs(&entry.path));
         let follow_links = acting.follow_links();
+        let rel = self.live_path(&entry, follow_links);
+        let abs = self.abs(&rel);
         self.check_acl(&rel, &acting)?;
         // The open, made as the requester (see `crate::access`), is the access check; what it
         // opened must be the object this inode stands for (else the kernel looks it up again),

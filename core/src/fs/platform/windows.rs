@@ -213,10 +213,15 @@ pub fn object_id(abs: &Path, meta: &Metadata, kind: Kind) -> io::Result<ObjectId
     file_object_id(&file, meta)
 }
 
-/// The source object open as `file`.
+/// The source object open as `file`. No birth time: NTFS's file index carries a sequence
+/// number of its own, so a recycled index is already another identity.
 pub fn file_object_id(file: &File, _meta: &Metadata) -> io::Result<ObjectId> {
     let identity = SourceIdentity::of_file(file)?;
-    Ok((identity.dev, identity.ino))
+    Ok(ObjectId {
+        dev: identity.dev,
+        ino: identity.ino,
+        born: 0,
+    })
 }
 
 /// The identity (version) of the open source file `file`.
@@ -245,6 +250,7 @@ pub fn attr_of(ino: u64, meta: &Metadata, kind: Kind) -> Attr {
     let mtime = time(meta.modified());
     Attr {
         ino,
+        generation: 0,
         size: meta.len(),
         blocks: meta.len().div_ceil(BLOCK) * (BLOCK / 512),
         atime: time(meta.accessed()),
