@@ -17,7 +17,10 @@
 //!     holds the same file generation (see `model_open_flags`). Every range a model read puts
 //!     in the kernel's page cache is recorded in a [`KernelCacheWindow`]; the ranges that fall
 //!     out of it go to the front end's invalidation queue (never invalidated on a request
-//!     thread, which could deadlock against a read holding the same pages locked).
+//!     thread, which could deadlock against a read holding the same pages locked). The page
+//!     cache is shared by all handles of the inode, so it holds one version: a fill through a
+//!     handle whose file was rewritten in place since it opened is the file as it is now, read
+//!     uncached (never the old version's in-memory header over the new data).
 //!   - other files go to the kernel with passthrough (Linux ≥ 6.9, root) where available,
 //!     else they are served with plain `pread`. The front end makes the kernel's backing object
 //!     (a callback of [`open`](TierFs::open)): this type only decides and keeps it alive (one
