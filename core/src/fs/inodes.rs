@@ -45,8 +45,9 @@
 //! generation treats its old inode as stale. The generation is derived from the birth time
 //! ([`generation_of`]), so a recycled source inode number, once its predecessor's number was
 //! forgotten and given again, comes back with another generation. Where the filesystem keeps
-//! no birth time (NFS, Windows) the generation is 0 and a recycled inode number cannot be told
-//! from the same object.
+//! no birth time (NFS, for one) the generation is 0 and a recycled inode number cannot be told
+//! from the same object. (On Windows, the birth time is the creation time and the inode number
+//! the file index.)
 //!
 //! **Lifetime of an entry.** Each entry counts the lookups the kernel was answered with
 //! (`lookup` replies, each one a reference the kernel holds until it sends `forget` for it) and
