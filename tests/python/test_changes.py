@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -104,3 +107,83 @@ def test_change_plain_file(mount, workdir):
     rewrite_plain_text(p, workdir)
     time.sleep(SETTLE)
     assert (m.mnt / "notes.txt").read_text() == "v2 " * 1000
+
+
+# Maps a file of the mount and waits: on "touch" it faults every page in (the kernel asks the
+# daemon through this process's handle), on "sha" it prints the sha256 of the whole mapping.
+MAPPED_READER = r"""
+import hashlib, mmap, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+mm = mmap.mmap(fd, os.fstat(fd).st_size, prot=mmap.PROT_READ)
+print("mapped", flush=True)
+for line in sys.stdin:
+    if line.strip() == "touch":
+        print(sum(mm[i] for i in range(0, len(mm), 4096)), flush=True)
+    elif line.strip() == "sha":
+        print(hashlib.sha256(mm[:]).hexdigest(), flush=True)
+"""
+
+
+class _MappedReader:
+    """A child process holding an mmap of `path` (a SIGBUS fails the test, not pytest)."""
+
+    def __init__(self, path):
+        self.proc = subprocess.Popen([sys.executable, "-c", MAPPED_READER, str(path)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.ask(None) == "mapped"
+
+    def ask(self, command):
+        if command is not None:
+            self.proc.stdin.write(command + "\n")
+            self.proc.stdin.flush()
+        line = self.proc.stdout.readline().strip()
+        assert line, f"mapped reader died (rc={self.proc.poll()}; -7 is SIGBUS)"
+        return line
+
+    def close(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.mark.timeout(120)
+def test_mmap_readers_never_see_two_versions_after_an_in_place_rewrite(mount, workdir):
+    """A model rewritten in place while an old handle keeps it mapped: once a new open read the
+    new version, the old mapping's page faults (through the old handle) refill the page cache
+    every handle of the inode shares. Neither the old mapping nor a reader opening after it may
+    see the old version's header (kept in the daemon's memory) over the new data."""
+    src = workdir / "src"
+    src.mkdir()
+    p = src / "model.safetensors"
+    _model(p, seed=1)
+    old = p.read_bytes()
+    n, _ = gen.read_header(p)
+    # Same size; the header (its metadata) and the data both differ.
+    header = old[8:8 + n]
+    assert b"tierfs-tests" in header
+    new = old[:8] + header.replace(b"tierfs-tests", b"TIERFS-TESTS") + bytes(b ^ 0x5A for b in old[8 + n:])
+    versions = {hashlib.sha256(old).hexdigest(): "old", hashlib.sha256(new).hexdigest(): "new"}
+    m = mount(src, "64MiB", extra=("--no-model-passthrough",))
+    mp = m.mnt / p.name
+    old_reader = _MappedReader(mp)
+    readers = [old_reader]
+    try:
+        assert versions.get(old_reader.ask("sha")) == "old"
+        with open(p, "r+b") as f:  # in place: same inode, same size
+            f.write(new)
+        _bump_mtime(p)
+        time.sleep(SETTLE)
+        with open(mp, "rb") as f:  # a new open: the new version, the page cache dropped
+            assert f.read() == new
+        seen = versions.get(old_reader.ask("sha"), "a mix of both")
+        assert seen in ("old", "new"), f"the old mapping, refilled after the rewrite, holds {seen}"
+        later = _MappedReader(mp)
+        readers.append(later)
+        old_reader.ask("touch")
+        seen = versions.get(later.ask("sha"), "a mix of both")
+        assert seen == "new", f"a mapping opened after the rewrite holds {seen}"
+        with open(mp, "rb") as f:
+            assert f.read() == new
+    finally:
+        for reader in readers:
+            reader.close()
+    assert m.alive()

@@ -27,6 +27,9 @@ impl Kind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Attr {
     pub ino: u64,
+    /// The generation of the object behind the number (see [`super::inodes`]); 0 for the
+    /// virtual files.
+    pub generation: u64,
     pub size: u64,
     pub blocks: u64,
     pub atime: SystemTime,

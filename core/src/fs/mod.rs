@@ -5,8 +5,9 @@
 //! front end would do the same against its own kernel interface.
 //!
 //! What this type owns:
-//! - **Inodes** ([`inodes`]): one number per (path, source object), counted references from the
-//!   kernel's lookups, pruned at `forget` / last release; numbers are never reused.
+//! - **Inodes** ([`inodes`]): one number per source object, derived from its device and inode
+//!   number in SOURCE (so stable for the mount, shared by hard links), counted references from
+//!   the kernel's lookups, pruned at `forget` / last release.
 //! - **Handles**: one per `open`/`opendir`, dropped at `release`/`releasedir`.
 //! - **The open policy** ([`open`](TierFs::open)):
 //!   - model files (`.safetensors`, `.sft`, `.gguf`) are served from the chunk cache, or, when
@@ -16,7 +17,10 @@
 //!     holds the same file generation (see `model_open_flags`). Every range a model read puts
 //!     in the kernel's page cache is recorded in a [`KernelCacheWindow`]; the ranges that fall
 //!     out of it go to the front end's invalidation queue (never invalidated on a request
-//!     thread, which could deadlock against a read holding the same pages locked).
+//!     thread, which could deadlock against a read holding the same pages locked). The page
+//!     cache is shared by all handles of the inode, so it holds one version: a fill through a
+//!     handle whose file was rewritten in place since it opened is the file as it is now, read
+//!     uncached (never the old version's in-memory header over the new data).
 //!   - other files go to the kernel with passthrough (Linux ≥ 6.9, root) where available,
 //!     else they are served with plain `pread`. The front end makes the kernel's backing object
 //!     (a callback of [`open`](TierFs::open)): this type only decides and keeps it alive (one
@@ -208,13 +212,15 @@ impl<B: Send + Sync> TierFs<B> {
     ) -> std::io::Result<TierFs<B>> {
         let (uid, gid) = platform::daemon_ids();
         let source_root = Arc::new(SourceRoot::open(&settings.source)?);
+        let source_meta = std::fs::metadata(&settings.source)?;
+        let source_dev = platform::object_id(&settings.source, &source_meta, Kind::Directory)?.dev;
         store.reach_source_through(source_root.clone());
         Ok(TierFs {
             access: AccessRule::new(settings.sharing),
             source_root,
             settings,
             store,
-            inodes: Inodes::default(),
+            inodes: Inodes::new(source_dev),
             handles: Handles::default(),
             window,
             invalidations,
@@ -296,9 +302,10 @@ impl<B: Send + Sync> TierFs<B> {
     pub fn readlink(&self, req: Requester, ino: u64) -> Result<PathBuf, FsError> {
         let acting = self.act_for(req)?;
         let entry = self.inodes.entry(ino).ok_or(FsError::NotFound)?;
-        self.check_acl(&entry.path, &acting)?;
+        let path = self.live_path(&entry, acting.follow_links());
+        self.check_acl(&path, &acting)?;
         self.source_root
-            .read_link(&entry.path, acting.follow_links())
+            .read_link(&path, acting.follow_links())
             .map_err(FsError::io("readlink"))
     }
 
@@ -480,8 +487,9 @@ impl<B: Send + Sync> TierFs<B> {
     /// it open, and must not shrink or refill an old mapping from the new file.
     fn source_attr(&self, ino: u64, acting: &Acting) -> Result<(Attr, Duration), FsError> {
         let entry = self.inodes.entry(ino).ok_or(FsError::NotFound)?;
-        self.check_acl(&entry.path, acting)?;
-        match present_object(&self.source_root, &entry.path, acting.follow_links()) {
+        let path = self.live_path(&entry, acting.follow_links());
+        self.check_acl(&path, acting)?;
+        match present_object(&self.source_root, &path, acting.follow_links()) {
             Ok((object, meta, kind, via_link)) if entry.object.is_none_or(|o| o == object) => {
                 let attr = Attr::of_source(ino, &meta, kind);
                 self.inodes.remember(ino, attr);
@@ -500,6 +508,19 @@ impl<B: Send + Sync> TierFs<B> {
         }
     }
 
+    /// The path of `entry` to reach its object by: of the paths it was met at (hard links have
+    /// several, see [`inodes`]), the most recent one that still presents the object, else the
+    /// most recent one.
+    fn live_path(&self, entry: &inodes::Entry, follow_links: bool) -> PathBuf {
+        let (Some(object), [first, _, ..]) = (entry.object, entry.paths.as_slice()) else {
+            return entry.path().to_owned();
+        };
+        let presents = |path: &&PathBuf| {
+            present_object(&self.source_root, path, follow_links).is_ok_and(|(o, ..)| o == object)
+        };
+        entry.paths.iter().find(presents).unwrap_or(first).clone()
+    }
+
     /// Looks `rel` up in SOURCE: the object there, presented, and its entry's timeout.
     fn present(&self, rel: &Path, acting: &Acting) -> Result<(ObjectAttr, Duration), FsError> {
         let (object, meta, kind, via_link) =
@@ -512,6 +533,7 @@ impl<B: Send + Sync> TierFs<B> {
     fn virtual_attr(&self, ino: u64, kind: Kind, perm: u16) -> Attr {
         Attr {
             ino,
+            generation: 0,
             size: 0,
             blocks: 0,
             atime: self.started,
@@ -544,8 +566,10 @@ impl<B: Send + Sync> TierFs<B> {
                 _ => Err(FsError::NotFound),
             };
         }
-        let parent_path = self.inodes.entry(parent).ok_or(FsError::NotFound)?.path;
-        let rel = parent_path.join(plain_name(name)?);
+        let parent = self.inodes.entry(parent).ok_or(FsError::NotFound)?;
+        let rel = self
+            .live_path(&parent, acting.follow_links())
+            .join(plain_name(name)?);
         self.check_acl(&rel, acting)?;
         let ((object, attr), ttl) = self.present(&rel, acting)?;
         let ino = self.inodes.looked_up(&rel, object, attr);
@@ -569,7 +593,8 @@ impl<B: Send + Sync> TierFs<B> {
             entries.push(entry(CONTROL_INO, Kind::File, "control"));
             return Ok((entries, Vec::new()));
         }
-        let rel = self.inodes.entry(ino).ok_or(FsError::NotFound)?.path;
+        let dir = self.inodes.entry(ino).ok_or(FsError::NotFound)?;
+        let rel = self.live_path(&dir, acting.follow_links());
         if ino == ROOT_INO {
             entries.push(entry(CONTROL_DIR_INO, Kind::Directory, CONTROL_DIR));
         }
@@ -605,19 +630,20 @@ impl<B: Send + Sync> TierFs<B> {
     /// to anyone else, and tells them where private files live.
     fn source_path(&self, ino: u64, acting: &Acting) -> Result<PathBuf, FsError> {
         let entry = self.inodes.entry(ino).ok_or(FsError::NoAttribute)?;
-        self.check_acl(&entry.path, acting)?;
         let follow = acting.follow_links();
-        match present_as(&self.source_root, &entry.path, follow) {
+        let path = self.live_path(&entry, follow);
+        self.check_acl(&path, acting)?;
+        match present_as(&self.source_root, &path, follow) {
             Ok((_, Kind::File, _)) => {}
             Ok(_) => return Err(FsError::NoAttribute),
             Err(e) => return Err(FsError::io("getxattr")(e)),
         }
         if self.access.sharing().is_shared() {
             self.source_root
-                .open_file(&entry.path, follow)
+                .open_file(&path, follow)
                 .map_err(|_| FsError::NoAttribute)?;
         }
-        Ok(self.abs(&entry.path))
+        Ok(self.abs(&path))
     }
 
     /// Carries out one control command; on error nothing has changed.

@@ -99,15 +99,16 @@ impl<B: Send + Sync> TierFs<B> {
             from_reader,
             o_direct,
         } = kind;
-        let (bytes, model) = self.ops().time(Op::Read, || {
-            self.read_handle(fh, offset, size, o_direct, !from_reader)
-        })?;
         // Which reads fill the mounted file's page cache: with `direct_io`, a `read()` goes
         // straight into the reader's buffer, and only `mmap` faults (kernel readahead) land in
         // the page cache. Recording direct reads in the window would only cost a needless
         // page-cache invalidation per range: about 15 % of warm `read()` throughput when
         // measured.
         let into_page_cache = !(self.direct_io_mmap && from_reader);
+        let (bytes, model) = self.ops().time(Op::Read, || {
+            let wants = (o_direct, !from_reader, into_page_cache);
+            self.read_handle(fh, offset, size, wants)
+        })?;
         if model && into_page_cache {
             for range in self.window.record(ino, offset, bytes.len() as u64) {
                 // The front end's notifier only stops when the mount does.
@@ -152,8 +153,9 @@ impl<B: Send + Sync> TierFs<B> {
         open_backing: &dyn Fn(File) -> io::Result<B>,
     ) -> Result<Opened<B>, FsError> {
         let entry = self.inodes.entry(ino).ok_or(FsError::NotFound)?;
-        let (rel, abs) = (entry.path.clone(), self.abs(&entry.path));
         let follow_links = acting.follow_links();
+        let rel = self.live_path(&entry, follow_links);
+        let abs = self.abs(&rel);
         self.check_acl(&rel, &acting)?;
         // The open, made as the requester (see `crate::access`), is the access check; what it
         // opened must be the object this inode stands for (else the kernel looks it up again),
@@ -349,17 +351,20 @@ impl<B: Send + Sync> TierFs<B> {
     }
 
     /// The bytes a `read` of handle `fh` answers, and whether they are a model file's (which
-    /// the kernel may keep in the mounted file's page cache: see `read`). `readahead`: the
-    /// kernel asks to fill the page cache, not for a reader's `read()`.
+    /// the kernel may keep in the mounted file's page cache: see `read`). `wants`: the reader
+    /// opened `O_DIRECT`; the kernel asks to fill the page cache (readahead), not for a
+    /// reader's `read()`; the bytes land in the page cache.
     fn read_handle(
         &self,
         fh: u64,
         offset: u64,
         size: u32,
-        o_direct: bool,
-        readahead: bool,
+        (o_direct, readahead, into_page_cache): (bool, bool, bool),
     ) -> Result<(ReadBytes, bool), FsError> {
         match &self.handles.get(fh)?.kind {
+            Handle::Model(model) if into_page_cache && superseded(model) => {
+                Ok((read_as_the_file_is_now(model, offset, size)?, true))
+            }
             Handle::Model(model) => Ok((
                 self.read_model(model.file(), offset, size, o_direct, readahead)?,
                 true,
@@ -403,6 +408,34 @@ impl<B: Send + Sync> TierFs<B> {
             e.into()
         })
     }
+}
+
+/// Whether the version a model handle opened is no longer what its file holds (rewritten in
+/// place). The inode's page cache is shared by every handle of it, so what a fill puts there
+/// must be the file as it is: the old version's header, kept in memory, over the file's new
+/// data would show readers of either version a mix of two.
+fn superseded(model: &OpenModel) -> bool {
+    model.source().changed_since_open().unwrap_or_else(|e| {
+        tracing::warn!(file = %model.path().display(), error = %e, "fstat of an open model failed");
+        false
+    })
+}
+
+/// A page-cache fill for a handle whose version was superseded: the file's bytes as they are
+/// now, read from its descriptor uncached, as a local `mmap` of the rewritten file would see.
+fn read_as_the_file_is_now(
+    model: &OpenModel,
+    offset: u64,
+    size: u32,
+) -> Result<ReadBytes, FsError> {
+    tracing::debug!(file = %model.path().display(), offset, size, "rewritten in place: page-cache fill served from the file as it is now");
+    let mut buf = vec![0u8; size as usize];
+    let filled = model
+        .source()
+        .read_at(&mut buf, offset)
+        .map_err(|e| FsError::io("read")(io::Error::other(e)))?;
+    buf.truncate(filled);
+    Ok(ReadBytes::Owned(buf))
 }
 
 fn pread_full(file: &File, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {

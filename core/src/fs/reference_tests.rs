@@ -1,8 +1,10 @@
 //! Reference-model property tests of [`TierFs`]: random sequences of filesystem operations
 //! (lookup, getattr, readdir, open, read, release, forget) interleaved with changes to SOURCE
-//! (write a new version, append in place, delete, rename, make a link), each answer checked
-//! against a model of SOURCE: bytes bit-exact, sizes, kinds, errnos, listings, inode numbers
-//! (stable per object, never reused) and the inode table's size after every step (pruning).
+//! (write a new version, append in place, delete, rename, make a symbolic or a hard link), each
+//! answer checked against a model of SOURCE: bytes bit-exact, sizes, kinds, errnos, listings,
+//! inode numbers (one per object for the whole case however often it was forgotten and pruned,
+//! never another object's, shared by hard links and by a link presented as its target, and the
+//! source's own `st_ino`) and the inode table's size after every step (pruning).
 //!
 //! The model knows every object SOURCE ever held (a file version, a link) by its own id. The
 //! test keeps a descriptor of each, so the disk cannot hand a freed inode number to a later
@@ -13,7 +15,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::{symlink, OpenOptionsExt};
+use std::os::unix::fs::{symlink, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::OnceLock;
 
@@ -101,6 +103,7 @@ enum Step {
     Delete(Index),
     Rename(Index, Index),
     Link(Index, Index),
+    HardLink(Index, Index),
 }
 
 fn content() -> impl Strategy<Value = Content> {
@@ -126,6 +129,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => i().prop_map(Step::Delete),
         1 => (i(), i()).prop_map(|(a, b)| Step::Rename(a, b)),
         1 => (i(), i()).prop_map(|(a, b)| Step::Link(a, b)),
+        1 => (i(), i()).prop_map(|(a, b)| Step::HardLink(a, b)),
     ]
 }
 
@@ -148,7 +152,8 @@ struct Shown {
 /// What the model expects of a live inode.
 #[derive(Debug, Clone)]
 struct Ino {
-    path: String,
+    /// Where it was met, most recent first (as `inodes::Entry::paths`).
+    paths: Vec<String>,
     object: usize,
     last: Shown,
     lookups: u64,
@@ -180,7 +185,9 @@ struct Model {
     objects: Vec<Vec<u8>>,
     tree: BTreeMap<String, Node>,
     inos: HashMap<u64, Ino>,
-    max_ino: u64,
+    /// The number each object was first given, and the object of each number.
+    numbers: HashMap<usize, u64>,
+    owners: HashMap<u64, usize>,
     handles: Vec<OpenFile>,
     /// A descriptor of every object made, so no inode number is reused within a case.
     keep: Vec<File>,
@@ -195,7 +202,7 @@ impl Model {
             fs::create_dir_all(fx.root().join(dir)).expect("mkdir");
         }
         let root = Ino {
-            path: String::new(),
+            paths: vec![String::new()],
             object: 0,
             last: Shown {
                 object: 0,
@@ -210,7 +217,8 @@ impl Model {
             objects: vec![Vec::new(); DIRS.len()],
             tree: BTreeMap::new(),
             inos: HashMap::from([(ROOT_INO, root)]),
-            max_ino: inodes::FIRST_SOURCE_INO - 1,
+            numbers: HashMap::new(),
+            owners: HashMap::new(),
             handles: Vec::new(),
             keep: Vec::new(),
             temp: 0,
@@ -278,8 +286,8 @@ impl Model {
         self.keep.push(file);
     }
 
-    /// Checks an answer for `(path, shown)` and records it: the same number while the
-    /// pair is live, a new one otherwise.
+    /// Checks an answer for `(path, shown)` and records it: an object keeps one number for the
+    /// whole case, and a live inode remembers where it was met.
     fn check_entry(
         &mut self,
         path: &str,
@@ -292,32 +300,75 @@ impl Model {
         if let (Some(expected), Some(size)) = (shown.size, size) {
             assert_eq!(size, expected, "{path}");
         }
-        let live = self
-            .inos
-            .iter()
-            .find(|(_, i)| i.path == path && i.object == shown.object)
-            .map(|(&ino, _)| ino);
-        match live {
-            Some(ino) => assert_eq!(got_ino, ino, "{path}: a live inode keeps its number"),
-            None => {
-                assert!(got_ino > self.max_ino, "{path}: number {got_ino} reused");
-                self.max_ino = got_ino;
-                if lookup {
-                    let fresh = Ino {
-                        path: path.to_owned(),
-                        object: shown.object,
-                        last: shown,
-                        lookups: 0,
-                        handles: 0,
-                    };
-                    self.inos.insert(got_ino, fresh);
+        self.check_number(path, shown, got_ino);
+        match self.inos.get_mut(&got_ino) {
+            Some(ino) => {
+                assert_eq!(ino.object, shown.object, "{path}: number {got_ino}");
+                if !ino.paths.iter().any(|p| p == path) && ino.paths.len() == 1 {
+                    self.tally.shared += 1;
                 }
+                ino.paths.retain(|p| p != path);
+                ino.paths.insert(0, path.to_owned());
+                ino.paths.truncate(inodes::MAX_PATHS);
+                ino.last = shown;
+                ino.lookups += u64::from(lookup);
+            }
+            None if lookup => {
+                let fresh = Ino {
+                    paths: vec![path.to_owned()],
+                    object: shown.object,
+                    last: shown,
+                    lookups: 1,
+                    handles: 0,
+                };
+                self.inos.insert(got_ino, fresh);
+            }
+            None => {}
+        }
+    }
+
+    /// The number of the object `path` shows: the one it had before, wherever it was met and
+    /// whatever was pruned since; no other object's; the source's own inode number.
+    fn check_number(&mut self, path: &str, shown: Shown, got: u64) {
+        match self.numbers.get(&shown.object) {
+            Some(&number) => {
+                assert_eq!(got, number, "{path}: object {} renumbered", shown.object);
+                self.tally.kept_after_prune += u64::from(!self.inos.contains_key(&got));
+            }
+            None => {
+                assert!(
+                    got >= inodes::FIRST_SOURCE_INO,
+                    "{path}: reserved number {got}"
+                );
+                if let Some(other) = self.owners.get(&got) {
+                    panic!(
+                        "{path}: number {got} of object {other} given to {}",
+                        shown.object
+                    );
+                }
+                self.numbers.insert(shown.object, got);
+                self.owners.insert(got, shown.object);
             }
         }
-        if let Some(ino) = self.inos.get_mut(&got_ino) {
-            ino.last = shown;
-            ino.lookups += u64::from(lookup);
+        let meta = match shown.kind {
+            Kind::Symlink => fs::symlink_metadata(self.abs(path)),
+            _ => fs::metadata(self.abs(path)),
+        };
+        let source_ino = meta.expect("stat SOURCE").ino();
+        if source_ino >= inodes::FIRST_SOURCE_INO {
+            assert_eq!(got, source_ino, "{path}: not the source's own number");
         }
+    }
+
+    /// The path inode `ino` reaches its object by: the most recent one that still shows it,
+    /// else the most recent one.
+    fn live_path(&self, ino: &Ino) -> String {
+        let shows = |p: &&String| self.shown(p).is_some_and(|s| s.object == ino.object);
+        ino.paths
+            .iter()
+            .find(shows)
+            .unwrap_or(&ino.paths[0])
+            .clone()
     }
 
     fn prune(&mut self, ino: u64) {
@@ -354,9 +405,17 @@ impl Model {
             Step::Open(i) => self.open(self.pick_ino(i)),
             Step::Read(h, offset, size) if !self.handles.is_empty() => {
                 let handle = h.get(&self.handles);
+                let now = &self.objects[handle.object];
+                // Model handles read the version they opened, but every read here fills the
+                // page cache the inode's handles share (the fixture's kernel has no `mmap` of
+                // `direct_io` files): once the file changed in place, it is the file as it is.
                 let content = match &handle.snapshot {
-                    Some(bytes) => bytes,
-                    None => &self.objects[handle.object],
+                    Some(bytes) if bytes == now => bytes,
+                    Some(_) => {
+                        self.tally.superseded_reads += 1;
+                        now
+                    }
+                    None => now,
                 };
                 // Up to a little past the end.
                 let start = offset.index(content.len() + 16);
@@ -417,7 +476,12 @@ impl Model {
             }
             Step::Rename(a, b) => {
                 let (from, to) = (a.get::<String>(&paths), b.get::<String>(&paths));
-                if from != to && self.tree.contains_key(from) {
+                let same_file = match (self.tree.get(from), self.tree.get(to)) {
+                    (Some(Node::File(x)), Some(Node::File(y))) => x == y,
+                    _ => false,
+                };
+                // rename(2) between two hard links of one file does nothing.
+                if from != to && self.tree.contains_key(from) && !same_file {
                     fs::rename(self.abs(from), self.abs(to)).expect("rename");
                     let node = self.tree.remove(from).expect("checked");
                     self.tree.insert(to.clone(), node);
@@ -431,6 +495,13 @@ impl Model {
                     let o = self.new_object(target.clone().into_bytes());
                     self.tree.insert(at.clone(), Node::Link(target, o));
                     self.keep_alive(at);
+                }
+            }
+            Step::HardLink(a, b) => {
+                let (at, target) = (a.get::<String>(&paths), b.get::<String>(&paths));
+                if let (None, Some(&Node::File(o))) = (self.tree.get(at), self.tree.get(target)) {
+                    fs::hard_link(self.abs(target), self.abs(at)).expect("link");
+                    self.tree.insert(at.clone(), Node::File(o));
                 }
             }
             Step::Read(..) | Step::Release(_) => {}
@@ -471,7 +542,7 @@ impl Model {
             .fs
             .getattr(me(), ino)
             .unwrap_or_else(|e| panic!("getattr {entry:?}: {e}"));
-        let expected = match self.shown(&entry.path) {
+        let expected = match self.shown(&self.live_path(&entry)) {
             Some(now) if now.object == entry.object => now,
             _ => {
                 self.tally.old_attrs += 1;
@@ -491,7 +562,7 @@ impl Model {
         let Some(ino) = self
             .inos
             .iter()
-            .find(|(_, i)| i.path == dir && i.last.kind == Kind::Directory)
+            .find(|(_, i)| i.paths[0] == dir && i.last.kind == Kind::Directory)
             .map(|(&ino, _)| ino)
         else {
             return; // not looked up (yet)
@@ -542,7 +613,8 @@ impl Model {
     fn open(&mut self, ino: u64) {
         let entry = self.inos[&ino].clone();
         let got = self.fx.open_ro(ino);
-        let now = self.shown(&entry.path);
+        let path = self.live_path(&entry);
+        let now = self.shown(&path);
         let expected_errno = match now {
             None => Some(libc::ENOENT),
             Some(now) if ino != ROOT_INO && now.object != entry.object => Some(libc::ESTALE),
@@ -558,7 +630,7 @@ impl Model {
             }
             (None, Ok(Opened::Served { fh, .. })) => {
                 let bytes = self.objects[entry.object].clone();
-                let snapshot = is_model_path(Path::new(&entry.path)).then_some(bytes);
+                let snapshot = is_model_path(Path::new(&path)).then_some(bytes);
                 self.handles.push(OpenFile {
                     fh,
                     ino,
@@ -610,6 +682,12 @@ struct Tally {
     old_attrs: u64,
     pruned: u64,
     listings: u64,
+    /// An inode met at a second path (a hard link, a link shown as its target).
+    shared: u64,
+    /// A number given again to its object after its inode was pruned.
+    kept_after_prune: u64,
+    /// Reads of a model handle whose file changed in place since it opened.
+    superseded_reads: u64,
 }
 
 #[test]
@@ -638,6 +716,9 @@ fn filesystem_answers_like_the_model_of_source() {
         total.old_attrs += t.old_attrs;
         total.pruned += t.pruned;
         total.listings += t.listings;
+        total.shared += t.shared;
+        total.kept_after_prune += t.kept_after_prune;
+        total.superseded_reads += t.superseded_reads;
         Ok(())
     });
     if let Err(e) = result {
@@ -648,7 +729,15 @@ fn filesystem_answers_like_the_model_of_source() {
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     eprintln!("reference model: {t:?}");
     let counts = [t.model_reads, t.plain_reads, t.stale_opens, t.missing_opens];
-    let counts = [counts.as_slice(), &[t.old_attrs, t.pruned, t.listings]].concat();
+    let more = [
+        t.old_attrs,
+        t.pruned,
+        t.listings,
+        t.shared,
+        t.kept_after_prune,
+        t.superseded_reads,
+    ];
+    let counts = [counts.as_slice(), &more].concat();
     assert!(
         counts.iter().all(|&n| n > 0),
         "some answers never came up: {t:?}"

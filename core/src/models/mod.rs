@@ -18,7 +18,9 @@
 //! those differ from the version already known, the file is re-indexed as a new version with a
 //! new generation number; the old version's chunks are dropped from the cache. Handles opened
 //! before the change keep reading the version (and the descriptor) they opened, so a reader
-//! that opens a file after it changed can never be served cached bytes of the old one.
+//! that opens a file after it changed can never be served cached bytes of the old one. (Except
+//! where the bytes land in the mounted file's page cache, which all handles share: there a
+//! file rewritten in place is served as it is now; see `crate::fs`'s read path.)
 //!
 //! **Descriptors.** A known version holds no descriptor of its own: an open handle
 //! ([`OpenModel`], from [`ModelStore::open_handle`]) holds its source descriptors, a read or a

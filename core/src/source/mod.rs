@@ -413,6 +413,12 @@ impl SourceFile {
         self.identity
     }
 
+    /// Whether the file open here is no longer this version (rewritten in place since it was
+    /// opened: another size or modification time); an `fstat` of the descriptor.
+    pub fn changed_since_open(&self) -> io::Result<bool> {
+        Ok(SourceIdentity::of_file(&self.advice)? != self.identity)
+    }
+
     /// A new descriptor of this very version (not of whatever the path holds now), with its own
     /// file state: default readahead, unlike the descriptors here, which advise random access.
     /// For FUSE passthrough, where the kernel reads through the descriptor it is given.

@@ -129,7 +129,7 @@ impl Filesystem for TierFs {
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.fs.lookup(requester(req), parent.0, name) {
-            Ok((attr, ttl)) => reply.entry(&ttl, &file_attr(&attr), Generation(0)),
+            Ok((attr, ttl)) => reply.entry(&ttl, &file_attr(&attr), Generation(attr.generation)),
             Err(e) => reply.error(errno(&e)),
         }
     }

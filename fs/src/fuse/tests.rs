@@ -37,6 +37,7 @@ fn errors_reach_the_kernel_as_the_core_maps_them() {
 fn attributes_carry_over_field_by_field() {
     let attr = Attr {
         ino: 77,
+        generation: 5,
         size: 1 << 33,
         blocks: 9,
         atime: UNIX_EPOCH + Duration::from_secs(1),

@@ -19,7 +19,7 @@ use crate::models::{ModelStore, OpenError, OpenModel};
 use crate::source::{SourceFile, SourceIdentity};
 
 use super::super::attr::{Attr, Kind};
-use super::super::inodes::ObjectId;
+use super::super::inodes::{generation_of, ObjectId};
 use super::super::StatFs;
 
 /// The `open(2)` flags [`TierFs::open`](crate::fs::TierFs::open) looks at.
@@ -56,12 +56,29 @@ pub fn daemon_ids() -> (u32, u32) {
 
 /// The source object `meta` (of `_abs`) stands for.
 pub fn object_id(_abs: &Path, meta: &Metadata, _kind: Kind) -> io::Result<ObjectId> {
-    Ok((meta.dev(), meta.ino()))
+    Ok(object_of(meta))
 }
 
 /// The source object open as `file` (`meta` its metadata).
 pub fn file_object_id(_file: &File, meta: &Metadata) -> io::Result<ObjectId> {
-    Ok((meta.dev(), meta.ino()))
+    Ok(object_of(meta))
+}
+
+/// Device, inode number and birth time (`statx`'s, where the filesystem keeps one).
+fn object_of(meta: &Metadata) -> ObjectId {
+    ObjectId {
+        dev: meta.dev(),
+        ino: meta.ino(),
+        born: born(meta),
+    }
+}
+
+/// Birth time in nanoseconds since the epoch, 0 if unknown.
+fn born(meta: &Metadata) -> u64 {
+    meta.created()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// The identity (version) of the open source file `file`.
@@ -88,6 +105,7 @@ pub fn kind_of(meta: &Metadata) -> Kind {
 pub fn attr_of(ino: u64, meta: &Metadata, kind: Kind) -> Attr {
     Attr {
         ino,
+        generation: generation_of(born(meta)),
         size: meta.size(),
         blocks: meta.blocks(),
         atime: time(meta.atime(), meta.atime_nsec()),

@@ -18,7 +18,7 @@ use crate::models::{ModelStore, OpenError, OpenModel};
 use crate::source::{SourceFile, SourceIdentity};
 
 use super::super::attr::{Attr, Kind};
-use super::super::inodes::ObjectId;
+use super::super::inodes::{generation_of, ObjectId};
 use super::super::StatFs;
 
 /// The `open` flags [`TierFs::open`](crate::fs::TierFs::open) looks at: Linux's values (the
@@ -213,10 +213,24 @@ pub fn object_id(abs: &Path, meta: &Metadata, kind: Kind) -> io::Result<ObjectId
     file_object_id(&file, meta)
 }
 
-/// The source object open as `file`.
-pub fn file_object_id(file: &File, _meta: &Metadata) -> io::Result<ObjectId> {
+/// The source object open as `file` (`meta` its metadata): volume serial number, file index
+/// and creation time (NTFS's file index carries a sequence number of its own, but other
+/// filesystems, and wine, recycle indexes).
+pub fn file_object_id(file: &File, meta: &Metadata) -> io::Result<ObjectId> {
     let identity = SourceIdentity::of_file(file)?;
-    Ok((identity.dev, identity.ino))
+    Ok(ObjectId {
+        dev: identity.dev,
+        ino: identity.ino,
+        born: born(meta),
+    })
+}
+
+/// Creation time in nanoseconds since the Unix epoch, 0 if unknown.
+fn born(meta: &Metadata) -> u64 {
+    meta.created()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// The identity (version) of the open source file `file`.
@@ -245,6 +259,7 @@ pub fn attr_of(ino: u64, meta: &Metadata, kind: Kind) -> Attr {
     let mtime = time(meta.modified());
     Attr {
         ino,
+        generation: generation_of(born(meta)),
         size: meta.len(),
         blocks: meta.len().div_ceil(BLOCK) * (BLOCK / 512),
         atime: time(meta.accessed()),
