@@ -814,12 +814,12 @@ impl ModelStore {
             Some(ModeReason::PassthroughOff)
         } else if file.is_malformed() {
             Some(ModeReason::Malformed)
+        } else if self.passthrough.is_competing(&identity) {
+            Some(ModeReason::Competes)
         } else if self.cache.cached_bytes(file.generation) > 0 {
             Some(ModeReason::AlreadyCached)
         } else if self.passthrough.admit(file.source.path(), &identity, room) {
             None
-        } else if self.passthrough.is_competing(&identity) {
-            Some(ModeReason::Competes)
         } else if room == 0 && shards::too_large(file, self.budget()) {
             Some(ModeReason::ModelLargerThanBudget)
         } else {
