@@ -94,6 +94,9 @@ pub fn default_floor(configured: u64) -> u64 {
 /// What the governor steers: the cache budget.
 pub trait BudgetTarget: Send + Sync {
     fn set_budget(&self, bytes: u64);
+    /// The floor in force, passed before each budget: a target that shares its budget with
+    /// other tiers keeps at least this much for its cache.
+    fn set_floor(&self, _bytes: u64) {}
     /// Bytes held now (resident chunks and reads in flight).
     fn used(&self) -> u64;
 }
@@ -112,6 +115,10 @@ impl BudgetTarget for ModelStore {
     fn set_budget(&self, bytes: u64) {
         // The store splits the budget between the chunk cache and passthrough files.
         ModelStore::set_budget(self, bytes);
+    }
+
+    fn set_floor(&self, bytes: u64) {
+        ModelStore::set_chunk_floor(self, bytes);
     }
 
     fn used(&self) -> u64 {
@@ -366,7 +373,9 @@ impl Governor {
             state.floor,
         );
         state.applied = effective;
+        let floor = state.floor;
         drop(state);
+        self.target.set_floor(floor);
         self.target.set_budget(effective);
     }
 

@@ -637,6 +637,9 @@ pub struct ModelStore {
     paths: std::sync::OnceLock<Arc<dyn PathAccess>>,
     /// Which model follows which ([`sequence`]).
     sequence: Mutex<sequence::Sequence>,
+    /// The chunk cache's share never goes below this (the governor's floor,
+    /// [`Self::set_chunk_floor`]), whatever passthrough files hold.
+    chunk_floor: AtomicU64,
 }
 
 impl ModelStore {
@@ -676,6 +679,7 @@ impl ModelStore {
             shards: shards::Registry::default(),
             paths: std::sync::OnceLock::new(),
             sequence: Mutex::new(sequence::Sequence::default()),
+            chunk_floor: AtomicU64::new(0),
         }
     }
 
@@ -783,11 +787,29 @@ impl ModelStore {
     /// Gives the chunk cache whatever part of the budget the passthrough tier does not hold.
     /// Called on every model open and close: a budget that did not change is left alone
     /// (`set_budget` takes the cache lock and wakes every waiting reader).
+    ///
+    /// The chunk cache keeps at least the floor ([`Self::set_chunk_floor`]): parked
+    /// passthrough files are dropped first, and files open by passthrough (whose page cache
+    /// their readers use) may then take the budget past it by what they reserve beyond
+    /// `budget − floor`. Without the floor, a text encoder open by passthrough under memory
+    /// pressure left the chunk cache nothing: every request read a whole chunk and threw it away.
     fn rebalance(&self) {
-        let chunk_budget = self.budget().saturating_sub(self.passthrough.held_bytes());
+        let budget = self.budget();
+        let floor = self.chunk_floor.load(Ordering::Relaxed).min(budget);
+        if budget.saturating_sub(self.passthrough.held_bytes()) < floor {
+            self.passthrough.make_room(budget, floor);
+        }
+        let chunk_budget = budget
+            .saturating_sub(self.passthrough.held_bytes())
+            .max(floor);
         if chunk_budget != self.cache.budget() {
             self.cache.set_budget(chunk_budget);
         }
+    }
+
+    /// The least the chunk cache keeps of the budget (the governor's `--ram-cache-min`).
+    pub fn set_chunk_floor(&self, bytes: u64) {
+        self.chunk_floor.store(bytes, Ordering::Relaxed);
     }
 
     /// Decides how a new open of `file` is served: passthrough if the caller can offer it and

@@ -910,3 +910,32 @@ fn the_next_model_is_remembered_across_remounts() {
     assert!(b.cached_bytes > 0, "b's head is warm: {b:?}");
     store.cache().check_accounting();
 }
+
+/// The floor holds for the chunk cache itself: a model open by passthrough that reserves most
+/// of the budget, and then memory pressure shrinking the budget below what it reserves, leave
+/// the chunk cache the floor, not nothing (every request would read a chunk and drop it).
+#[test]
+fn the_chunk_cache_keeps_the_floor_next_to_a_passthrough_file() {
+    let dir = tempfile::tempdir().unwrap();
+    checkpoint(dir.path(), "te.safetensors", 60 << 20, 31);
+    let store = Arc::new(ModelStore::new(64 << 20, SavedOrders::default()));
+    let target: Arc<dyn crate::budget::BudgetTarget> = store.clone();
+    let governor = crate::budget::Governor::new(target, 64 << 20, 16 << 20);
+    let handle = store
+        .open_handle(
+            Path::new("te.safetensors"),
+            &dir.path().join("te.safetensors"),
+        )
+        .unwrap();
+    assert_eq!(store.choose_mode(&handle, true), ServeMode::Passthrough);
+    assert!(store.passthrough_held_bytes() > 48 << 20);
+    assert_eq!(
+        store.cache().budget(),
+        16 << 20,
+        "budget − reserved < floor"
+    );
+    governor.set_configured(32 << 20); // the budget shrinks, as under memory pressure
+    assert_eq!(store.budget(), 32 << 20);
+    assert_eq!(store.cache().budget(), 16 << 20);
+    drop(handle);
+}
