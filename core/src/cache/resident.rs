@@ -7,7 +7,7 @@
 //! (file version, block), each group keeping its chunks in recency order, and a victim is found
 //! by looking at the *least recently used chunk of each group*: one step per resident block
 //! (tens to a few hundred for the models this is for) instead of one per resident chunk (4 096
-//! for a 16 GiB budget), and a large shrink is no longer quadratic in the number of chunks.
+//! for a 16 GiB budget), and a large shrink is not quadratic in the number of chunks.
 //!
 //! Recency is a counter stamped on each chunk when it is put or hit (the `lru` crate did this
 //! before, but cannot be grouped).

@@ -1,33 +1,27 @@
 //! Which parts of a chunk readers have been served during one visit of its block, so the cache
-//! can tell a chunk the reader has *finished* from one it is still reading.
+//! can tell a chunk the reader has *finished* (needed again only at its next visit: evicted
+//! first) from one it is still reading.
 //!
-//! Why: the cache used to call a chunk of the reader's block consumed (needed only next pass)
-//! once the reader had not got it for [`super::RECENTLY_READ`] (50 ms). A reader going through
-//! resident blocks at RAM speed reads a whole ~210 MB block within that window, so at its first
-//! miss nothing behind it looked consumed and the victims were the chunks of the *last* block
-//! of the order, still needed in the same pass. From the 4th of 8 passes on (acceptance benchmark part 5,
-//! 2.11 GB model through a 1 GiB budget) about 35 chunks a pass were read twice, 1.12–1.19 ×
-//! (model − budget) per pass instead of 1.01–1.02. A wall-clock window cannot fix it: 10 ms
-//! only delayed the creep, and treating every chunk behind the reader as consumed evicted the
-//! chunk under the reader's own 2 MiB pieces (up to 53 double reads a pass). Knowing that every
-//! byte of the chunk was served in this visit needs no window: such a chunk is not needed again
-//! until the next visit, whatever the reader's speed.
+//! Contract: a chunk is finished when every one of its [`GRANULES`] granules (128 KiB of a
+//! 4 MiB chunk, the kernel's usual FUSE read size) was marked in the current visit; a granule is
+//! marked when a read covers its *last* byte. Marks and the visit they belong to share one
+//! atomic word: a read of a new visit starts the marks afresh without a lock, and marks are
+//! idempotent (the same bytes read twice never finish a chunk early).
 //!
-//! How: the chunk is cut into [`GRANULES`] equal granules (128 KiB for a 4 MiB chunk, the
-//! kernel's usual FUSE read size); a granule is marked served when a read covers its *last*
-//! byte. The marks and the visit they belong to share one atomic word, so a read of a new visit
-//! starts the marks afresh without a lock. Marking a granule by its last byte (not by covering
-//! all of it) lets reads that do not start on a granule boundary finish a chunk: a sequential
-//! reader has served every byte before the last one it got. Marks are idempotent, so the same
-//! bytes read twice never finish a chunk early. The price is that a read *starting* inside a
-//! granule marks it although that granule's head may still be unread by another thread; such
-//! a chunk may be evicted and read again (never wrong bytes), which needs reads smaller than a
-//! granule arriving out of order.
+//! Why a per-byte record and not a time window: a reader going through resident blocks at RAM
+//! speed reads a whole ~210 MB block within any window short enough to be safe, so at its first
+//! miss nothing behind it looks consumed and the victims become the last blocks of the order,
+//! still needed in the same pass. Marking by a granule's last byte lets reads that do not start
+//! on a granule boundary finish a chunk (a sequential reader has served every byte before the
+//! last one it got). The price: a read *starting* inside a granule marks it although another
+//! thread may not have read its head yet; that chunk may be evicted and read again (never wrong
+//! bytes), which needs reads smaller than a granule arriving out of order.
 //!
-//! Measured (acceptance benchmark part 5, 8 passes, same session, `tests/bench/passes-results.md`): later
-//! passes read 1.04–1.09 GB (max 1.03–1.05 × (model − budget)) where main read 1.14–1.17 GB
-//! (1.12–1.13 ×). This needs [`super::ConsumedEvictions`] too: alone, chunks consumed at
-//! once were read again by the block prefetch the reader had outrun (1.17–1.44 GB a pass).
+//! Measured with the acceptance benchmark's repeated passes (8 passes of a 2.11 GB model
+//! through a 1 GiB budget, `tests/bench/passes-results.md`): later passes read 1.03–1.05 ×
+//! (model − budget) with this record, 1.12–1.19 × with a 50 ms window. It works together with
+//! [`super::ConsumedEvictions`] (without it, chunks consumed at once were read again by the
+//! block prefetch the reader had outrun).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

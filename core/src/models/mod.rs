@@ -1139,13 +1139,11 @@ impl ModelStore {
     /// and no visit of the block recorded. From resident chunks when they hold all of it
     /// ([`ChunkCache::peek`]), else read from the source bypassing the page cache.
     ///
-    /// A probe that finds its chunk resident used to go through the cache like a stream read:
-    /// it entered the chunk's block and prefetched the blocks after it. When ComfyUI loaded a
-    /// checkpoint again, the previous load's prefetch had left the first blocks resident, the
-    /// touches of its tensor views found them, and each touch entered the next block as
-    /// predicted: prefetch swept the whole file ahead of the touches and evicted it again
-    /// before the copies came, 1.72× the file read through a quarter budget, 650 MB of
-    /// prefetch wasted (acceptance benchmark, part 2, reload).
+    /// A probe never enters a block, even one whose chunks are resident: when ComfyUI loads a
+    /// checkpoint again, the previous load's prefetch left the first blocks resident, and
+    /// touches of its tensor views entering the next block as predicted would sweep prefetch
+    /// through the whole file ahead of the copies (1.72× the file read through a quarter
+    /// budget, 650 MB of prefetch wasted: acceptance benchmark, part 2, reload).
     fn read_probe(&self, file: &ModelFile, offset: u64, end: u64) -> Result<ReadBytes, ReadError> {
         self.read_exact_uncached(file, offset, end, &self.counters().probe_bytes)
     }

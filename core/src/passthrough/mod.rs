@@ -1,79 +1,53 @@
-//! The passthrough tier: model files that fit the budget, handed to the kernel whole.
+//! The passthrough tier: model files that fit the budget, handed to the kernel whole, and the
+//! budget for the page cache they fill.
 //!
-//! A model file no larger than what is left of the budget is best served by not serving it:
-//! the FUSE adapter opens it with FUSE passthrough (`FOPEN_PASSTHROUGH`, Linux ≥ 6.9, root), so
-//! the reader's `read()` and `mmap` go straight to the source file's page cache, and cold reads
-//! get the source's own readahead. Measured with the acceptance benchmark
-//! (`tests/bench/acceptance-results.md`, 1.5 GiB DiT, nine loaders): cold 1.00–1.08× the plain
-//! file's speed on a 1 GB/s source and 0.90–3.09× on a 4 GB/s one, warm 0.79–1.09×; the chunk
-//! path served the same loaders warm at 0.09–0.54× from its own RAM
-//! (`tests/bench/loader-results.md`), held back by the FUSE page cache's 4 KiB folios.
-//!
-//! What this module adds is the *budget* for that page cache, which the kernel would otherwise
-//! grow without bound:
-//! - **Open files reserve their size** when admitted ([`PassthroughTier::admit`]): a reader may
-//!   touch every byte, and the page cache it fills is tierfs's doing. A file is admitted only if
-//!   its size fits in the budget minus what other tiers hold.
-//! - **Closed files are parked**, their page cache left in place so that a reload is a page-cache
-//!   hit (ComfyUI reloads a model it evicted from VRAM). A parked file is known by path and
-//!   identity only (no descriptor is kept), and counts its resident bytes as measured by
-//!   `cachestat(2)` when it was parked.
-//! - **Room is made by dropping parked files**, least recently parked first, with
-//!   `POSIX_FADV_DONTNEED` ([`residency::drop_page_cache`]), when a new admission or the chunk
-//!   cache needs the bytes ([`PassthroughTier::make_room`]).
-//! - **A file dropped to make room competes**: it is remembered, and is not admitted again
-//!   (the chunk cache serves it). So do files still open when another model that would fit
-//!   the budget alone is refused for the room they reserve. Models that take turns and do not fit the budget together (a
-//!   workflow's two experts, a text encoder and a diffusion model) would otherwise each drop
-//!   the other whole at every switch and read all of themselves from disk each time: the tier
-//!   can only keep or drop a closed file's page cache, it never sees the reads of an open one.
-//!   The chunk cache shares one budget between them by the rule it uses within one model (the
-//!   chunk needed soonest stays), so each switch reads about what the budget cannot hold. Measured with
-//!   `tests/bench/workflow.py` (`workflow-results.md`): two and three models taking turns
-//!   read all of every model per cycle when every model was admitted here, and 1.1–1.3 × (sum
-//!   of the models − budget) through the chunk cache. A first switch is still served by
-//!   passthrough: a user who moves from one model to the next for good keeps passthrough's
-//!   speed for the new one.
-//!
-//! The tier reports what it holds ([`PassthroughTier::held_bytes`]); the owner (the model store)
-//! gives the chunk cache the rest of the budget. A page of a parked file may also be reclaimed by
-//! the kernel under memory pressure, which only makes the figure an over-estimate.
+//! Contract:
+//! - **Admission** ([`PassthroughTier::admit`]): an open is served by passthrough only if the
+//!   file fits in the room it is given (the budget minus what the chunk cache uses) next to the
+//!   other open passthrough files; an open file reserves its whole size (its reader may touch
+//!   every byte, and the page cache it fills is tierfs's doing) and is counted once whatever
+//!   its number of handles.
+//! - **Parking**: at the last close, the file's page cache is left in place (a reload is a
+//!   page-cache hit) and counted as measured by `cachestat(2)` then. A parked file is known by
+//!   path and identity only (no descriptor is kept); at most [`MAX_PARKED`] are remembered.
+//! - **Making room** ([`PassthroughTier::make_room`], [`PassthroughTier::make_room_for_model`]):
+//!   parked files are dropped, least recently parked first, with `POSIX_FADV_DONTNEED`
+//!   ([`residency::drop_page_cache`]), outside the tier's lock.
+//! - **Competition**: a file dropped to make room for another model, or open when another model
+//!   that would fit alone is refused for the room it holds, *competes*: it is not admitted
+//!   again (the chunk cache serves it) until a new version of it appears ([`PassthroughTier::forget`]).
+//! - [`PassthroughTier::held_bytes`] is what the tier holds (reservations plus parked page
+//!   cache); the owner (the model store) gives the chunk cache the rest of the budget. The kernel
+//!   may reclaim parked pages under memory pressure, which only makes the figure an
+//!   over-estimate.
 //!
 //! One inode of the mount is served in one mode while it has open handles (the kernel cannot mix
 //! cached and passthrough opens of one inode); that stickiness is the adapter's, which knows the
 //! inodes.
 //!
-//! **`O_DIRECT` readers** (runai-model-streamer 0.17.1 opens `O_RDONLY | O_DIRECT` and reads with
-//! io_uring) are passed through like any other open, and so keep what they asked for: the kernel
-//! hands their reads to the backing file as direct reads, which go to the source device and leave
-//! nothing in its page cache. Such an open reserves the file's size while it is open; closed, it
-//! parks nothing (`cachestat` finds no page resident). Measured on the acceptance benchmark's fast source (ext4
-//! on zram, 1.5 GiB DiT, one runai process for every pass; `tests/bench/odirect.py`, results in
-//! `tests/bench/odirect-results.md` and, with `FUSE_ASYNC_DIO`, `odirect-results-async-dio.md`,
-//! 2026-12-02):
-//! - the plain file pinned in the page cache: 1558 MiB read from the device on every pass
-//!   (`O_DIRECT` ignores the page cache, so a "warm" plain file is a disk read), 0.77 s median
-//!   of 8;
-//! - through passthrough, passes alternating with the plain file's: 1558 MiB from the device
-//!   too, 0.66 s (plain / mount 1.17; 0.96 and 1.02 in two other runs of 8 pairs). Single
-//!   passes range over 0.5–1.7 s on both sides, and the loader's CPU time equals its wall time
-//!   in each (the daemon's: 0.00–0.02 s): the spread is the loader's own CPU on a shared 2-core
-//!   VM. `dd bs=1M iflag=direct`: 0.265 s both ways, device read in full;
-//! - the chunk cache (`--no-model-passthrough`), loaded before: 0 bytes from the device,
-//!   0.44–0.81 s (0.72–1.21 s before the adapter asked for `FUSE_ASYNC_DIO`, when the requests
-//!   came one at a time). Faster than the plain file, but its cold pass is the chunk cache's
-//!   (0.92 s cold), and serving every first `O_DIRECT` open from the chunk cache, tried on the
-//!   acceptance benchmark's runai rows (`tests/bench/acceptance-results-runai-trial.md`), took warm to 1.17–1.20
-//!   but cold fast to 0.64–1.33 and cold slow to 0.91–1.07, rows passthrough passes (2.02–2.23,
-//!   1.06–1.59): the rule was dropped;
-//! - a RAM-backed passthrough backing would not help: the model on tmpfs takes runai 0.30–0.32 s
-//!   plain but 0.56–1.03 s through a passthrough mount of that tmpfs folder (the loader's CPU
-//!   equals its wall time through passthrough, about twice it on tmpfs: the asynchronous direct
-//!   path of passthrough runs on one core here).
+//! Why passthrough: the reader's `read()` and `mmap` go straight to the source file's page
+//! cache with the source's own readahead (FUSE passthrough, `FOPEN_PASSTHROUGH`, Linux ≥ 6.9,
+//! root). The acceptance benchmark (`tests/bench/acceptance-results.md`) measured cold loads at
+//! 1.00–1.08× the plain file's speed this way, where the chunk cache served the same loaders
+//! warm at 0.09–0.54× (`tests/bench/loader-results.md`: the FUSE page cache's 4 KiB folios).
 //!
-//! So `O_DIRECT` opens are not treated apart, and tierfs keeps no RAM copy for them; where the
-//! chunk cache serves them (a model larger than the room, or already cached), `FUSE_ASYNC_DIO`
-//! lets their reads run in parallel.
+//! Why competition: models that take turns and do not fit the budget together (a workflow's
+//! two experts, a text encoder and a diffusion model) would otherwise drop each other whole at
+//! every switch and be read whole each time, since the tier can only keep or drop a closed
+//! file's page cache and never sees an open one's reads. The chunk cache shares the budget
+//! between them by the rule it uses within one model (the chunk needed soonest stays).
+//! `tests/bench/workflow.py` (`workflow-results.md`, `workflow-results-no-competition.md`):
+//! 2.3–2.6 × (models − budget) read per cycle without the rule, 1.03–1.25 × with it. The first
+//! switch is still passthrough's: a user who moves on to another model for good keeps
+//! passthrough's speed for it.
+//!
+//! **`O_DIRECT` readers** (runai-model-streamer) are passed through like any other open and
+//! keep what they asked for: their reads go to the source device and leave no page cache, so
+//! such an open reserves the file's size while open and parks nothing. Serving them from the
+//! chunk cache instead made reloads faster but cold loads slower than the plain file
+//! (`tests/bench/odirect.py`; figures in `docs/PERFORMANCE.md`, "`O_DIRECT` loaders"); where the chunk cache serves them (a
+//! model larger than the room, or already cached), `FUSE_ASYNC_DIO` lets their reads run in
+//! parallel.
 
 pub mod residency;
 

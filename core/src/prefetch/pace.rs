@@ -1,40 +1,29 @@
-//! Whether a reader computes between blocks.
+//! Whether a reader computes between blocks, and when the prefetch of the block ahead runs.
 //!
-//! A whole transformer block held ahead of the reader ([`super::Prefetcher::entered_block_in`])
-//! pays only when the reader spends time between blocks away from the file, as a block-swapping
-//! pipeline does while it runs the block it just read: the disk fetches the next block during
-//! that time, and the reader finds it in memory. A reader that reads without pause (a loader
-//! copying weights, `cat`, a repeated pass with nothing to compute) is held back by the disk
-//! alone, the sequential read-ahead already keeps the disk busy for it, and a block held ahead
-//! is a block less of the resident set its later passes keep: acceptance benchmark part 5 (8 passes of a
-//! 2 GB model of 210 MB blocks through a 1 GiB budget) read 1.14–1.16 × (model − budget) per
-//! later pass with the whole-block lead for every reader, 1.13 without (goal 1.15).
-//!
-//! **The signal.** At each block entry, the *pause* is the time since the last read of the file
-//! ended, and the *reading time* is how long the reader took over the block it left, from
-//! entering it to the end of its last read. The reader computes if the pause is at least
-//! [`MIN_PAUSE`] and at least a quarter of the reading time ([`MIN_PAUSE_SHARE`]).
-//! - A streaming reader computing 1.2–1.5× a block's disk time (acceptance benchmark part 3) pauses
-//!   70–280 ms per 53–210 MB block at 1 GB/s, more than its reading time whether the block came
-//!   from disk or from memory.
-//! - A reader that does not compute pauses for the time between two requests: tens of
-//!   microseconds, a few milliseconds when the machine is loaded. [`MIN_PAUSE`] is above that;
-//!   [`MIN_PAUSE_SHARE`] keeps a scheduling hiccup from counting as compute when the blocks are
-//!   small and read quickly.
-//!
-//! **Deferring the lead.** For a reader that computes, the prefetch of a block *ahead* waits
-//! until the reader pauses ([`ReaderPace::wait_until_paused`]: no read ended for [`IDLE`], at most
-//! [`MAX_DEFER`]), so that the source is read while the reader computes rather than while it
-//! reads: where reading the source costs CPU (a RAM-backed device, a small machine), the two no
-//! longer compete. Acceptance benchmark part 3 on 2 cores, same session, 3 passes each: with 53 MB blocks
-//! through a 2 GiB budget the cold pass stalled 5.7 points above the pass from RAM without the
-//! deferral and 3.2 with it, and the stall the disk adds (against the pass from RAM in the
-//! chunk cache) fell from 2.5 points to 0.6; with 210 MB blocks 3.7 → 3.1 (1.1 → −0.2). The
-//! disk still has the reader's compute to fetch the block: at 1.2–1.5× a block's disk time per
-//! block, that is enough, and the lead holds one or two blocks more.
-//!
+//! Contract: at each block entry, the *pause* is the time since the last read of the file
+//! ended and the *reading time* is how long the reader took over the block it left; the reader
+//! *computes* if the pause is at least [`MIN_PAUSE`] and at least [`MIN_PAUSE_SHARE`] of the
+//! reading time. Only a computing reader gets a whole transformer block held ahead
+//! ([`super::Prefetcher::entered_block_in`]), and for it the prefetch of that block waits until
+//! the reader pauses ([`ReaderPace::wait_until_paused`]: no read ended for [`IDLE`], at most
+//! [`MAX_DEFER`]), so the source is read while the reader computes rather than while it reads.
 //! One file has one pace, shared by all its readers (as it has one current block): two readers
 //! interleaving on one file look like one that does not pause, and get the ordinary lead.
+//!
+//! Why: a block held ahead pays only when the reader spends time away from the file (a
+//! block-swapping pipeline running the block it just read). A reader that never pauses (a
+//! loader copying weights, `cat`, a repeated pass) is held back by the disk alone, and a block
+//! held ahead is a block less of the resident set its later passes keep. Deferring the read to
+//! the reader's pause keeps the two from competing for the CPU where reading the source costs
+//! CPU (a RAM-backed device, a small machine).
+//!
+//! The thresholds: a streaming reader computing 1.2–1.5× a block's disk time pauses 70–280 ms
+//! per 53–210 MB block at 1 GB/s; a reader that does not compute pauses tens of microseconds
+//! between requests (a few milliseconds on a loaded machine). Measured with the acceptance
+//! benchmark (parts 3 and 5, `tests/bench/acceptance-results.md`): repeated passes read 1.13 ×
+//! (model − budget) per later pass without the lead for non-computing readers, 1.14–1.16 with
+//! it; the cold streaming pass stalled 3.2 points above the pass from RAM with the deferral and
+//! 5.7 without (53 MB blocks, 2 GiB budget, 2 cores).
 //!
 //! Times are nanoseconds since the pace was created, so they fit atomics; 0 means "never". The
 //! `_at` methods take the time from the caller, which is how tests drive it without sleeping.
