@@ -5,6 +5,7 @@
 //! more. The JSON shape is the public contract documented in docs/STATS.md.
 
 pub mod ops;
+pub mod residency;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -161,4 +162,9 @@ pub struct FileSnapshot {
     pub mode_reason: Option<&'static str>,
     /// Page cache of the closed file the passthrough tier keeps for its next open.
     pub page_cache_kept_bytes: u64,
+    /// One character per block in the file's order: which of them the chunk cache holds
+    /// ([`residency`]); empty for a malformed file.
+    pub residency: String,
+    /// Index in `residency` of the block the reader is in.
+    pub residency_current: Option<usize>,
 }

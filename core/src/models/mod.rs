@@ -54,6 +54,7 @@ use crate::source::{
     aligned_footprint, AlignedBytes, PathAccess, PlainPaths, ReadWrapper, SourceError, SourceFile,
     SourceIdentity,
 };
+use crate::stats::residency::{self, Residency};
 use crate::stats::{Counters, FileSnapshot, IndexSnapshot, PrefetchSnapshot};
 use crate::sync::{lock, Mutex, MutexGuard};
 
@@ -521,6 +522,19 @@ impl ModelFile {
         cache.is_present(self.key(chunk))
     }
 
+    /// The file's residency strip ([`residency`]): one hold of the cache's lock for the whole
+    /// file; `None` for a malformed file.
+    fn residency(&self, cache: &ChunkCache) -> Option<Residency> {
+        let (access, plan) = (self.access.as_ref()?, self.plan()?);
+        let states = cache.chunk_states(self.generation, plan.len());
+        Some(residency::strip(
+            &access.order(),
+            plan,
+            &states,
+            access.current(),
+        ))
+    }
+
     fn snapshot(&self, cache: &ChunkCache) -> FileSnapshot {
         let (order_learned, learned_blocks) =
             self.access.as_ref().map_or((false, 0), |a| a.learned());
@@ -557,7 +571,13 @@ impl ModelFile {
             standalone_reason: None,
             mode_reason: None,
             page_cache_kept_bytes: 0,
+            residency: String::new(),
+            residency_current: None,
         };
+        if let Some(residency) = self.residency(cache) {
+            snapshot.residency = residency.strip;
+            snapshot.residency_current = residency.current;
+        }
         shards::annotate(&mut snapshot, self);
         snapshot
     }

@@ -264,6 +264,12 @@ impl FileAccess {
         self.visit.load(Ordering::Relaxed)
     }
 
+    /// The block the reader is in (`None` before its first touch, or after a rewind).
+    pub fn current(&self) -> Option<usize> {
+        let current = self.current.load(Ordering::Relaxed);
+        (current != NONE).then_some(current)
+    }
+
     /// Whether the reader is in `block`.
     pub fn is_current(&self, block: usize) -> bool {
         self.current.load(Ordering::Relaxed) == block
