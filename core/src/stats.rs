@@ -167,4 +167,8 @@ pub struct FileSnapshot {
     pub residency: String,
     /// Index in `residency` of the block the reader is in.
     pub residency_current: Option<usize>,
+    /// Rank by last use, 0 the most recently opened file (not in the JSON: how the metrics
+    /// choose the files they label).
+    #[serde(skip)]
+    pub recency: usize,
 }

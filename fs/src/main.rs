@@ -8,6 +8,7 @@ mod demo;
 mod fuse;
 mod inspect;
 mod inspect_shards;
+mod metrics;
 mod mount;
 mod privilege;
 mod stats_cmd;
@@ -77,6 +78,10 @@ enum Command {
         index_cache: u64,
         #[command(flatten)]
         state: StateArgs,
+        /// Serve the metrics (as in MOUNTPOINT/.tierfs/metrics) at http://ADDR/metrics for a
+        /// Prometheus scraper: PORT (on 127.0.0.1) or HOST:PORT.
+        #[arg(long, value_name = "ADDR", value_parser = metrics::server::parse_addr)]
+        metrics_addr: Option<std::net::SocketAddr>,
     },
     /// Send a command to a mount's control file: ram-cache SIZE | drop | prefetch PATH.
     Ctl(CtlArgs),
@@ -159,6 +164,7 @@ fn run(command: Command) -> Result<()> {
             allow_other,
             index_cache,
             state,
+            metrics_addr,
         } => {
             let budget = ram_cache.unwrap_or_else(|| {
                 let budget = mount::default_budget();
@@ -181,6 +187,7 @@ fn run(command: Command) -> Result<()> {
                 allow_other,
                 index_cap: index_cache,
                 state_file: state.orders_file(mount::default_state_dir),
+                metrics_addr,
             };
             if daemon {
                 return daemon::run(&request, log_file.as_deref());

@@ -1,18 +1,28 @@
-"""What the tier is doing, as scripts and monitoring systems read it: the stats' per-block
-residency strips (`files[].residency`) through a real mount.
+"""What the tier is doing, as scripts and monitoring systems read it, through real mounts: the
+stats' per-block residency strips (`files[].residency`), and the Prometheus metrics in
+`.tierfs/metrics` and at `--metrics-addr`, parsed with the reference Python parser
+(`prometheus_client`).
 
 A model in the chunk cache (`--no-passthrough`, a budget larger than it) is read whole, so every
-block is resident; a `drop` empties it; reading its first block again fills that block only.
+block is resident; a `drop` empties it; a stream over its first blocks fills those only.
 """
 
 from __future__ import annotations
 
+import re
+import socket
+import stat
+import subprocess
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 import gen
-from conftest import quiesce
+from conftest import MiB, TIERFS_BIN, fresh_dir, quiesce
 from test_control import ctl
 
 MODEL_REL = "model.safetensors"
@@ -77,3 +87,130 @@ def test_residency_strip_follows_the_cache(mount, metrics_source):
     assert len(strip) == blocks and set(strip) <= set("#+>."), strip
     assert strip.count(".") < blocks, f"a block was read, strip {strip!r}"
     assert "." in strip, f"only one block was read, strip {strip!r}"
+
+
+# ----------------------------------------------------------------------------- metrics
+
+def families(text: str) -> dict:
+    """{family name: family} of exposition `text`, parsed by the reference parser (which
+    raises on anything malformed); counter families are named without `_total`."""
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def value(fams: dict, name: str, **labels) -> float:
+    for sample in fams[name].samples:
+        if sample.name in (name, name + "_total") and sample.labels == labels:
+            return sample.value
+    raise AssertionError(f"no sample {name}{labels} in {fams[name].samples}")
+
+
+def read_metrics(m) -> str:
+    with open(m.mnt / ".tierfs" / "metrics") as f:
+        return f.read()
+
+
+def test_metrics_file_parses_and_agrees_with_the_stats(mount, metrics_source):
+    m = mount(metrics_source, "256MiB", ("--no-passthrough",))
+    path = m.mnt / ".tierfs" / "metrics"
+    assert "metrics" in {p.name for p in path.parent.iterdir()}
+    assert stat.S_IMODE(path.stat().st_mode) == 0o400
+    read_all(m.mnt / MODEL_REL)
+    before = quiesce(m)
+    fams = families(read_metrics(m))
+    after = m.stats()
+
+    types = {name: f.type for name, f in fams.items()}
+    for name in ("tierfs_cache_hit_bytes", "tierfs_cache_miss_bytes", "tierfs_disk_read_bytes",
+                 "tierfs_stall_seconds", "tierfs_prefetch_issued_bytes", "tierfs_file_stall_seconds"):
+        assert types.get(name) == "counter", (name, types.get(name))
+    for name in ("tierfs_budget_bytes", "tierfs_cache_used_bytes", "tierfs_cache_chunks",
+                 "tierfs_file_cached_bytes", "tierfs_file_resident_blocks"):
+        assert types.get(name) == "gauge", (name, types.get(name))
+    assert types.get("tierfs_op_duration_seconds") == "histogram", types
+
+    assert value(fams, "tierfs_budget_bytes") == 256 * MiB
+    for name, section, key in (("tierfs_disk_read_bytes", "disk", "read_bytes"),
+                               ("tierfs_cache_hit_bytes", "cache", "hit_bytes"),
+                               ("tierfs_cache_used_bytes", "cache", "used_bytes")):
+        got = value(fams, name)
+        assert before[section][key] <= got <= after[section][key], (name, got, before[section][key])
+    row = file_row(m)
+    assert value(fams, "tierfs_file_cached_bytes", path=MODEL_REL) == row["cached_bytes"] > 0
+    assert value(fams, "tierfs_file_resident_blocks", path=MODEL_REL) == row["blocks"]
+    assert value(fams, "tierfs_file_passthrough", path=MODEL_REL) == 0
+
+    # The reads of the model are in the read histogram: cumulative buckets up to +Inf = count.
+    reads = [s for s in fams["tierfs_op_duration_seconds"].samples if s.labels.get("op") == "read"]
+    buckets = [(float(s.labels["le"]), s.value) for s in reads if s.name.endswith("_bucket")]
+    count = next(s.value for s in reads if s.name.endswith("_count"))
+    assert count >= (m.mnt / MODEL_REL).stat().st_size // MiB, count
+    assert [b for _, b in buckets] == sorted(b for _, b in buckets), buckets
+    assert buckets[-1] == (float("inf"), count), buckets
+    assert next(s.value for s in reads if s.name.endswith("_sum")) > 0
+
+
+def test_metrics_label_only_the_most_recently_opened_files(mount, workdir):
+    src = workdir / "many"
+    src.mkdir()
+    names = [f"lora_{i:03d}.safetensors" for i in range(70)]
+    for i, name in enumerate(names):
+        (src / name).write_bytes(gen.small_safetensors(i))
+    m = mount(src, "64MiB")
+    for name in names:  # opened in this order: the last 64 are the most recent
+        (m.mnt / name).read_bytes()
+    assert len(m.stats()["files"]) == 70
+    labelled = {s.labels["path"] for s in families(read_metrics(m))["tierfs_file_size_bytes"].samples}
+    assert labelled == set(names[-64:]), sorted(set(names) ^ labelled)
+
+
+def served_addr(m, timeout: float = 5.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = re.search(r"metrics: http://([0-9.:]+)/metrics", m.log_tail(20000))
+        if found:
+            return found.group(1)
+        time.sleep(0.05)
+    raise AssertionError(f"no metrics address in the log:\n{m.log_tail()}")
+
+
+def get(url: str) -> tuple[int, str, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.headers.get("Content-Type", ""), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("Content-Type", ""), e.read().decode()
+
+
+def test_metrics_endpoint_serves_scrapes_until_unmount(mount, metrics_source):
+    m = mount(metrics_source, "256MiB", ("--no-passthrough", "--metrics-addr", "0"))
+    addr = served_addr(m)
+    assert addr.startswith("127.0.0.1:"), "a bare port is loopback"
+    read_all(m.mnt / MODEL_REL)
+    quiesce(m)
+    status, ctype, text = get(f"http://{addr}/metrics")
+    assert status == 200 and ctype.startswith("text/plain; version=0.0.4"), (status, ctype)
+    fams = families(text)
+    assert value(fams, "tierfs_disk_read_bytes") == m.stats()["disk"]["read_bytes"] > 0
+    assert value(fams, "tierfs_file_resident_blocks", path=MODEL_REL) == file_row(m)["blocks"]
+    assert get(f"http://{addr}/other")[0] == 404
+    m.close()
+    with pytest.raises(OSError):
+        socket.create_connection(tuple_addr(addr), timeout=5).close()
+
+
+def tuple_addr(addr: str) -> tuple[str, int]:
+    host, port = addr.rsplit(":", 1)
+    return host, int(port)
+
+
+def test_metrics_addr_taken_or_malformed_fails_the_mount(metrics_source):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for addr, says in ((str(port), "cannot serve metrics on 127.0.0.1:"), ("nowhere", "neither a port")):
+            mnt = fresh_dir("mnt")
+            r = subprocess.run([str(TIERFS_BIN), "mount", str(metrics_source), str(mnt), "--no-state",
+                                "--metrics-addr", addr], capture_output=True, text=True, timeout=30)
+            assert r.returncode != 0 and says in r.stderr, (addr, r.returncode, r.stderr[-2000:])
+            assert not any(str(mnt) in line for line in Path("/proc/mounts").read_text().splitlines())

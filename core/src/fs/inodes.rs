@@ -37,6 +37,8 @@ pub const CONTROL_DIR_INO: u64 = 2;
 pub const STATS_INO: u64 = 3;
 /// `.tierfs/control`.
 pub const CONTROL_INO: u64 = 4;
+/// `.tierfs/metrics`, where the front end renders metrics ([`super::TierFs::with_metrics`]).
+pub const METRICS_INO: u64 = 5;
 /// First number handed to a source object; the ones below are reserved for virtual files.
 pub const FIRST_SOURCE_INO: u64 = 16;
 

@@ -573,6 +573,7 @@ impl ModelFile {
             page_cache_kept_bytes: 0,
             residency: String::new(),
             residency_current: None,
+            recency: 0,
         };
         if let Some(residency) = self.residency(cache) {
             snapshot.residency = residency.strip;
@@ -1286,11 +1287,14 @@ impl ModelStore {
 
     /// One entry per known model file (its current version), sorted by path.
     pub fn files_snapshot(&self) -> Vec<FileSnapshot> {
+        // Most recently used first.
         let files: Vec<Arc<ModelFile>> = self.lock().files().cloned().collect();
         let mut snapshots: Vec<FileSnapshot> = files
             .iter()
-            .map(|f| {
+            .enumerate()
+            .map(|(recency, f)| {
                 let mut snapshot = f.snapshot(&self.cache);
+                snapshot.recency = recency;
                 self.explain_mode(f, &mut snapshot);
                 snapshot
             })
