@@ -13,6 +13,7 @@ mod mount;
 mod privilege;
 mod stats_cmd;
 mod stats_doc;
+mod top;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -103,6 +104,15 @@ enum Command {
         /// Print the raw JSON document.
         #[arg(long)]
         json: bool,
+    },
+    /// Live terminal view of a mount: every model's blocks, throughput, latency; keys act on
+    /// the mount (q quits, d drops the cache, +/- resize the budget). Without a terminal, the
+    /// text view of `tierfs stats`.
+    Top {
+        mountpoint: PathBuf,
+        /// Seconds between refreshes.
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
     },
     /// Show the tensor index of a .safetensors file and its grouping into blocks.
     Inspect {
@@ -202,6 +212,10 @@ fn run(command: Command) -> Result<()> {
             interval,
             json,
         } => stats_cmd::run(&mountpoint, watch, interval, json),
+        Command::Top {
+            mountpoint,
+            interval,
+        } => top::run(&mountpoint, interval),
         Command::Inspect { file, json } => inspect::run(&file, json),
         Command::Demo { size, ram_cache } => demo::run(size, ram_cache),
         Command::ComfyuiConfig { mountpoint, name } => comfyui::run(&mountpoint, &name),
