@@ -165,7 +165,7 @@ pub struct FileSnapshot {
     /// One character per block in the file's order: which of them the chunk cache holds
     /// ([`residency`]); empty for a malformed file.
     pub residency: String,
-    /// Index in `residency` of the block the reader is in.
+    /// Index in `residency` of the block the reader is in, or was in last.
     pub residency_current: Option<usize>,
     /// Rank by last use, 0 the most recently opened file (not in the JSON: how the metrics
     /// choose the files they label).

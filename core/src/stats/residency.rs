@@ -30,8 +30,8 @@ pub const ABSENT: char = '.';
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Residency {
     pub strip: String,
-    /// Index in `strip` of the block the reader is in (`None`: no reader in this file's blocks
-    /// since the last open or warm).
+    /// Index in `strip` of the block the reader is in, or was in last (`None`: no block read
+    /// yet, or since a warm rewound the reader).
     pub current: Option<usize>,
 }
 
