@@ -480,7 +480,7 @@ def test_rest_of_mount_still_erofs(mount, workdir):
     assert test_readonly._snapshot(src) == before, "SOURCE changed"
     st = os.stat(c)
     assert stat.S_IMODE(st.st_mode) == 0o200 and st.st_uid == os.getuid()
-    assert sorted(os.listdir(m.mnt / ".tierfs")) == ["control", "stats"], os.listdir(m.mnt / ".tierfs")
+    assert sorted(os.listdir(m.mnt / ".tierfs")) == ["control", "metrics", "stats"], os.listdir(m.mnt / ".tierfs")
     assert (m.mnt / "f.txt").read_text() == "hello\n"
     assert m.alive()
 
