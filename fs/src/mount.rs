@@ -30,7 +30,8 @@ use tierfs_core::size::format_size;
 use tierfs_core::stats::Counters;
 
 use crate::fuse::{MountSettings, TierFs};
-use crate::metrics::{self, server::MetricsServer};
+use crate::metrics;
+use crate::metrics::server::{MetricsServer, Page};
 use crate::privilege;
 use crate::stats_doc::StatsDocument;
 
@@ -255,23 +256,29 @@ impl Mounted {
     }
 }
 
-/// What the `--metrics-addr` endpoint serves: the metrics of the mount, as `.tierfs/metrics`
-/// renders them.
+/// What the `--metrics-addr` endpoint serves: the metrics and the stats of the mount, as
+/// `.tierfs/metrics` and `.tierfs/stats` render them (without the `fs` tables, which only the
+/// filesystem knows).
 fn render_metrics(
     settings: &MountSettings,
     store: &Arc<ModelStore>,
     window: &Arc<KernelCacheWindow>,
-) -> impl Fn() -> Vec<u8> + Send + 'static {
+) -> impl Fn(Page) -> Vec<u8> + Send + 'static {
     let (store, window) = (Arc::clone(store), Arc::clone(window));
     let governor = Arc::clone(&settings.governor);
     let (source, mountpoint) = (settings.source.clone(), settings.mountpoint.clone());
     let passthrough = settings.passthrough;
     let started = SystemTime::now();
-    move || {
+    move |page| {
         let doc =
             StatsDocument::collect(&store, &window, &source, &mountpoint, passthrough, started)
                 .with_budget(governor.snapshot());
-        metrics::render(doc, &store.counters().ops)
+        match page {
+            Page::Metrics => metrics::render(doc, &store.counters().ops),
+            Page::Stats => serde_json::to_vec_pretty(&doc).unwrap_or_else(|e| {
+                format!("{{\"error\": \"cannot render stats: {e}\"}}").into_bytes()
+            }),
+        }
     }
 }
 

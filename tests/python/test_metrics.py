@@ -9,7 +9,9 @@ block is resident; a `drop` empties it; a stream over its first blocks fills tho
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 import socket
 import stat
 import subprocess
@@ -214,3 +216,58 @@ def test_metrics_addr_taken_or_malformed_fails_the_mount(metrics_source):
                                 "--metrics-addr", addr], capture_output=True, text=True, timeout=30)
             assert r.returncode != 0 and says in r.stderr, (addr, r.returncode, r.stderr[-2000:])
             assert not any(str(mnt) in line for line in Path("/proc/mounts").read_text().splitlines())
+
+
+# ----------------------------------------------------------------------------- dashboard
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def test_dashboard_is_self_contained_and_serves_the_stats(mount, metrics_source):
+    m = mount(metrics_source, "256MiB", ("--no-passthrough", "--metrics-addr", "0"))
+    addr = served_addr(m)
+    status, ctype, page = get(f"http://{addr}/")
+    assert status == 200 and ctype.startswith("text/html"), (status, ctype)
+    assert "://" not in page, "the page loads nothing from elsewhere"
+    read_all(m.mnt / MODEL_REL)
+    quiesce(m)
+    status, ctype, text = get(f"http://{addr}/stats")
+    assert status == 200 and ctype == "application/json", (status, ctype)
+    doc = json.loads(text)
+    assert doc["schema_version"] == 1 and doc["disk"]["read_bytes"] == m.stats()["disk"]["read_bytes"]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (tests/setup-system.sh)")
+def test_dashboard_draws_the_strip_in_a_browser(mount, metrics_source):
+    m = mount(metrics_source, "256MiB", ("--no-passthrough", "--metrics-addr", "0"))
+    addr = served_addr(m)
+    read_all(m.mnt / MODEL_REL)
+    quiesce(m)
+    blocks = file_row(m)["blocks"]
+    profile = fresh_dir("chromium")
+    r = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                        f"--user-data-dir={profile}", "--virtual-time-budget=5000", "--dump-dom",
+                        f"http://{addr}/"], capture_output=True, text=True, timeout=90)
+    assert r.returncode == 0, r.stderr[-2000:]
+    dom = r.stdout
+    entry = re.search(r'<div class="file" data-path="([^"]+)">.*?<div class="strip">(.*?)</div>', dom, re.S)
+    assert entry, dom[-3000:]
+    assert entry.group(1) == MODEL_REL, entry.group(0)
+    strip = re.sub(r"<[^>]+>", "", entry.group(2))
+    assert strip == "#" * blocks, f"the page draws {strip!r}, the stats say {blocks} blocks cached"
+    assert '<span class="current">#</span>' in entry.group(2), entry.group(2)
+    assert re.search(r"hit rate \d+\.\d % by bytes", dom), dom[-3000:]
+    assert '<div id="error"></div>' in dom, "the page could not read /stats"
+
+
+def test_grafana_dashboard_names_only_served_metrics(mount, metrics_source):
+    """Every metric the Grafana dashboard (docs/grafana/tierfs.json) queries is in a scrape."""
+    from conftest import REPO
+    dashboard = json.loads((REPO / "docs" / "grafana" / "tierfs.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = set(re.findall(r"\btierfs_[a-z_]+", " ".join(exprs)))
+    assert len(used) >= 10, used
+    m = mount(metrics_source, "256MiB", ("--no-passthrough",))
+    read_all(m.mnt / MODEL_REL)
+    served = {s.name for f in text_string_to_metric_families(read_metrics(m)) for s in f.samples}
+    assert used <= served, f"queried but not served: {sorted(used - served)}"

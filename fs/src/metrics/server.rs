@@ -1,7 +1,10 @@
 //! `tierfs mount --metrics-addr ADDR`: the metrics over HTTP, for a scraper.
 //!
 //! **Contract.** `GET /metrics` (any query string) answers the text of [`super::render`] with
-//! its `Content-Type`; any other path gets 404, any other method 405. One thread serves the
+//! its `Content-Type`; `GET /stats` the stats document (JSON, as `.tierfs/stats`); `GET /` a
+//! self-contained page (no script, style or font from elsewhere) that draws every model's
+//! residency strip and the mount's figures from `/stats`, refreshed every second. Any other path
+//! gets 404, any other method 405. One thread serves the
 //! requests one after another (`tiny_http`): a scrape renders in well under a millisecond, and
 //! a scraper asks every few seconds. A bare port means the loopback interface (`9567` is
 //! `127.0.0.1:9567`): the metrics name the models in use, so exposing them on other interfaces
@@ -14,6 +17,18 @@ use std::thread::{self, JoinHandle};
 
 use anyhow::{anyhow, Context, Result};
 use tiny_http::{Header, Method, Response, Server};
+
+/// What a request asks the mount for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Page {
+    /// The metrics, as exposition text.
+    Metrics,
+    /// The stats document, as JSON.
+    Stats,
+}
+
+/// The dashboard page served at `/`.
+const DASHBOARD: &str = include_str!("dashboard.html");
 
 /// `--metrics-addr`: `PORT` (loopback) or `HOST:PORT` / `[V6]:PORT`.
 pub fn parse_addr(text: &str) -> Result<SocketAddr, String> {
@@ -32,10 +47,10 @@ pub struct MetricsServer {
 }
 
 impl MetricsServer {
-    /// Listens on `addr` and answers each scrape with `render()`.
+    /// Listens on `addr` and answers each request for a [`Page`] with `render(page)`.
     pub fn start(
         addr: SocketAddr,
-        render: impl Fn() -> Vec<u8> + Send + 'static,
+        render: impl Fn(Page) -> Vec<u8> + Send + 'static,
     ) -> Result<MetricsServer> {
         let server = Server::http(addr)
             .map_err(|e| anyhow!("{e}"))
@@ -75,16 +90,18 @@ impl Drop for MetricsServer {
     }
 }
 
-fn serve(server: &Server, render: &dyn Fn() -> Vec<u8>) {
+fn serve(server: &Server, render: &dyn Fn(Page) -> Vec<u8>) {
     for request in server.incoming_requests() {
         let path = request.url().split('?').next().unwrap_or_default();
         let response = match (request.method(), path) {
             (Method::Get | Method::Head, "/metrics") => {
-                let mut response = Response::from_data(render());
-                if let Ok(header) = Header::from_bytes("Content-Type", super::CONTENT_TYPE) {
-                    response.add_header(header);
-                }
-                response
+                typed(render(Page::Metrics), super::CONTENT_TYPE)
+            }
+            (Method::Get | Method::Head, "/stats") => {
+                typed(render(Page::Stats), "application/json")
+            }
+            (Method::Get | Method::Head, "/") => {
+                typed(DASHBOARD.as_bytes().to_vec(), "text/html; charset=utf-8")
             }
             (Method::Get | Method::Head, _) => {
                 Response::from_string("not found: the metrics are at /metrics\n")
@@ -96,6 +113,14 @@ fn serve(server: &Server, render: &dyn Fn() -> Vec<u8>) {
             tracing::debug!(error = %e, "a metrics scrape went away before its answer");
         }
     }
+}
+
+fn typed(body: Vec<u8>, content_type: &str) -> Response<std::io::Cursor<Vec<u8>>> {
+    let mut response = Response::from_data(body);
+    if let Ok(header) = Header::from_bytes("Content-Type", content_type) {
+        response.add_header(header);
+    }
+    response
 }
 
 #[cfg(test)]
