@@ -145,6 +145,11 @@ pub struct FileSnapshot {
     pub learned_blocks: usize,
     /// This file's share of the prefetch figures.
     pub prefetch: PrefetchSnapshot,
+    /// Bytes served to readers of this file through the chunk cache from resident chunks /
+    /// from chunks they waited for, and bytes of its chunks read from the source.
+    pub hit_bytes: u64,
+    pub miss_bytes: u64,
+    pub disk_read_bytes: u64,
     /// Time readers of this file waited for the disk.
     pub stall_seconds: f64,
     /// The part of it spent in the first block of the order: the wait of a reader starting

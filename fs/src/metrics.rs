@@ -273,7 +273,7 @@ impl Scrape {
                 .map(move |file| (file.path.clone(), value(file)))
                 .collect::<Vec<_>>()
         };
-        let families: [FileFamily; 7] = [
+        let families: [FileFamily; 10] = [
             (
                 "tierfs_file_size_bytes",
                 "Size of the model file.",
@@ -309,6 +309,24 @@ impl Scrape {
                 "Time readers of the file waited for the disk.",
                 MetricType::Counter,
                 |file| file.stall_seconds,
+            ),
+            (
+                "tierfs_file_hit_bytes",
+                "Bytes served to readers of the file from the chunk cache.",
+                MetricType::Counter,
+                |file| file.hit_bytes as f64,
+            ),
+            (
+                "tierfs_file_miss_bytes",
+                "Bytes served to readers of the file that waited for the disk.",
+                MetricType::Counter,
+                |file| file.miss_bytes as f64,
+            ),
+            (
+                "tierfs_file_disk_read_bytes",
+                "Bytes of the file's chunks read from the source.",
+                MetricType::Counter,
+                |file| file.disk_read_bytes as f64,
             ),
             (
                 "tierfs_file_prefetch_issued_bytes",

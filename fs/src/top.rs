@@ -5,13 +5,14 @@
 //! cache, `+` / `-` raise / lower the configured budget by a quarter / a fifth. It shows the
 //! budget, what the cache holds, the hit rate by bytes, memory pressure, the disk and served
 //! throughput as sparklines, per-operation p50/p99, and for each model file its mode, what of
-//! it is cached, its stall time and its residency strip (`files[].residency`, docs/STATS.md)
+//! it is cached, its stall time, its own hit rate and served and disk throughput (text
+//! sparklines), and its residency strip (`files[].residency`, docs/STATS.md)
 //! with the reader's block highlighted; files a reader is in or that hold cached bytes first.
 //! When stdout is not a terminal it prints the `tierfs stats` text view once instead.
 //!
 //! The terminal is restored however the view ends (`ratatui::init` installs a panic hook).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io::IsTerminal;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -30,6 +31,18 @@ use crate::mount::send_control;
 
 /// Throughput samples kept for the sparklines.
 const HISTORY: usize = 240;
+
+/// Samples shown in a model's sparklines.
+const FILE_SPARKLINE: usize = 24;
+
+/// One file's throughput since the view started.
+#[derive(Default)]
+struct FileHistory {
+    /// When last sampled, its served and disk byte counters.
+    last: Option<(Instant, u64, u64)>,
+    served_rate: VecDeque<u64>,
+    disk_rate: VecDeque<u64>,
+}
 
 pub fn run(mountpoint: &Path, interval: f64) -> Result<()> {
     let interval = Duration::from_secs_f64(interval.max(0.1));
@@ -56,6 +69,8 @@ struct View<'a> {
     /// Bytes per second, oldest first.
     disk_rate: VecDeque<u64>,
     served_rate: VecDeque<u64>,
+    /// Per file path, its own throughput.
+    files: HashMap<String, FileHistory>,
     /// The outcome of the last key's command, or why the stats cannot be read.
     message: String,
     error: Option<String>,
@@ -69,6 +84,7 @@ impl<'a> View<'a> {
             last: None,
             disk_rate: VecDeque::new(),
             served_rate: VecDeque::new(),
+            files: HashMap::new(),
             message: String::new(),
             error: None,
         }
@@ -155,6 +171,22 @@ impl<'a> View<'a> {
             push(&mut self.served_rate, rate(served, last_served));
         }
         self.last = Some((now, disk, served));
+        for file in doc["files"].as_array().into_iter().flatten() {
+            let Some(path) = file["path"].as_str() else {
+                continue;
+            };
+            let history = self.files.entry(path.to_string()).or_default();
+            let served = num(file, &["hit_bytes"]) + num(file, &["miss_bytes"]);
+            let disk = num(file, &["disk_read_bytes"]);
+            if let Some((then, last_served, last_disk)) = history.last {
+                let seconds = now.duration_since(then).as_secs_f64().max(1e-3);
+                let rate =
+                    |now: u64, before: u64| (now.saturating_sub(before) as f64 / seconds) as u64;
+                push(&mut history.served_rate, rate(served, last_served));
+                push(&mut history.disk_rate, rate(disk, last_disk));
+            }
+            history.last = Some((now, served, disk));
+        }
     }
 
     fn draw(&self, frame: &mut Frame) {
@@ -268,6 +300,7 @@ impl<'a> View<'a> {
                     file["start_stall_seconds"].as_f64().unwrap_or(0.0),
                 )),
             ]));
+            lines.push(self.file_rates(file));
             lines.extend(strip_lines(file, usize::from(width.max(8))));
         }
         if lines.is_empty() {
@@ -278,6 +311,34 @@ impl<'a> View<'a> {
                 " models: blocks in reading order  # cached  > reading  + partly  . not cached ",
             ),
         )
+    }
+
+    /// A model's hit rate by bytes and its served and disk throughput as text sparklines.
+    fn file_rates(&self, file: &Value) -> Line<'static> {
+        let (hit, miss) = (num(file, &["hit_bytes"]), num(file, &["miss_bytes"]));
+        let hit_rate = if hit + miss == 0 {
+            "-".to_string()
+        } else {
+            format!("{:.1} %", hit as f64 * 100.0 / (hit + miss) as f64)
+        };
+        let history = file["path"].as_str().and_then(|p| self.files.get(p));
+        let rates = |pick: fn(&FileHistory) -> &VecDeque<u64>| {
+            history.map_or((String::new(), 0), |h| {
+                let rates = pick(h);
+                (
+                    text_sparkline(rates, FILE_SPARKLINE),
+                    rates.back().copied().unwrap_or(0),
+                )
+            })
+        };
+        let (served, served_now) = rates(|h| &h.served_rate);
+        let (disk, disk_now) = rates(|h| &h.disk_rate);
+        Line::from(format!(
+            "  hit rate {hit_rate} by bytes   served {served:<width$} {}/s   disk {disk:<width$} {}/s",
+            format_size(served_now),
+            format_size(disk_now),
+            width = FILE_SPARKLINE,
+        ))
     }
 
     fn ops(&self) -> Paragraph<'_> {
@@ -324,6 +385,21 @@ fn strip_lines(file: &Value, width: usize) -> Vec<Line<'static>> {
                 .collect::<Vec<_>>();
             Line::from(spans)
         })
+        .collect()
+}
+
+/// The newest `width` of `rates` as block characters, scaled to their largest.
+fn text_sparkline(rates: &VecDeque<u64>, width: usize) -> String {
+    const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+    let shown: Vec<u64> = rates
+        .iter()
+        .skip(rates.len().saturating_sub(width))
+        .copied()
+        .collect();
+    let top = shown.iter().copied().max().unwrap_or(0).max(1);
+    shown
+        .iter()
+        .map(|&rate| BARS[(rate.saturating_mul(7) / top) as usize])
         .collect()
 }
 

@@ -10,6 +10,7 @@ block is resident; a `drop` empties it; a stream over its first blocks fills tho
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import socket
@@ -69,6 +70,21 @@ def test_residency_strip_follows_the_cache(mount, metrics_source):
     strip, blocks = row["residency"], row["blocks"]
     assert len(strip) == blocks > 1, row
     assert strip == "#" * blocks, f"a model read whole within its budget, strip {strip!r}"
+    # The file's own figures: everything it served went through the chunk cache (the kernel
+    # may ask for a range more than once), read from the source about once.
+    size = (m.mnt / MODEL_REL).stat().st_size
+    assert row["hit_bytes"] + row["miss_bytes"] >= 0.9 * size, row
+    assert 0.9 * size <= row["disk_read_bytes"] <= 1.1 * size, row
+    # Again, with the kernel's page cache of the mounted file dropped: all from memory.
+    fd = os.open(m.mnt / MODEL_REL, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    read_all(m.mnt / MODEL_REL)
+    again = file_row(m)
+    assert again["hit_bytes"] - row["hit_bytes"] >= 0.9 * size, (row, again)
+    assert (again["miss_bytes"], again["disk_read_bytes"]) == (row["miss_bytes"], row["disk_read_bytes"])
     current = row["residency_current"]
     assert isinstance(current, int) and 0 <= current < blocks, row
 

@@ -79,6 +79,9 @@ def test_top_shows_the_strip_and_acts_on_keys(mount, metrics_source):
         assert re.search(r"hit rate \d+\.\d %", screen), screen
         assert re.search(r"^│read +\d+ +0 +[\d.]+ [µm]s +[\d.]+ [µm]s", screen, re.M), screen
         assert "q quit" in screen, screen
+        # The model's own hit rate and served throughput, as a sparkline that peaks somewhere.
+        pane.wait_for("the model's served sparkline",
+                      lambda s: re.search(r"hit rate \d+\.\d % by bytes +served [▁-█]*█", s))
         streaming.clear()
         reader.join(timeout=30)
 

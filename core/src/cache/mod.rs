@@ -652,6 +652,12 @@ impl ChunkCache {
                     &self.counters.disk_read_bytes,
                     bytes.as_slice().len() as u64,
                 );
+                if let Some(owner) = owner {
+                    Counters::add(
+                        &owner.access.counters.disk_read_bytes,
+                        bytes.as_slice().len() as u64,
+                    );
+                }
                 if want == Want::Prefetch {
                     Counters::add(&self.counters.prefetch_issued_bytes, bytes.footprint());
                     if let Some(owner) = owner {

@@ -565,6 +565,9 @@ impl ModelFile {
                 used_bytes: get(|c| &c.prefetch_used_bytes),
                 wasted_bytes: get(|c| &c.prefetch_wasted_bytes),
             },
+            hit_bytes: get(|c| &c.hit_bytes),
+            miss_bytes: get(|c| &c.miss_bytes),
+            disk_read_bytes: get(|c| &c.disk_read_bytes),
             stall_seconds: get(|c| &c.stall_ns) as f64 / 1e9,
             start_stall_seconds: get(|c| &c.start_stall_ns) as f64 / 1e9,
             model: None,
@@ -1111,8 +1114,14 @@ impl ModelStore {
         let (bytes, outcome) = file
             .fetch_chunk(&self.cache, chunk, Want::Read)?
             .ok_or(ReadError::NoChunk)?;
+        let stop = end.min(span.end);
         if let Some(access) = file.access() {
             access.pace.read_done();
+            let served = match outcome {
+                Outcome::Hit => &access.counters.hit_bytes,
+                Outcome::Miss => &access.counters.miss_bytes,
+            };
+            Counters::add(served, stop - pos);
             if outcome == Outcome::Miss {
                 let waited = started.elapsed().as_nanos() as u64;
                 Counters::add(&access.counters.stall_ns, waited);
@@ -1121,7 +1130,6 @@ impl ModelStore {
                 }
             }
         }
-        let stop = end.min(span.end);
         let counter = match outcome {
             Outcome::Hit => &self.counters().hit_bytes,
             Outcome::Miss => &self.counters().miss_bytes,

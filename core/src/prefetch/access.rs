@@ -103,6 +103,11 @@ pub struct FileCounters {
     /// The part of `stall_ns` spent in the first block of the order: what a reader starting
     /// the model waits before its first tensors (the stall at a switch between models).
     pub start_stall_ns: AtomicU64,
+    /// Bytes served to readers through the chunk cache from chunks already resident / that
+    /// they waited for, and bytes of the file's chunks read from the source.
+    pub hit_bytes: AtomicU64,
+    pub miss_bytes: AtomicU64,
+    pub disk_read_bytes: AtomicU64,
 }
 
 impl FileAccess {
