@@ -19,6 +19,10 @@ command -v cc >/dev/null || need_apt+=(build-essential)
 command -v setpriv >/dev/null || need_apt+=(util-linux)
 # POSIX ACL rows of the adversarial suite (tests/python/test_security.py).
 command -v setfacl >/dev/null || need_apt+=(acl)
+# A real terminal for `tierfs top` (tests/python/test_top.py).
+command -v tmux >/dev/null || need_apt+=(tmux)
+# A real browser for the metrics endpoint's dashboard page (tests/python/test_metrics.py).
+command -v chromium >/dev/null || need_apt+=(chromium)
 # Windows checks (tests/windows/check.sh): mingw-w64 links, wine64 runs the core's tests.
 command -v x86_64-w64-mingw32-gcc >/dev/null || need_apt+=(gcc-mingw-w64-x86-64)
 command -v wine >/dev/null || need_apt+=(wine64)

@@ -5,6 +5,7 @@
 //! more. The JSON shape is the public contract documented in docs/STATS.md.
 
 pub mod ops;
+pub mod residency;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -144,6 +145,11 @@ pub struct FileSnapshot {
     pub learned_blocks: usize,
     /// This file's share of the prefetch figures.
     pub prefetch: PrefetchSnapshot,
+    /// Bytes served to readers of this file through the chunk cache from resident chunks /
+    /// from chunks they waited for, and bytes of its chunks read from the source.
+    pub hit_bytes: u64,
+    pub miss_bytes: u64,
+    pub disk_read_bytes: u64,
     /// Time readers of this file waited for the disk.
     pub stall_seconds: f64,
     /// The part of it spent in the first block of the order: the wait of a reader starting
@@ -161,4 +167,13 @@ pub struct FileSnapshot {
     pub mode_reason: Option<&'static str>,
     /// Page cache of the closed file the passthrough tier keeps for its next open.
     pub page_cache_kept_bytes: u64,
+    /// One character per block in the file's order: which of them the chunk cache holds
+    /// ([`residency`]); empty for a malformed file.
+    pub residency: String,
+    /// Index in `residency` of the block the reader is in, or was in last.
+    pub residency_current: Option<usize>,
+    /// Rank by last use, 0 the most recently opened file (not in the JSON: how the metrics
+    /// choose the files they label).
+    #[serde(skip)]
+    pub recency: usize,
 }

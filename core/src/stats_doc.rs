@@ -21,7 +21,9 @@ pub const SCHEMA_VERSION: u32 = 1;
 
 #[derive(Debug, Serialize)]
 pub struct StatsDocument {
+    /// [`SCHEMA_VERSION`] under its old name, kept for scripts that read it.
     pub version: u32,
+    pub schema_version: u32,
     pub mount: MountInfo,
     pub cache: CacheSnapshot,
     pub disk: DiskSnapshot,
@@ -70,6 +72,7 @@ impl StatsDocument {
         let c = store.counters();
         StatsDocument {
             version: SCHEMA_VERSION,
+            schema_version: SCHEMA_VERSION,
             mount: MountInfo {
                 source: source.display().to_string(),
                 mountpoint: mountpoint.display().to_string(),

@@ -63,6 +63,7 @@ pub fn run(size: u64, budget: u64) -> Result<()> {
         allow_other: false,
         index_cap: tierfs_core::models::DEFAULT_INDEX_CAP,
         state_file: None,
+        metrics_addr: None,
     };
     let mounted = Mounted::start(&request)?;
     let streamed = stream_twice(&mnt.join(name), &models.join(name));

@@ -8,10 +8,12 @@ mod demo;
 mod fuse;
 mod inspect;
 mod inspect_shards;
+mod metrics;
 mod mount;
 mod privilege;
 mod stats_cmd;
 mod stats_doc;
+mod top;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -77,6 +79,10 @@ enum Command {
         index_cache: u64,
         #[command(flatten)]
         state: StateArgs,
+        /// Serve the metrics (as in MOUNTPOINT/.tierfs/metrics) at http://ADDR/metrics for a
+        /// Prometheus scraper: PORT (on 127.0.0.1) or HOST:PORT.
+        #[arg(long, value_name = "ADDR", value_parser = metrics::server::parse_addr)]
+        metrics_addr: Option<std::net::SocketAddr>,
     },
     /// Send a command to a mount's control file: ram-cache SIZE | drop | prefetch PATH.
     Ctl(CtlArgs),
@@ -98,6 +104,15 @@ enum Command {
         /// Print the raw JSON document.
         #[arg(long)]
         json: bool,
+    },
+    /// Live terminal view of a mount: every model's blocks, throughput, latency; keys act on
+    /// the mount (q quits, d drops the cache, +/- resize the budget). Without a terminal, the
+    /// text view of `tierfs stats`.
+    Top {
+        mountpoint: PathBuf,
+        /// Seconds between refreshes.
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
     },
     /// Show the tensor index of a .safetensors file and its grouping into blocks.
     Inspect {
@@ -159,6 +174,7 @@ fn run(command: Command) -> Result<()> {
             allow_other,
             index_cache,
             state,
+            metrics_addr,
         } => {
             let budget = ram_cache.unwrap_or_else(|| {
                 let budget = mount::default_budget();
@@ -181,6 +197,7 @@ fn run(command: Command) -> Result<()> {
                 allow_other,
                 index_cap: index_cache,
                 state_file: state.orders_file(mount::default_state_dir),
+                metrics_addr,
             };
             if daemon {
                 return daemon::run(&request, log_file.as_deref());
@@ -195,6 +212,10 @@ fn run(command: Command) -> Result<()> {
             interval,
             json,
         } => stats_cmd::run(&mountpoint, watch, interval, json),
+        Command::Top {
+            mountpoint,
+            interval,
+        } => top::run(&mountpoint, interval),
         Command::Inspect { file, json } => inspect::run(&file, json),
         Command::Demo { size, ram_cache } => demo::run(size, ram_cache),
         Command::ComfyuiConfig { mountpoint, name } => comfyui::run(&mountpoint, &name),

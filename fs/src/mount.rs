@@ -14,6 +14,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread;
+use std::time::SystemTime;
 
 use anyhow::{bail, Context, Result};
 use crossbeam::channel::{unbounded, Receiver};
@@ -29,7 +30,10 @@ use tierfs_core::size::format_size;
 use tierfs_core::stats::Counters;
 
 use crate::fuse::{MountSettings, TierFs};
+use crate::metrics;
+use crate::metrics::server::{MetricsServer, Page};
 use crate::privilege;
+use crate::stats_doc::StatsDocument;
 
 /// The most readahead asked of the kernel in the FUSE handshake. The kernel caps it at the
 /// mount's BDI readahead, which is raised after mounting (see [`set_bdi_readahead`]).
@@ -54,6 +58,8 @@ pub struct MountRequest {
     pub index_cap: u64,
     /// Where learned block orders are kept across remounts (`None`: not kept).
     pub state_file: Option<PathBuf>,
+    /// Where to serve the metrics over HTTP (`--metrics-addr`; `None`: only in the mount).
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// The default cache budget: a quarter of physical RAM (or of the memory cgroup's limit),
@@ -150,6 +156,8 @@ pub fn send_control(mountpoint: &Path, command: &str) -> Result<()> {
 pub struct Mounted {
     session: BackgroundSession,
     pub mountpoint: PathBuf,
+    /// The `--metrics-addr` endpoint, stopped when the mount goes.
+    metrics: Option<MetricsServer>,
 }
 
 impl Mounted {
@@ -183,6 +191,13 @@ impl Mounted {
             model_passthrough: request.model_passthrough,
             governor,
         };
+        let metrics = match request.metrics_addr {
+            Some(addr) => Some(MetricsServer::start(
+                addr,
+                render_metrics(&settings, &store, &window),
+            )?),
+            None => None,
+        };
         let fs = TierFs::new(settings, Arc::clone(&store), window, invalidations)
             .with_context(|| format!("cannot open the source {}", source.display()))?;
         let served_device = fs.served_device();
@@ -212,12 +227,20 @@ impl Mounted {
         Ok(Mounted {
             session,
             mountpoint,
+            metrics,
         })
+    }
+
+    /// Where `--metrics-addr` serves, if it was given.
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metrics.as_ref().map(MetricsServer::addr)
     }
 
     /// Blocks until the mount goes away (unmounted by a signal, `tierfs unmount` or `umount`).
     pub fn wait(self) -> Result<()> {
-        match self.session.join() {
+        let ended = self.session.join();
+        drop(self.metrics);
+        match ended {
             // How the kernel ends a connection once the file system is gone: ENODEV, or
             // ECONNABORTED when it aborts the connection as the last user of a lazily detached
             // mount goes away (threads of one session can see either).
@@ -233,6 +256,32 @@ impl Mounted {
     }
 }
 
+/// What the `--metrics-addr` endpoint serves: the metrics and the stats of the mount, as
+/// `.tierfs/metrics` and `.tierfs/stats` render them (without the `fs` tables, which only the
+/// filesystem knows).
+fn render_metrics(
+    settings: &MountSettings,
+    store: &Arc<ModelStore>,
+    window: &Arc<KernelCacheWindow>,
+) -> impl Fn(Page) -> Vec<u8> + Send + 'static {
+    let (store, window) = (Arc::clone(store), Arc::clone(window));
+    let governor = Arc::clone(&settings.governor);
+    let (source, mountpoint) = (settings.source.clone(), settings.mountpoint.clone());
+    let passthrough = settings.passthrough;
+    let started = SystemTime::now();
+    move |page| {
+        let doc =
+            StatsDocument::collect(&store, &window, &source, &mountpoint, passthrough, started)
+                .with_budget(governor.snapshot());
+        match page {
+            Page::Metrics => metrics::render(doc, &store.counters().ops),
+            Page::Stats => serde_json::to_vec_pretty(&doc).unwrap_or_else(|e| {
+                format!("{{\"error\": \"cannot render stats: {e}\"}}").into_bytes()
+            }),
+        }
+    }
+}
+
 /// Runs `tierfs mount` in the foreground until unmounted; SIGINT/SIGTERM unmount.
 pub fn run_foreground(request: &MountRequest) -> Result<()> {
     serve(request, |mounted| {
@@ -242,7 +291,10 @@ pub fn run_foreground(request: &MountRequest) -> Result<()> {
             mounted.mountpoint.display(),
             format_size(request.budget),
             mounted.mountpoint.join(".tierfs/stats").display()
-        )
+        );
+        if let Some(addr) = mounted.metrics_addr() {
+            eprintln!("tierfs: metrics: http://{addr}/metrics");
+        }
     })?;
     eprintln!("tierfs: unmounted {}", request.mountpoint.display());
     Ok(())

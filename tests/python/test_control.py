@@ -480,7 +480,7 @@ def test_rest_of_mount_still_erofs(mount, workdir):
     assert test_readonly._snapshot(src) == before, "SOURCE changed"
     st = os.stat(c)
     assert stat.S_IMODE(st.st_mode) == 0o200 and st.st_uid == os.getuid()
-    assert sorted(os.listdir(m.mnt / ".tierfs")) == ["control", "stats"], os.listdir(m.mnt / ".tierfs")
+    assert sorted(os.listdir(m.mnt / ".tierfs")) == ["control", "metrics", "stats"], os.listdir(m.mnt / ".tierfs")
     assert (m.mnt / "f.txt").read_text() == "hello\n"
     assert m.alive()
 
@@ -509,7 +509,8 @@ PY_FOR_NOBODY = "/usr/bin/python3"
 @pytest.mark.skipif(not os.access(PY_FOR_NOBODY, os.X_OK), reason="no system python3 for the other user")
 def test_other_user_cannot_write_control_nor_read_the_stats(mount, workdir):
     """With --allow-other, another user can neither write the control (0200) nor read the stats
-    (0400: they name every model anyone opened, which that user may not be able to list)."""
+    or the metrics (0400: they name every model anyone opened, which that user may not be able
+    to list)."""
     import conftest
     src = workdir / "src"
     src.mkdir(mode=0o755)
@@ -522,11 +523,12 @@ def test_other_user_cannot_write_control_nor_read_the_stats(mount, workdir):
     child = (
         "import errno, json, os, sys\n"
         "d = sys.argv[1]\n"
-        "try:\n"
-        "    open(d + '/stats').read()\n"
-        "    print('READ')\n"
-        "except OSError as e:\n"
-        "    print(errno.errorcode.get(e.errno, e.errno))\n"
+        "for name in ('stats', 'metrics'):\n"
+        "    try:\n"
+        "        open(d + '/' + name).read()\n"
+        "        print('READ')\n"
+        "    except OSError as e:\n"
+        "        print(errno.errorcode.get(e.errno, e.errno))\n"
         "try:\n"
         "    fd = os.open(d + '/control', os.O_WRONLY)\n"
         "    os.write(fd, b'ram-cache 1MiB')\n"
@@ -543,10 +545,12 @@ def test_other_user_cannot_write_control_nor_read_the_stats(mount, workdir):
         for p, mode in saved.items():
             os.chmod(p, mode)
     assert r.returncode == 0, f"child (uid 65534) failed: {r.stderr[-1500:]}"
-    read, wrote = r.stdout.split()
+    read, read_metrics, wrote = r.stdout.split()
     assert read == "EACCES", f"uid 65534 reading stats: {read}"
+    assert read_metrics == "EACCES", f"uid 65534 reading metrics: {read_metrics}"
     assert wrote in ("EACCES", "EPERM"), f"uid 65534 writing control: {wrote}"
     assert stat.S_IMODE(os.stat(m.mnt / ".tierfs" / "stats").st_mode) == 0o400
+    assert stat.S_IMODE(os.stat(m.mnt / ".tierfs" / "metrics").st_mode) == 0o400
     assert m.stats()["cache"]["budget_bytes"] == 64 * MiB
 
 

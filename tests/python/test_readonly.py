@@ -32,6 +32,7 @@ def _snapshot(root):
 def _ops(mnt):
     f, d, m = str(mnt / "f.txt"), str(mnt / "d"), str(mnt / "m.safetensors")
     stats = str(mnt / ".tierfs" / "stats")
+    metrics = str(mnt / ".tierfs" / "metrics")
     return {
         "open O_WRONLY": lambda: os.open(f, os.O_WRONLY),
         "open O_RDWR": lambda: os.open(f, os.O_RDWR),
@@ -61,6 +62,8 @@ def _ops(mnt):
         "removexattr": lambda: os.removexattr(f, "user.test"),
         "write .tierfs/stats": lambda: os.open(stats, os.O_WRONLY),
         "truncate .tierfs/stats": lambda: os.truncate(stats, 0),
+        "write .tierfs/metrics": lambda: os.open(metrics, os.O_WRONLY),
+        "truncate .tierfs/metrics": lambda: os.truncate(metrics, 0),
         "create in .tierfs": lambda: os.open(str(mnt / ".tierfs" / "x"), os.O_WRONLY | os.O_CREAT, 0o644),
         "rmdir .tierfs": lambda: os.rmdir(str(mnt / ".tierfs")),
     }

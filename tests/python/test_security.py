@@ -270,7 +270,7 @@ def test_shared_mount_rule_table(world, mount):
     # `.tierfs` inside SOURCE: hidden by the control directory.
     tierfs_ops = [("list", str(mnt / ".tierfs"), ""), ("read", str(mnt / ".tierfs" / "hidden.txt"), "")]
     t_list, t_read = run_user(tierfs_ops)
-    rows.append(("`.tierfs` dir inside SOURCE: list MNT/.tierfs", "ok:control,stats", "n/a", t_list))
+    rows.append(("`.tierfs` dir inside SOURCE: list MNT/.tierfs", "ok:control,metrics,stats", "n/a", t_list))
     rows.append(("  ... read MNT/.tierfs/hidden.txt (SOURCE's)", "ENOENT", "n/a", t_read))
 
     # Every write path, by the other user: refused, SOURCE unchanged, budget unchanged.
@@ -348,7 +348,7 @@ def test_shared_mount_rule_table(world, mount):
             failures.append(f"{tried}: expected {expected}, got {m_res}")
         if op not in ("xattr", "listxattr", "lstat", "list") and m_res != s_res:
             failures.append(f"{tried}: mount gave {m_res} but SOURCE gives {s_res}")
-    if t_list != "ok:control,stats" or t_read != "ENOENT":
+    if t_list != "ok:control,metrics,stats" or t_read != "ENOENT":
         failures.append(f".tierfs in SOURCE: list {t_list}, read {t_read}")
     for (tried, *_), res in zip(writes, results):
         if res not in refused:

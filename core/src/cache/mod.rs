@@ -120,6 +120,17 @@ pub enum CacheError {
     LoadPanicked,
 }
 
+/// Where one chunk is, for the stats' residency strips ([`ChunkCache::chunk_states`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChunkState {
+    /// Not in memory, not being read.
+    Absent,
+    /// Being read from the disk (by a reader or a prefetch).
+    Loading,
+    /// In memory.
+    Resident,
+}
+
 /// The file and block a chunk belongs to, for order-aware eviction and per-file figures.
 #[derive(Debug, Clone)]
 pub struct ChunkOwner {
@@ -452,6 +463,28 @@ impl ChunkCache {
         state.resident.contains(&key) || state.loading.contains_key(&key)
     }
 
+    /// Where chunks `0..count` of file generation `file` are, read under one hold of the
+    /// cache's lock (two hash lookups per chunk, no allocation but the result): a reader waits
+    /// at most that long, once per file, not once per chunk.
+    pub fn chunk_states(&self, file: u64, count: usize) -> Vec<ChunkState> {
+        let state = self.lock();
+        (0..count)
+            .map(|chunk| {
+                let key = ChunkKey {
+                    file,
+                    chunk: u32::try_from(chunk).unwrap_or(u32::MAX),
+                };
+                if state.resident.contains(&key) {
+                    ChunkState::Resident
+                } else if state.loading.contains_key(&key) {
+                    ChunkState::Loading
+                } else {
+                    ChunkState::Absent
+                }
+            })
+            .collect()
+    }
+
     /// Drops every resident chunk of file generation `file` (a file that changed on disk).
     pub fn forget_file(&self, file: u64) {
         let mut state = self.lock();
@@ -619,6 +652,12 @@ impl ChunkCache {
                     &self.counters.disk_read_bytes,
                     bytes.as_slice().len() as u64,
                 );
+                if let Some(owner) = owner {
+                    Counters::add(
+                        &owner.access.counters.disk_read_bytes,
+                        bytes.as_slice().len() as u64,
+                    );
+                }
                 if want == Want::Prefetch {
                     Counters::add(&self.counters.prefetch_issued_bytes, bytes.footprint());
                     if let Some(owner) = owner {

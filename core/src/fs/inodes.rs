@@ -77,6 +77,8 @@ pub const CONTROL_DIR_INO: u64 = 2;
 pub const STATS_INO: u64 = 3;
 /// `.tierfs/control`.
 pub const CONTROL_INO: u64 = 4;
+/// `.tierfs/metrics`, where the front end renders metrics ([`super::TierFs::with_metrics`]).
+pub const METRICS_INO: u64 = 5;
 /// The numbers below this one are reserved for the root and the virtual files.
 pub const FIRST_SOURCE_INO: u64 = 16;
 

@@ -77,7 +77,7 @@ pub use attr::{Attr, Kind};
 pub use error::FsError;
 use handles::{Handle, Handles};
 use inodes::Inodes;
-pub use inodes::{CONTROL_DIR_INO, CONTROL_INO, ROOT_INO, STATS_INO};
+pub use inodes::{CONTROL_DIR_INO, CONTROL_INO, METRICS_INO, ROOT_INO, STATS_INO};
 pub use open::{OpenFlags, Opened, ReadKind};
 pub use platform::{oflag, AccessError, Sharing};
 use platform::{AccessRule, Acting, SourceRoot};
@@ -132,7 +132,7 @@ pub struct StatsView<'a> {
     pub handles: usize,
 }
 
-/// Renders `.tierfs/stats` (JSON bytes).
+/// Renders `.tierfs/stats` (JSON bytes), or `.tierfs/metrics` (text).
 pub type RenderStats = Box<dyn Fn(&StatsView) -> Vec<u8> + Send + Sync>;
 
 /// One entry of a directory listing.
@@ -185,6 +185,8 @@ pub struct TierFs<B> {
     window: Arc<KernelCacheWindow>,
     invalidations: Sender<InodeRange>,
     render_stats: RenderStats,
+    /// Renders `.tierfs/metrics`; without it the file does not exist.
+    render_metrics: Option<RenderStats>,
     started: SystemTime,
     uid: u32,
     gid: u32,
@@ -225,6 +227,7 @@ impl<B: Send + Sync> TierFs<B> {
             window,
             invalidations,
             render_stats,
+            render_metrics: None,
             started: SystemTime::now(),
             uid,
             gid,
@@ -446,8 +449,25 @@ impl<B: Send + Sync> TierFs<B> {
         })
     }
 
+    /// Serves `.tierfs/metrics` (beside the stats, under the same access rule), rendered by
+    /// `render` from the same figures.
+    pub fn with_metrics(mut self, render: RenderStats) -> TierFs<B> {
+        self.render_metrics = Some(render);
+        self
+    }
+
     fn stats_json(&self) -> Vec<u8> {
-        (self.render_stats)(&StatsView {
+        (self.render_stats)(&self.stats_view())
+    }
+
+    /// `.tierfs/metrics`, if this front end serves it.
+    fn metrics_text(&self) -> Option<Vec<u8>> {
+        let render = self.render_metrics.as_ref()?;
+        Some(render(&self.stats_view()))
+    }
+
+    fn stats_view(&self) -> StatsView<'_> {
+        StatsView {
             store: &self.store,
             window: &self.window,
             source: &self.settings.source,
@@ -456,7 +476,7 @@ impl<B: Send + Sync> TierFs<B> {
             governor: &self.settings.governor,
             inodes: self.inodes.len(),
             handles: self.handles.len(),
-        })
+        }
     }
 
     /// The attributes of inode `ino`, a source path or a virtual file, and how long the kernel
@@ -467,6 +487,8 @@ impl<B: Send + Sync> TierFs<B> {
             CONTROL_DIR_INO => virtual_attr(Kind::Directory, 0o555),
             // The mounting user's (and root's) alone: it names every model anyone opened.
             STATS_INO => virtual_attr(Kind::File, 0o400),
+            METRICS_INO if self.render_metrics.is_some() => virtual_attr(Kind::File, 0o400),
+            METRICS_INO => Err(FsError::NotFound),
             CONTROL_INO => virtual_attr(Kind::File, 0o200),
             _ => self.source_attr(ino, acting),
         }
@@ -562,6 +584,7 @@ impl<B: Send + Sync> TierFs<B> {
         if parent == CONTROL_DIR_INO {
             return match name.to_str() {
                 Some("stats") => self.attr(STATS_INO, acting),
+                Some("metrics") => self.attr(METRICS_INO, acting),
                 Some("control") => self.attr(CONTROL_INO, acting),
                 _ => Err(FsError::NotFound),
             };
@@ -591,6 +614,9 @@ impl<B: Send + Sync> TierFs<B> {
         if ino == CONTROL_DIR_INO {
             entries.push(entry(STATS_INO, Kind::File, "stats"));
             entries.push(entry(CONTROL_INO, Kind::File, "control"));
+            if self.render_metrics.is_some() {
+                entries.push(entry(METRICS_INO, Kind::File, "metrics"));
+            }
             return Ok((entries, Vec::new()));
         }
         let dir = self.inodes.entry(ino).ok_or(FsError::NotFound)?;

@@ -15,7 +15,7 @@ use super::handles::Handle;
 use super::platform::{self, oflag, Acting};
 use super::present::present_object;
 use super::{FsError, Kind, Requester, TierFs};
-use super::{CONTROL_DIR_INO, CONTROL_INO, STATS_INO};
+use super::{CONTROL_DIR_INO, CONTROL_INO, METRICS_INO, STATS_INO};
 
 /// A model read taking longer than this is logged: it means the disk is saturated or a reader
 /// waits on a chunk another request is loading. Two seconds is a hundred times a 4 MiB chunk
@@ -70,9 +70,19 @@ impl<B: Send + Sync> TierFs<B> {
             }
             match ino {
                 CONTROL_DIR_INO => Err(FsError::IsDirectory),
-                STATS_INO if req.uid != self.uid && req.uid != 0 => {
+                STATS_INO | METRICS_INO if req.uid != self.uid && req.uid != 0 => {
                     Err(FsError::Denied("the stats are the mounting user's"))
                 }
+                METRICS_INO => match self.metrics_text() {
+                    Some(text) => Ok(Opened::Served {
+                        fh: self.add_handle(ino, Handle::Stats(text)),
+                        flags: OpenFlags {
+                            direct_io: true,
+                            keep_cache: false,
+                        },
+                    }),
+                    None => Err(FsError::NotFound),
+                },
                 STATS_INO => Ok(Opened::Served {
                     fh: self.add_handle(ino, Handle::Stats(self.stats_json())),
                     flags: OpenFlags {

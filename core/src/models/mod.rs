@@ -56,6 +56,7 @@ use crate::source::{
     aligned_footprint, AlignedBytes, PathAccess, PlainPaths, ReadWrapper, SourceError, SourceFile,
     SourceIdentity,
 };
+use crate::stats::residency::{self, Residency};
 use crate::stats::{Counters, FileSnapshot, IndexSnapshot, PrefetchSnapshot};
 use crate::sync::{lock, Mutex, MutexGuard};
 
@@ -523,6 +524,19 @@ impl ModelFile {
         cache.is_present(self.key(chunk))
     }
 
+    /// The file's residency strip ([`residency`]): one hold of the cache's lock for the whole
+    /// file; `None` for a malformed file.
+    fn residency(&self, cache: &ChunkCache) -> Option<Residency> {
+        let (access, plan) = (self.access.as_ref()?, self.plan()?);
+        let states = cache.chunk_states(self.generation, plan.len());
+        Some(residency::strip(
+            &access.order(),
+            plan,
+            &states,
+            access.current(),
+        ))
+    }
+
     fn snapshot(&self, cache: &ChunkCache) -> FileSnapshot {
         let (order_learned, learned_blocks) =
             self.access.as_ref().map_or((false, 0), |a| a.learned());
@@ -553,13 +567,23 @@ impl ModelFile {
                 used_bytes: get(|c| &c.prefetch_used_bytes),
                 wasted_bytes: get(|c| &c.prefetch_wasted_bytes),
             },
+            hit_bytes: get(|c| &c.hit_bytes),
+            miss_bytes: get(|c| &c.miss_bytes),
+            disk_read_bytes: get(|c| &c.disk_read_bytes),
             stall_seconds: get(|c| &c.stall_ns) as f64 / 1e9,
             start_stall_seconds: get(|c| &c.start_stall_ns) as f64 / 1e9,
             model: None,
             standalone_reason: None,
             mode_reason: None,
             page_cache_kept_bytes: 0,
+            residency: String::new(),
+            residency_current: None,
+            recency: 0,
         };
+        if let Some(residency) = self.residency(cache) {
+            snapshot.residency = residency.strip;
+            snapshot.residency_current = residency.current;
+        }
         shards::annotate(&mut snapshot, self);
         snapshot
     }
@@ -1114,8 +1138,14 @@ impl ModelStore {
         let (bytes, outcome) = file
             .fetch_chunk(&self.cache, chunk, Want::Read)?
             .ok_or(ReadError::NoChunk)?;
+        let stop = end.min(span.end);
         if let Some(access) = file.access() {
             access.pace.read_done();
+            let served = match outcome {
+                Outcome::Hit => &access.counters.hit_bytes,
+                Outcome::Miss => &access.counters.miss_bytes,
+            };
+            Counters::add(served, stop - pos);
             if outcome == Outcome::Miss {
                 let waited = started.elapsed().as_nanos() as u64;
                 Counters::add(&access.counters.stall_ns, waited);
@@ -1124,7 +1154,6 @@ impl ModelStore {
                 }
             }
         }
-        let stop = end.min(span.end);
         let counter = match outcome {
             Outcome::Hit => &self.counters().hit_bytes,
             Outcome::Miss => &self.counters().miss_bytes,
@@ -1288,11 +1317,14 @@ impl ModelStore {
 
     /// One entry per known model file (its current version), sorted by path.
     pub fn files_snapshot(&self) -> Vec<FileSnapshot> {
+        // Most recently used first.
         let files: Vec<Arc<ModelFile>> = self.lock().files().cloned().collect();
         let mut snapshots: Vec<FileSnapshot> = files
             .iter()
-            .map(|f| {
+            .enumerate()
+            .map(|(recency, f)| {
                 let mut snapshot = f.snapshot(&self.cache);
+                snapshot.recency = recency;
                 self.explain_mode(f, &mut snapshot);
                 snapshot
             })

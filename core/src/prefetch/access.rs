@@ -103,6 +103,11 @@ pub struct FileCounters {
     /// The part of `stall_ns` spent in the first block of the order: what a reader starting
     /// the model waits before its first tensors (the stall at a switch between models).
     pub start_stall_ns: AtomicU64,
+    /// Bytes served to readers through the chunk cache from chunks already resident / that
+    /// they waited for, and bytes of the file's chunks read from the source.
+    pub hit_bytes: AtomicU64,
+    pub miss_bytes: AtomicU64,
+    pub disk_read_bytes: AtomicU64,
 }
 
 impl FileAccess {
@@ -262,6 +267,12 @@ impl FileAccess {
     /// The current visit: bumped each time the reader enters a block.
     pub fn visit(&self) -> u64 {
         self.visit.load(Ordering::Relaxed)
+    }
+
+    /// The block the reader is in (`None` before its first touch, or after a rewind).
+    pub fn current(&self) -> Option<usize> {
+        let current = self.current.load(Ordering::Relaxed);
+        (current != NONE).then_some(current)
     }
 
     /// Whether the reader is in `block`.

@@ -70,7 +70,9 @@ fn bucket_upper(index: usize) -> u64 {
     let exp = (index - SUB) / SUB + SUB_BITS as usize;
     let sub = ((index - SUB) % SUB) as u64;
     let width = 1u64 << (exp - SUB_BITS as usize);
-    ((SUB as u64 + sub) * width).saturating_add(width - 1)
+    (SUB as u64 + sub)
+        .saturating_mul(width)
+        .saturating_add(width - 1)
 }
 
 /// Counts and latency histogram of one operation.
@@ -98,6 +100,29 @@ impl OpRecord {
         self.total_ns.fetch_add(ns, Ordering::Relaxed);
         if failed {
             self.errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn histogram(&self) -> OpHistogram {
+        let mut buckets: Vec<(f64, u64)> = HISTOGRAM_BOUNDS_NS
+            .iter()
+            .map(|&bound| (bound as f64 / 1e9, 0))
+            .collect();
+        let mut count = 0;
+        for (index, fine) in self.buckets.iter().enumerate() {
+            let n = fine.load(Ordering::Relaxed);
+            count += n;
+            // Every latency of a fine bucket is at most its upper bound, below the first coarse
+            // bound above it: the coarse counts are exact.
+            let upper = bucket_upper(index);
+            if let Some(slot) = HISTOGRAM_BOUNDS_NS.iter().position(|&b| upper < b) {
+                buckets[slot].1 += n;
+            }
+        }
+        OpHistogram {
+            count,
+            sum_seconds: self.total_ns.load(Ordering::Relaxed) as f64 / 1e9,
+            buckets,
         }
     }
 
@@ -138,6 +163,35 @@ impl OpRecord {
     }
 }
 
+/// Upper bounds (exclusive, in nanoseconds) of the coarse buckets [`OpStats::histograms`]
+/// reports: powers of four from 1 µs (1 024 ns) to 17 s, each the lower bound of a fine bucket,
+/// so a coarse count is the exact sum of fine ones. Latencies of 17 s or more are counted in
+/// `count` only (the `+Inf` bucket).
+pub const HISTOGRAM_BOUNDS_NS: [u64; 13] = [
+    1 << 10,
+    1 << 12,
+    1 << 14,
+    1 << 16,
+    1 << 18,
+    1 << 20,
+    1 << 22,
+    1 << 24,
+    1 << 26,
+    1 << 28,
+    1 << 30,
+    1 << 32,
+    1 << 34,
+];
+
+/// The latency histogram of one operation in coarse buckets, for monitoring systems.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpHistogram {
+    pub count: u64,
+    pub sum_seconds: f64,
+    /// `(upper bound in seconds, latencies below it and at or above the previous bound)`.
+    pub buckets: Vec<(f64, u64)>,
+}
+
 /// The figures of every [`Op`].
 #[derive(Debug, Default)]
 pub struct OpStats {
@@ -157,6 +211,14 @@ impl OpStats {
 
     pub fn record(&self, op: Op, elapsed: Duration, failed: bool) {
         self.records[op as usize].record(elapsed, failed);
+    }
+
+    /// Every operation's latency histogram in the coarse buckets of [`HISTOGRAM_BOUNDS_NS`].
+    pub fn histograms(&self) -> Vec<(Op, OpHistogram)> {
+        Op::ALL
+            .iter()
+            .map(|&op| (op, self.records[op as usize].histogram()))
+            .collect()
     }
 
     pub fn snapshot(&self) -> OpsSnapshot {
@@ -244,6 +306,25 @@ mod tests {
         );
         assert_eq!((s.lookup.count, s.lookup.errors), (2, 1));
         assert_eq!((s.open.count, s.open.p50_us, s.open.p99_us), (0, 0.0, 0.0));
+    }
+
+    #[test]
+    fn coarse_histogram_counts_each_latency_below_its_bound() {
+        let stats = OpStats::default();
+        // 1023 ns and 1024 ns straddle the first bound; 20 s is past the last one.
+        for ns in [500, 1023, 1024, 4095, 4096, 20_000_000_000] {
+            stats.record(Op::Read, Duration::from_nanos(ns), false);
+        }
+        let histograms = stats.histograms();
+        let Some((_, read)) = histograms.iter().find(|(op, _)| *op == Op::Read) else {
+            panic!("no read histogram");
+        };
+        assert_eq!(read.count, 6);
+        let counts: Vec<u64> = read.buckets.iter().map(|b| b.1).collect();
+        assert_eq!(&counts[..3], &[2, 2, 1]);
+        assert_eq!(counts.iter().sum::<u64>(), 5, "20 s is in +Inf only");
+        assert!((read.sum_seconds - 20.000_010_738).abs() < 1e-9, "{read:?}");
+        assert!((read.buckets[0].0 - 1.024e-6).abs() < 1e-15);
     }
 
     #[test]

@@ -57,7 +57,10 @@ impl TierFs {
         invalidations: Sender<InodeRange>,
     ) -> io::Result<TierFs> {
         let mountpoint = settings.mountpoint;
+        let metrics_mountpoint = mountpoint.clone();
         let render = move |view: &core_fs::StatsView| stats_json(view, &mountpoint);
+        let render_metrics =
+            move |view: &core_fs::StatsView| metrics_text(view, &metrics_mountpoint);
         let core_settings = core_fs::Settings {
             source: settings.source,
             passthrough: settings.passthrough,
@@ -72,7 +75,8 @@ impl TierFs {
                 window,
                 invalidations,
                 Box::new(render),
-            )?,
+            )?
+            .with_metrics(Box::new(render_metrics)),
         })
     }
 
@@ -85,7 +89,19 @@ impl TierFs {
 
 /// The `.tierfs/stats` document of this front end (with its privileged modes and budget).
 fn stats_json(view: &core_fs::StatsView, mountpoint: &Path) -> Vec<u8> {
-    let doc = StatsDocument::collect(
+    let mut json = serde_json::to_vec_pretty(&stats_document(view, mountpoint))
+        .unwrap_or_else(|e| format!("{{\"error\": \"cannot render stats: {e}\"}}").into_bytes());
+    json.push(b'\n');
+    json
+}
+
+/// `.tierfs/metrics`: the same figures for a Prometheus scraper ([`crate::metrics`]).
+fn metrics_text(view: &core_fs::StatsView, mountpoint: &Path) -> Vec<u8> {
+    crate::metrics::render(stats_document(view, mountpoint), &view.store.counters().ops)
+}
+
+fn stats_document(view: &core_fs::StatsView, mountpoint: &Path) -> StatsDocument {
+    StatsDocument::collect(
         view.store,
         view.window,
         view.source,
@@ -94,11 +110,7 @@ fn stats_json(view: &core_fs::StatsView, mountpoint: &Path) -> Vec<u8> {
         view.started,
     )
     .with_budget(view.governor.snapshot())
-    .with_tables(view.inodes, view.handles);
-    let mut json = serde_json::to_vec_pretty(&doc)
-        .unwrap_or_else(|e| format!("{{\"error\": \"cannot render stats: {e}\"}}").into_bytes());
-    json.push(b'\n');
-    json
+    .with_tables(view.inodes, view.handles)
 }
 
 impl Filesystem for TierFs {

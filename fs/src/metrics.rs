@@ -1,0 +1,364 @@
+//! The stats as Prometheus metrics: `MOUNTPOINT/.tierfs/metrics` and, with `--metrics-addr`,
+//! `http://ADDR/metrics` ([`server`]); names and meanings in docs/STATS.md ("Metrics").
+//!
+//! **Contract.** The text exposition format 0.0.4 (what node_exporter's textfile collector and
+//! every Prometheus-compatible scraper read), rendered by `prometheus-client` from the same
+//! figures as the stats document at the moment of the open or the scrape. Names carry their
+//! unit (`_bytes`, `_seconds`); monotonic figures are counters (`_total`), levels are gauges;
+//! per-operation latency is a histogram (`tierfs_op_duration_seconds`, the coarse buckets of
+//! [`tierfs_core::stats::ops::HISTOGRAM_BOUNDS_NS`]). Per-file series carry a `path` label and
+//! are limited to the [`MAX_LABELLED_FILES`] most recently opened files, so a mount that saw
+//! thousands of files does not give the scraper thousands of series.
+//!
+//! Rendering takes no lock the read path waits on beyond the stats document's own (one hold of
+//! the chunk cache's lock per file for its residency).
+
+pub mod server;
+
+use std::fmt;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, NoLabelSet,
+};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+use tierfs_core::stats::ops::{Op, OpHistogram, OpStats};
+use tierfs_core::stats::residency;
+use tierfs_core::stats::FileSnapshot;
+
+use crate::stats_doc::StatsDocument;
+
+/// Most files given per-file series: the most recently opened ones.
+pub const MAX_LABELLED_FILES: usize = 64;
+
+/// `Content-Type` of what [`render`] returns.
+pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+/// A per-file family: name, help, type, and its value for a file.
+type FileFamily = (
+    &'static str,
+    &'static str,
+    MetricType,
+    fn(&FileSnapshot) -> f64,
+);
+
+/// The figures of one scrape.
+#[derive(Debug)]
+struct Scrape {
+    doc: StatsDocument,
+    latency: Vec<(Op, OpHistogram)>,
+}
+
+/// The metrics of `doc` and of the operation latencies `ops`, as exposition text.
+pub fn render(doc: StatsDocument, ops: &OpStats) -> Vec<u8> {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(Scrape {
+        doc,
+        latency: ops.histograms(),
+    }));
+    let mut text = String::new();
+    match prometheus_client::encoding::prometheus_text::encode(&mut text, &registry) {
+        Ok(()) => text.into_bytes(),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot render the metrics");
+            format!("# cannot render the metrics: {e}\n").into_bytes()
+        }
+    }
+}
+
+/// Writes one family after another into a scrape.
+struct Families<'a>(DescriptorEncoder<'a>);
+
+impl Families<'_> {
+    fn counter(&mut self, name: &str, help: &str, value: impl EncodeCounterValue) -> fmt::Result {
+        self.0
+            .encode_descriptor(name, help, None, MetricType::Counter)?
+            .encode_counter::<NoLabelSet, _, u64>(&value, None)
+    }
+
+    fn gauge(&mut self, name: &str, help: &str, value: impl EncodeGaugeValue) -> fmt::Result {
+        self.0
+            .encode_descriptor(name, help, None, MetricType::Gauge)?
+            .encode_gauge(&value)
+    }
+
+    /// One series per `(label value, value)` of `rows`, labelled `label`.
+    fn labelled<V>(
+        &mut self,
+        (name, help, kind): (&str, &str, MetricType),
+        label: &str,
+        rows: impl IntoIterator<Item = (String, V)>,
+    ) -> fmt::Result
+    where
+        V: EncodeCounterValue + EncodeGaugeValue,
+    {
+        let mut family = self.0.encode_descriptor(name, help, None, kind)?;
+        for (value_of_label, value) in rows {
+            let labels = [(label, value_of_label.as_str())];
+            let mut series = family.encode_family(&labels)?;
+            match kind {
+                MetricType::Counter => series.encode_counter::<NoLabelSet, _, u64>(&value, None)?,
+                _ => series.encode_gauge(&value)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Collector for Scrape {
+    fn encode(&self, encoder: DescriptorEncoder) -> fmt::Result {
+        let mut f = Families(encoder);
+        self.cache(&mut f)?;
+        self.disk_and_prefetch(&mut f)?;
+        self.budget(&mut f)?;
+        self.files(&mut f)?;
+        self.latency(f)
+    }
+}
+
+impl Scrape {
+    fn cache(&self, f: &mut Families) -> fmt::Result {
+        let c = &self.doc.common.cache;
+        f.gauge(
+            "tierfs_budget_bytes",
+            "The mount's budget in force: chunk cache and passthrough files together.",
+            c.budget_bytes,
+        )?;
+        f.gauge(
+            "tierfs_cache_budget_bytes",
+            "The chunk cache's share of the budget (what passthrough files do not hold).",
+            c.chunk_budget_bytes,
+        )?;
+        f.gauge(
+            "tierfs_cache_used_bytes",
+            "Bytes the chunk cache holds, reads in flight included.",
+            c.used_bytes,
+        )?;
+        f.gauge("tierfs_cache_chunks", "Resident chunks.", c.chunks)?;
+        f.counter(
+            "tierfs_cache_hits",
+            "Chunk lookups by readers answered from memory.",
+            c.hits,
+        )?;
+        f.counter(
+            "tierfs_cache_misses",
+            "Chunk lookups by readers that waited for the disk.",
+            c.misses,
+        )?;
+        f.counter(
+            "tierfs_cache_hit_bytes",
+            "Bytes served to readers from memory.",
+            c.hit_bytes,
+        )?;
+        f.counter(
+            "tierfs_cache_miss_bytes",
+            "Bytes served to readers that waited for the disk.",
+            c.miss_bytes,
+        )?;
+        f.counter(
+            "tierfs_cache_evicted_bytes",
+            "Bytes dropped from the chunk cache to stay within the budget.",
+            c.evicted_bytes,
+        )?;
+        f.counter(
+            "tierfs_cache_uncached_bytes",
+            "Bytes served without caching.",
+            c.uncached_bytes,
+        )?;
+        f.counter(
+            "tierfs_stall_seconds",
+            "Time readers waited for the disk, summed over reader threads.",
+            c.stall_seconds,
+        )?;
+        f.gauge(
+            "tierfs_index_bytes",
+            "Estimated memory of the known model files' headers and indexes.",
+            c.index.index_bytes,
+        )?;
+        f.gauge(
+            "tierfs_known_files",
+            "Model files the mount knows.",
+            c.index.index_entries,
+        )
+    }
+
+    fn disk_and_prefetch(&self, f: &mut Families) -> fmt::Result {
+        let d = &self.doc.common.disk;
+        f.counter(
+            "tierfs_disk_read_bytes",
+            "Bytes the daemon read from source model files.",
+            d.read_bytes,
+        )?;
+        f.counter("tierfs_disk_reads", "Reads of source model files.", d.reads)?;
+        f.counter(
+            "tierfs_disk_errors",
+            "Reads of source model files that failed.",
+            d.errors,
+        )?;
+        let p = &self.doc.common.prefetch;
+        f.counter(
+            "tierfs_prefetch_issued_bytes",
+            "Bytes read ahead of readers.",
+            p.issued_bytes,
+        )?;
+        f.counter(
+            "tierfs_prefetch_used_bytes",
+            "Prefetched bytes a reader later asked for.",
+            p.used_bytes,
+        )?;
+        f.counter(
+            "tierfs_prefetch_wasted_bytes",
+            "Prefetched bytes evicted before any reader asked for them.",
+            p.wasted_bytes,
+        )?;
+        f.counter(
+            "tierfs_kernel_page_cache_invalidated_bytes",
+            "Page cache of the mounted files that tierfs asked the kernel to drop.",
+            self.doc.common.kernel_page_cache.invalidated_bytes,
+        )
+    }
+
+    fn budget(&self, f: &mut Families) -> fmt::Result {
+        let t = &self.doc.common.passthrough.tier;
+        f.gauge(
+            "tierfs_passthrough_open_files",
+            "Model files open in passthrough mode.",
+            t.open_files,
+        )?;
+        f.gauge(
+            "tierfs_passthrough_open_bytes",
+            "Bytes the passthrough files reserve.",
+            t.open_bytes,
+        )?;
+        f.gauge(
+            "tierfs_passthrough_parked_bytes",
+            "Page cache of closed passthrough files kept for a reload.",
+            t.parked_bytes,
+        )?;
+        let Some(b) = &self.doc.budget else {
+            return Ok(());
+        };
+        f.gauge(
+            "tierfs_budget_configured_bytes",
+            "The budget asked for (--ram-cache, or the last ram-cache command).",
+            b.configured_bytes,
+        )?;
+        f.gauge(
+            "tierfs_budget_pressure_limit_bytes",
+            "Limit set by memory pressure; the configured budget when there is none.",
+            b.pressure_limit_bytes.unwrap_or(b.configured_bytes),
+        )?;
+        f.counter(
+            "tierfs_budget_pressure_events",
+            "Times memory pressure lowered the limit.",
+            b.pressure_events,
+        )?;
+        f.counter(
+            "tierfs_budget_given_back_bytes",
+            "Cache bytes given back under memory pressure.",
+            b.given_back_bytes,
+        )
+    }
+
+    /// The per-file families, for the most recently opened files.
+    fn files(&self, f: &mut Families) -> fmt::Result {
+        let mut files: Vec<&FileSnapshot> = self.doc.common.files.iter().collect();
+        files.sort_by_key(|file| file.recency);
+        files.truncate(MAX_LABELLED_FILES);
+        files.sort_by(|a, b| a.path.cmp(&b.path));
+        let rows = |value: fn(&FileSnapshot) -> f64| {
+            files
+                .iter()
+                .map(move |file| (file.path.clone(), value(file)))
+                .collect::<Vec<_>>()
+        };
+        let families: [FileFamily; 10] = [
+            (
+                "tierfs_file_size_bytes",
+                "Size of the model file.",
+                MetricType::Gauge,
+                |file| file.size as f64,
+            ),
+            (
+                "tierfs_file_cached_bytes",
+                "Bytes of the file in the chunk cache.",
+                MetricType::Gauge,
+                |file| file.cached_bytes as f64,
+            ),
+            (
+                "tierfs_file_blocks",
+                "Blocks of the file.",
+                MetricType::Gauge,
+                |file| file.residency.chars().count() as f64,
+            ),
+            (
+                "tierfs_file_resident_blocks",
+                "Blocks of the file wholly in the chunk cache.",
+                MetricType::Gauge,
+                |file| file.residency.matches(residency::RESIDENT).count() as f64,
+            ),
+            (
+                "tierfs_file_passthrough",
+                "1 if the file's last open is served by passthrough, else 0.",
+                MetricType::Gauge,
+                |file| f64::from(u8::from(file.mode == "passthrough")),
+            ),
+            (
+                "tierfs_file_stall_seconds",
+                "Time readers of the file waited for the disk.",
+                MetricType::Counter,
+                |file| file.stall_seconds,
+            ),
+            (
+                "tierfs_file_hit_bytes",
+                "Bytes served to readers of the file from the chunk cache.",
+                MetricType::Counter,
+                |file| file.hit_bytes as f64,
+            ),
+            (
+                "tierfs_file_miss_bytes",
+                "Bytes served to readers of the file that waited for the disk.",
+                MetricType::Counter,
+                |file| file.miss_bytes as f64,
+            ),
+            (
+                "tierfs_file_disk_read_bytes",
+                "Bytes of the file's chunks read from the source.",
+                MetricType::Counter,
+                |file| file.disk_read_bytes as f64,
+            ),
+            (
+                "tierfs_file_prefetch_issued_bytes",
+                "Bytes of the file read ahead of its readers.",
+                MetricType::Counter,
+                |file| file.prefetch.issued_bytes as f64,
+            ),
+        ];
+        for (name, help, kind, value) in families {
+            f.labelled((name, help, kind), "path", rows(value))?;
+        }
+        Ok(())
+    }
+
+    fn latency(&self, mut f: Families) -> fmt::Result {
+        let mut family = f.0.encode_descriptor(
+            "tierfs_op_duration_seconds",
+            "The daemon's time per kernel request, by request type.",
+            None,
+            MetricType::Histogram,
+        )?;
+        for (op, histogram) in &self.latency {
+            let labels = [("op", op.name())];
+            family
+                .encode_family(&labels)?
+                .encode_histogram::<NoLabelSet>(
+                    histogram.sum_seconds,
+                    histogram.count,
+                    &histogram.buckets,
+                    None,
+                )?;
+        }
+        Ok(())
+    }
+}

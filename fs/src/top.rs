@@ -1,0 +1,426 @@
+//! `tierfs top MOUNTPOINT`: a live terminal view of a mount, refreshed every `--interval`.
+//!
+//! **Contract.** Reads only `MOUNTPOINT/.tierfs/stats` (so it shows what any script sees) and
+//! acts only through `MOUNTPOINT/.tierfs/control`: `q` (or Esc, Ctrl-C) quits, `d` drops the
+//! cache, `+` / `-` raise / lower the configured budget by a quarter / a fifth. It shows the
+//! budget, what the cache holds, the hit rate by bytes, memory pressure, the disk and served
+//! throughput as sparklines, per-operation p50/p99, and for each model file its mode, what of
+//! it is cached, its stall time, its own hit rate and served and disk throughput (text
+//! sparklines), and its residency strip (`files[].residency`, docs/STATS.md)
+//! with the reader's block highlighted; files a reader is in or that hold cached bytes first.
+//! When stdout is not a terminal it prints the `tierfs stats` text view once instead.
+//!
+//! The terminal is restored however the view ends (`ratatui::init` installs a panic hook).
+
+use std::collections::{HashMap, VecDeque};
+use std::io::IsTerminal;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Modifier, Style};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Borders, Paragraph, Sparkline, Wrap};
+use ratatui::{DefaultTerminal, Frame};
+use serde_json::Value;
+use tierfs_core::size::format_size;
+
+use crate::mount::send_control;
+
+/// Throughput samples kept for the sparklines.
+const HISTORY: usize = 240;
+
+/// Samples shown in a model's sparklines.
+const FILE_SPARKLINE: usize = 24;
+
+/// One file's throughput since the view started.
+#[derive(Default)]
+struct FileHistory {
+    /// When last sampled, its served and disk byte counters.
+    last: Option<(Instant, u64, u64)>,
+    served_rate: VecDeque<u64>,
+    disk_rate: VecDeque<u64>,
+}
+
+pub fn run(mountpoint: &Path, interval: f64) -> Result<()> {
+    let interval = Duration::from_secs_f64(interval.max(0.1));
+    if !std::io::stdout().is_terminal() {
+        return crate::stats_cmd::run(mountpoint, false, interval.as_secs_f64(), false);
+    }
+    let mut view = View::new(mountpoint);
+    view.refresh(); // a mount that cannot be read fails before the screen is taken
+    if let Some(error) = &view.error {
+        anyhow::bail!("{error}");
+    }
+    let mut terminal = ratatui::init();
+    let result = view.run(&mut terminal, interval);
+    ratatui::restore();
+    result
+}
+
+/// What the screen shows, and what it remembers between refreshes.
+struct View<'a> {
+    mountpoint: &'a Path,
+    doc: Value,
+    /// When `doc` was read, its disk and served byte counters.
+    last: Option<(Instant, u64, u64)>,
+    /// Bytes per second, oldest first.
+    disk_rate: VecDeque<u64>,
+    served_rate: VecDeque<u64>,
+    /// Per file path, its own throughput.
+    files: HashMap<String, FileHistory>,
+    /// The outcome of the last key's command, or why the stats cannot be read.
+    message: String,
+    error: Option<String>,
+}
+
+impl<'a> View<'a> {
+    fn new(mountpoint: &'a Path) -> View<'a> {
+        View {
+            mountpoint,
+            doc: Value::Null,
+            last: None,
+            disk_rate: VecDeque::new(),
+            served_rate: VecDeque::new(),
+            files: HashMap::new(),
+            message: String::new(),
+            error: None,
+        }
+    }
+
+    fn run(&mut self, terminal: &mut DefaultTerminal, interval: Duration) -> Result<()> {
+        let mut next_refresh = Instant::now() + interval;
+        loop {
+            terminal
+                .draw(|frame| self.draw(frame))
+                .context("cannot draw on the terminal")?;
+            let wait = next_refresh.saturating_duration_since(Instant::now());
+            if event::poll(wait).context("cannot read the terminal")? {
+                if let Event::Key(key) = event::read().context("cannot read the terminal")? {
+                    if key.kind != KeyEventKind::Release && !self.key(key.code, key.modifiers) {
+                        return Ok(());
+                    }
+                }
+            }
+            if Instant::now() >= next_refresh {
+                self.refresh();
+                next_refresh = Instant::now() + interval;
+            }
+        }
+    }
+
+    /// Acts on a key; false to quit.
+    fn key(&mut self, code: KeyCode, modifiers: KeyModifiers) -> bool {
+        let command = match code {
+            KeyCode::Char('q') | KeyCode::Esc => return false,
+            KeyCode::Char('c') if modifiers.contains(KeyModifiers::CONTROL) => return false,
+            KeyCode::Char('d') => "drop".to_string(),
+            KeyCode::Char('+') | KeyCode::Char('=') => self.resize(5, 4),
+            KeyCode::Char('-') => self.resize(4, 5),
+            _ => return true,
+        };
+        self.message = match send_control(self.mountpoint, &command) {
+            Ok(()) => format!("sent: {command}"),
+            Err(e) => format!("{command}: {e:#}"),
+        };
+        self.refresh();
+        true
+    }
+
+    /// The `ram-cache` command that scales the configured budget by `num / den` (whole MiB).
+    fn resize(&self, num: u64, den: u64) -> String {
+        let configured = self.doc["budget"]["configured_bytes"]
+            .as_u64()
+            .or_else(|| self.doc["cache"]["budget_bytes"].as_u64())
+            .unwrap_or(0);
+        let mib = ((configured / den * num) >> 20).max(1);
+        format!("ram-cache {mib}MiB")
+    }
+
+    fn refresh(&mut self) {
+        let path = self.mountpoint.join(".tierfs/stats");
+        let doc = std::fs::read_to_string(&path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))
+            .and_then(|text| {
+                serde_json::from_str::<Value>(&text)
+                    .map_err(|e| format!("{} is not valid JSON: {e}", path.display()))
+            });
+        match doc {
+            Ok(doc) => {
+                self.error = None;
+                self.sample(&doc);
+                self.doc = doc;
+            }
+            Err(e) => self.error = Some(e),
+        }
+    }
+
+    /// Adds the throughput since the last document to the sparklines.
+    fn sample(&mut self, doc: &Value) {
+        let now = Instant::now();
+        let disk = num(doc, &["disk", "read_bytes"]);
+        let served = num(doc, &["cache", "hit_bytes"])
+            + num(doc, &["cache", "miss_bytes"])
+            + num(doc, &["cache", "uncached_bytes"]);
+        if let Some((then, last_disk, last_served)) = self.last {
+            let seconds = now.duration_since(then).as_secs_f64().max(1e-3);
+            let rate = |now: u64, before: u64| (now.saturating_sub(before) as f64 / seconds) as u64;
+            push(&mut self.disk_rate, rate(disk, last_disk));
+            push(&mut self.served_rate, rate(served, last_served));
+        }
+        self.last = Some((now, disk, served));
+        for file in doc["files"].as_array().into_iter().flatten() {
+            let Some(path) = file["path"].as_str() else {
+                continue;
+            };
+            let history = self.files.entry(path.to_string()).or_default();
+            let served = num(file, &["hit_bytes"]) + num(file, &["miss_bytes"]);
+            let disk = num(file, &["disk_read_bytes"]);
+            if let Some((then, last_served, last_disk)) = history.last {
+                let seconds = now.duration_since(then).as_secs_f64().max(1e-3);
+                let rate =
+                    |now: u64, before: u64| (now.saturating_sub(before) as f64 / seconds) as u64;
+                push(&mut history.served_rate, rate(served, last_served));
+                push(&mut history.disk_rate, rate(disk, last_disk));
+            }
+            history.last = Some((now, served, disk));
+        }
+    }
+
+    fn draw(&self, frame: &mut Frame) {
+        let [summary, rates, files, ops, help] = Layout::vertical([
+            Constraint::Length(4),
+            Constraint::Length(4),
+            Constraint::Min(4),
+            Constraint::Length(8),
+            Constraint::Length(1),
+        ])
+        .areas(frame.area());
+        frame.render_widget(self.summary(), summary);
+        self.draw_rates(frame, rates);
+        frame.render_widget(self.files(files.width.saturating_sub(2)), files);
+        frame.render_widget(self.ops(), ops);
+        let status = self.error.as_deref().unwrap_or(&self.message);
+        frame.render_widget(
+            Paragraph::new(format!(
+                "q quit · d drop the cache · +/- budget ×1.25/×0.8   {status}"
+            )),
+            help,
+        );
+    }
+
+    fn summary(&self) -> Paragraph<'_> {
+        let doc = &self.doc;
+        let size = |path: &[&str]| format_size(num(doc, path));
+        let (hit, miss) = (
+            num(doc, &["cache", "hit_bytes"]),
+            num(doc, &["cache", "miss_bytes"]),
+        );
+        let hit_rate = if hit + miss == 0 {
+            "-".to_string()
+        } else {
+            format!("{:.1} %", hit as f64 * 100.0 / (hit + miss) as f64)
+        };
+        let pressure = match doc["budget"]["pressure_limit_bytes"].as_u64() {
+            Some(limit) => format!("limit {}", format_size(limit)),
+            None => "none".to_string(),
+        };
+        let lines = vec![
+            Line::from(format!(
+                "budget {}   cache {} of {}   passthrough {} open   hit rate {hit_rate} by bytes",
+                size(&["cache", "budget_bytes"]),
+                size(&["cache", "used_bytes"]),
+                size(&["cache", "chunk_budget_bytes"]),
+                size(&["passthrough", "open_bytes"]),
+            )),
+            Line::from(format!(
+                "stall {:.2} s   disk read {}   prefetch {} issued, {} wasted   pressure {pressure} ({} events)",
+                doc["cache"]["stall_seconds"].as_f64().unwrap_or(0.0),
+                size(&["disk", "read_bytes"]),
+                size(&["prefetch", "issued_bytes"]),
+                size(&["prefetch", "wasted_bytes"]),
+                num(doc, &["budget", "pressure_events"]),
+            )),
+        ];
+        let title = format!(" tierfs top {} ", self.mountpoint.display());
+        Paragraph::new(lines).block(Block::default().borders(Borders::ALL).title(title))
+    }
+
+    fn draw_rates(&self, frame: &mut Frame, area: Rect) {
+        let [disk, served] =
+            Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)])
+                .areas(area);
+        for (rates, name, area) in [
+            (&self.disk_rate, "disk", disk),
+            (&self.served_rate, "served", served),
+        ] {
+            let now = rates.back().copied().unwrap_or(0);
+            let title = format!(" {name} {}/s ", format_size(now));
+            // The newest samples that fit, right-aligned.
+            let width = usize::from(area.width.saturating_sub(2));
+            let data: Vec<u64> = rates
+                .iter()
+                .skip(rates.len().saturating_sub(width))
+                .copied()
+                .collect();
+            let sparkline = Sparkline::default()
+                .block(Block::default().borders(Borders::ALL).title(title))
+                .data(&data);
+            frame.render_widget(sparkline, area);
+        }
+    }
+
+    fn files(&self, width: u16) -> Paragraph<'_> {
+        let mut files: Vec<&Value> = self.doc["files"]
+            .as_array()
+            .map(|files| files.iter().collect())
+            .unwrap_or_default();
+        // Files a reader is in, then those the cache holds, then the rest (each by path).
+        files.sort_by_key(|f| {
+            (
+                f["residency_current"].is_null(),
+                num(f, &["cached_bytes"]) == 0,
+            )
+        });
+        let mut lines = Vec::new();
+        for file in files {
+            lines.push(Line::from(vec![
+                Span::styled(
+                    file["path"].as_str().unwrap_or("?").to_string(),
+                    Style::default().add_modifier(Modifier::BOLD),
+                ),
+                Span::raw(format!(
+                    "  {}  cached {} of {}  stall {:.2} s  start stall {:.2} s",
+                    file["mode"].as_str().unwrap_or("?"),
+                    format_size(num(file, &["cached_bytes"])),
+                    format_size(num(file, &["size"])),
+                    file["stall_seconds"].as_f64().unwrap_or(0.0),
+                    file["start_stall_seconds"].as_f64().unwrap_or(0.0),
+                )),
+            ]));
+            lines.push(self.file_rates(file));
+            lines.extend(strip_lines(file, usize::from(width.max(8))));
+        }
+        if lines.is_empty() {
+            lines.push(Line::from("no model file opened yet"));
+        }
+        Paragraph::new(lines).wrap(Wrap { trim: false }).block(
+            Block::default().borders(Borders::ALL).title(
+                " models: blocks in reading order  # cached  > reading  + partly  . not cached ",
+            ),
+        )
+    }
+
+    /// A model's hit rate by bytes and its served and disk throughput as text sparklines.
+    fn file_rates(&self, file: &Value) -> Line<'static> {
+        let (hit, miss) = (num(file, &["hit_bytes"]), num(file, &["miss_bytes"]));
+        let hit_rate = if hit + miss == 0 {
+            "-".to_string()
+        } else {
+            format!("{:.1} %", hit as f64 * 100.0 / (hit + miss) as f64)
+        };
+        let history = file["path"].as_str().and_then(|p| self.files.get(p));
+        let rates = |pick: fn(&FileHistory) -> &VecDeque<u64>| {
+            history.map_or((String::new(), 0), |h| {
+                let rates = pick(h);
+                (
+                    text_sparkline(rates, FILE_SPARKLINE),
+                    rates.back().copied().unwrap_or(0),
+                )
+            })
+        };
+        let (served, served_now) = rates(|h| &h.served_rate);
+        let (disk, disk_now) = rates(|h| &h.disk_rate);
+        Line::from(format!(
+            "  hit rate {hit_rate} by bytes   served {served:<width$} {}/s   disk {disk:<width$} {}/s",
+            format_size(served_now),
+            format_size(disk_now),
+            width = FILE_SPARKLINE,
+        ))
+    }
+
+    fn ops(&self) -> Paragraph<'_> {
+        let mut lines = vec![Line::from(format!(
+            "{:<9}{:>10}{:>8}{:>12}{:>12}",
+            "op", "count", "errors", "p50", "p99"
+        ))];
+        for op in ["lookup", "getattr", "open", "read", "readdir"] {
+            let figures = &self.doc["ops"][op];
+            let micros = |key: &str| format_micros(figures[key].as_f64().unwrap_or(0.0));
+            lines.push(Line::from(format!(
+                "{op:<9}{:>10}{:>8}{:>12}{:>12}",
+                num(figures, &["count"]),
+                num(figures, &["errors"]),
+                micros("p50_us"),
+                micros("p99_us"),
+            )));
+        }
+        Paragraph::new(lines).block(Block::default().borders(Borders::ALL).title(" requests "))
+    }
+}
+
+/// The file's residency strip cut into lines of `width`, the reader's block reversed.
+fn strip_lines(file: &Value, width: usize) -> Vec<Line<'static>> {
+    let strip: Vec<char> = file["residency"].as_str().unwrap_or("").chars().collect();
+    let current = file["residency_current"]
+        .as_u64()
+        .and_then(|c| usize::try_from(c).ok());
+    strip
+        .chunks(width)
+        .enumerate()
+        .map(|(row, chars)| {
+            let spans = chars
+                .iter()
+                .enumerate()
+                .map(|(col, c)| {
+                    let style = if Some(row * width + col) == current {
+                        Style::default().add_modifier(Modifier::REVERSED)
+                    } else {
+                        Style::default()
+                    };
+                    Span::styled(c.to_string(), style)
+                })
+                .collect::<Vec<_>>();
+            Line::from(spans)
+        })
+        .collect()
+}
+
+/// The newest `width` of `rates` as block characters, scaled to their largest.
+fn text_sparkline(rates: &VecDeque<u64>, width: usize) -> String {
+    const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+    let shown: Vec<u64> = rates
+        .iter()
+        .skip(rates.len().saturating_sub(width))
+        .copied()
+        .collect();
+    let top = shown.iter().copied().max().unwrap_or(0).max(1);
+    shown
+        .iter()
+        .map(|&rate| BARS[(rate.saturating_mul(7) / top) as usize])
+        .collect()
+}
+
+fn push(rates: &mut VecDeque<u64>, rate: u64) {
+    if rates.len() == HISTORY {
+        rates.pop_front();
+    }
+    rates.push_back(rate);
+}
+
+fn num(doc: &Value, path: &[&str]) -> u64 {
+    path.iter()
+        .try_fold(doc, |v, key| v.get(key))
+        .and_then(Value::as_u64)
+        .unwrap_or(0)
+}
+
+fn format_micros(us: f64) -> String {
+    if us >= 1000.0 {
+        format!("{:.1} ms", us / 1000.0)
+    } else {
+        format!("{us:.0} µs")
+    }
+}

@@ -1,0 +1,289 @@
+"""What the tier is doing, as scripts and monitoring systems read it, through real mounts: the
+stats' per-block residency strips (`files[].residency`), and the Prometheus metrics in
+`.tierfs/metrics` and at `--metrics-addr`, parsed with the reference Python parser
+(`prometheus_client`).
+
+A model in the chunk cache (`--no-passthrough`, a budget larger than it) is read whole, so every
+block is resident; a `drop` empties it; a stream over its first blocks fills those only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import stat
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import gen
+from conftest import MiB, TIERFS_BIN, fresh_dir, quiesce
+from test_control import ctl
+
+MODEL_REL = "model.safetensors"
+
+
+@pytest.fixture(scope="module")
+def metrics_source(data_dir) -> Path:
+    """SOURCE with one ~64 MiB DiT of 8 transformer blocks (plus its other tensors)."""
+    root = data_dir / "metrics_src"
+    done = root / ".complete"
+    if not done.exists():
+        root.mkdir(parents=True, exist_ok=True)
+        gen.write_streaming(root / MODEL_REL, gen.dit_specs(512, 2048, 8, ("BF16",)), seed=47)
+        done.write_text("ok\n")
+    return root
+
+
+def file_row(m, rel: str = MODEL_REL) -> dict:
+    row = m.file_stats(rel)
+    assert row is not None, f"{rel} not in files[]: {m.stats()['files']}"
+    return row
+
+
+def read_all(path: Path) -> None:
+    with open(path, "rb") as f:
+        while f.read(8 << 20):
+            pass
+
+
+def test_schema_version_is_served(mount, metrics_source):
+    m = mount(metrics_source, "256MiB", ("--no-passthrough",))
+    doc = m.stats()
+    assert doc["schema_version"] == doc["version"] == 1, doc
+
+
+def test_residency_strip_follows_the_cache(mount, metrics_source):
+    m = mount(metrics_source, "256MiB", ("--no-passthrough",))
+    read_all(m.mnt / MODEL_REL)
+    quiesce(m)
+    row = file_row(m)
+    assert row["mode"] == "cache", row
+    strip, blocks = row["residency"], row["blocks"]
+    assert len(strip) == blocks > 1, row
+    assert strip == "#" * blocks, f"a model read whole within its budget, strip {strip!r}"
+    # The file's own figures: everything it served went through the chunk cache (the kernel
+    # may ask for a range more than once), read from the source about once.
+    size = (m.mnt / MODEL_REL).stat().st_size
+    assert row["hit_bytes"] + row["miss_bytes"] >= 0.9 * size, row
+    assert 0.9 * size <= row["disk_read_bytes"] <= 1.1 * size, row
+    # Again, with the kernel's page cache of the mounted file dropped: all from memory.
+    fd = os.open(m.mnt / MODEL_REL, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    read_all(m.mnt / MODEL_REL)
+    again = file_row(m)
+    assert again["hit_bytes"] - row["hit_bytes"] >= 0.9 * size, (row, again)
+    assert (again["miss_bytes"], again["disk_read_bytes"]) == (row["miss_bytes"], row["disk_read_bytes"])
+    current = row["residency_current"]
+    assert isinstance(current, int) and 0 <= current < blocks, row
+
+    assert ctl(m.mnt, "drop") > 0
+    row = file_row(m)
+    assert row["cached_bytes"] == 0 and row["residency"] == "." * blocks, row
+
+    # A stream over the first eighth of the data region (a lone request is a probe, served
+    # uncached) fills the blocks there and the one or two prefetch reads ahead, not all.
+    header_bytes, _ = gen.read_header(metrics_source / MODEL_REL)
+    size = (m.mnt / MODEL_REL).stat().st_size
+    with open(m.mnt / MODEL_REL, "rb") as f:
+        f.seek(8 + header_bytes)
+        for _ in range(size // 8 // (1 << 20)):
+            f.read(1 << 20)
+    quiesce(m)
+    strip = file_row(m)["residency"]
+    assert len(strip) == blocks and set(strip) <= set("#+>."), strip
+    assert strip.count(".") < blocks, f"a block was read, strip {strip!r}"
+    assert "." in strip, f"only one block was read, strip {strip!r}"
+
+
+# ----------------------------------------------------------------------------- metrics
+
+def families(text: str) -> dict:
+    """{family name: family} of exposition `text`, parsed by the reference parser (which
+    raises on anything malformed); counter families are named without `_total`."""
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def value(fams: dict, name: str, **labels) -> float:
+    for sample in fams[name].samples:
+        if sample.name in (name, name + "_total") and sample.labels == labels:
+            return sample.value
+    raise AssertionError(f"no sample {name}{labels} in {fams[name].samples}")
+
+
+def read_metrics(m) -> str:
+    with open(m.mnt / ".tierfs" / "metrics") as f:
+        return f.read()
+
+
+def test_metrics_file_parses_and_agrees_with_the_stats(mount, metrics_source):
+    m = mount(metrics_source, "256MiB", ("--no-passthrough",))
+    path = m.mnt / ".tierfs" / "metrics"
+    assert "metrics" in {p.name for p in path.parent.iterdir()}
+    assert stat.S_IMODE(path.stat().st_mode) == 0o400
+    read_all(m.mnt / MODEL_REL)
+    before = quiesce(m)
+    fams = families(read_metrics(m))
+    after = m.stats()
+
+    types = {name: f.type for name, f in fams.items()}
+    for name in ("tierfs_cache_hit_bytes", "tierfs_cache_miss_bytes", "tierfs_disk_read_bytes",
+                 "tierfs_stall_seconds", "tierfs_prefetch_issued_bytes", "tierfs_file_stall_seconds"):
+        assert types.get(name) == "counter", (name, types.get(name))
+    for name in ("tierfs_budget_bytes", "tierfs_cache_used_bytes", "tierfs_cache_chunks",
+                 "tierfs_file_cached_bytes", "tierfs_file_resident_blocks"):
+        assert types.get(name) == "gauge", (name, types.get(name))
+    assert types.get("tierfs_op_duration_seconds") == "histogram", types
+
+    assert value(fams, "tierfs_budget_bytes") == 256 * MiB
+    for name, section, key in (("tierfs_disk_read_bytes", "disk", "read_bytes"),
+                               ("tierfs_cache_hit_bytes", "cache", "hit_bytes"),
+                               ("tierfs_cache_used_bytes", "cache", "used_bytes")):
+        got = value(fams, name)
+        assert before[section][key] <= got <= after[section][key], (name, got, before[section][key])
+    row = file_row(m)
+    assert value(fams, "tierfs_file_cached_bytes", path=MODEL_REL) == row["cached_bytes"] > 0
+    assert value(fams, "tierfs_file_resident_blocks", path=MODEL_REL) == row["blocks"]
+    assert value(fams, "tierfs_file_passthrough", path=MODEL_REL) == 0
+
+    # The reads of the model are in the read histogram: cumulative buckets up to +Inf = count.
+    reads = [s for s in fams["tierfs_op_duration_seconds"].samples if s.labels.get("op") == "read"]
+    buckets = [(float(s.labels["le"]), s.value) for s in reads if s.name.endswith("_bucket")]
+    count = next(s.value for s in reads if s.name.endswith("_count"))
+    assert count >= (m.mnt / MODEL_REL).stat().st_size // MiB, count
+    assert [b for _, b in buckets] == sorted(b for _, b in buckets), buckets
+    assert buckets[-1] == (float("inf"), count), buckets
+    assert next(s.value for s in reads if s.name.endswith("_sum")) > 0
+
+
+def test_metrics_label_only_the_most_recently_opened_files(mount, workdir):
+    src = workdir / "many"
+    src.mkdir()
+    names = [f"lora_{i:03d}.safetensors" for i in range(70)]
+    for i, name in enumerate(names):
+        (src / name).write_bytes(gen.small_safetensors(i))
+    m = mount(src, "64MiB")
+    for name in names:  # opened in this order: the last 64 are the most recent
+        (m.mnt / name).read_bytes()
+    assert len(m.stats()["files"]) == 70
+    labelled = {s.labels["path"] for s in families(read_metrics(m))["tierfs_file_size_bytes"].samples}
+    assert labelled == set(names[-64:]), sorted(set(names) ^ labelled)
+
+
+def served_addr(m, timeout: float = 5.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = re.search(r"metrics: http://([0-9.:]+)/metrics", m.log_tail(20000))
+        if found:
+            return found.group(1)
+        time.sleep(0.05)
+    raise AssertionError(f"no metrics address in the log:\n{m.log_tail()}")
+
+
+def get(url: str) -> tuple[int, str, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.headers.get("Content-Type", ""), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("Content-Type", ""), e.read().decode()
+
+
+def test_metrics_endpoint_serves_scrapes_until_unmount(mount, metrics_source):
+    m = mount(metrics_source, "256MiB", ("--no-passthrough", "--metrics-addr", "0"))
+    addr = served_addr(m)
+    assert addr.startswith("127.0.0.1:"), "a bare port is loopback"
+    read_all(m.mnt / MODEL_REL)
+    quiesce(m)
+    status, ctype, text = get(f"http://{addr}/metrics")
+    assert status == 200 and ctype.startswith("text/plain; version=0.0.4"), (status, ctype)
+    fams = families(text)
+    assert value(fams, "tierfs_disk_read_bytes") == m.stats()["disk"]["read_bytes"] > 0
+    assert value(fams, "tierfs_file_resident_blocks", path=MODEL_REL) == file_row(m)["blocks"]
+    assert get(f"http://{addr}/other")[0] == 404
+    m.close()
+    with pytest.raises(OSError):
+        socket.create_connection(tuple_addr(addr), timeout=5).close()
+
+
+def tuple_addr(addr: str) -> tuple[str, int]:
+    host, port = addr.rsplit(":", 1)
+    return host, int(port)
+
+
+def test_metrics_addr_taken_or_malformed_fails_the_mount(metrics_source):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for addr, says in ((str(port), "cannot serve metrics on 127.0.0.1:"), ("nowhere", "neither a port")):
+            mnt = fresh_dir("mnt")
+            r = subprocess.run([str(TIERFS_BIN), "mount", str(metrics_source), str(mnt), "--no-state",
+                                "--metrics-addr", addr], capture_output=True, text=True, timeout=30)
+            assert r.returncode != 0 and says in r.stderr, (addr, r.returncode, r.stderr[-2000:])
+            assert not any(str(mnt) in line for line in Path("/proc/mounts").read_text().splitlines())
+
+
+# ----------------------------------------------------------------------------- dashboard
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def test_dashboard_is_self_contained_and_serves_the_stats(mount, metrics_source):
+    m = mount(metrics_source, "256MiB", ("--no-passthrough", "--metrics-addr", "0"))
+    addr = served_addr(m)
+    status, ctype, page = get(f"http://{addr}/")
+    assert status == 200 and ctype.startswith("text/html"), (status, ctype)
+    assert "://" not in page, "the page loads nothing from elsewhere"
+    read_all(m.mnt / MODEL_REL)
+    quiesce(m)
+    status, ctype, text = get(f"http://{addr}/stats")
+    assert status == 200 and ctype == "application/json", (status, ctype)
+    doc = json.loads(text)
+    assert doc["schema_version"] == 1 and doc["disk"]["read_bytes"] == m.stats()["disk"]["read_bytes"]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (tests/setup-system.sh)")
+def test_dashboard_draws_the_strip_in_a_browser(mount, metrics_source):
+    m = mount(metrics_source, "256MiB", ("--no-passthrough", "--metrics-addr", "0"))
+    addr = served_addr(m)
+    read_all(m.mnt / MODEL_REL)
+    quiesce(m)
+    blocks = file_row(m)["blocks"]
+    profile = fresh_dir("chromium")
+    r = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                        f"--user-data-dir={profile}", "--virtual-time-budget=5000", "--dump-dom",
+                        f"http://{addr}/"], capture_output=True, text=True, timeout=90)
+    assert r.returncode == 0, r.stderr[-2000:]
+    dom = r.stdout
+    entry = re.search(r'<div class="file" data-path="([^"]+)">.*?<div class="strip">(.*?)</div>', dom, re.S)
+    assert entry, dom[-3000:]
+    assert entry.group(1) == MODEL_REL, entry.group(0)
+    strip = re.sub(r"<[^>]+>", "", entry.group(2))
+    assert strip == "#" * blocks, f"the page draws {strip!r}, the stats say {blocks} blocks cached"
+    assert '<span class="current">#</span>' in entry.group(2), entry.group(2)
+    assert re.search(r"hit rate \d+\.\d % by bytes", dom), dom[-3000:]
+    assert '<div id="error"></div>' in dom, "the page could not read /stats"
+
+
+def test_grafana_dashboard_names_only_served_metrics(mount, metrics_source):
+    """Every metric the Grafana dashboard (docs/grafana/tierfs.json) queries is in a scrape."""
+    from conftest import REPO
+    dashboard = json.loads((REPO / "docs" / "grafana" / "tierfs.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = set(re.findall(r"\btierfs_[a-z_]+", " ".join(exprs)))
+    assert len(used) >= 10, used
+    m = mount(metrics_source, "256MiB", ("--no-passthrough",))
+    read_all(m.mnt / MODEL_REL)
+    served = {s.name for f in text_string_to_metric_families(read_metrics(m)) for s in f.samples}
+    assert used <= served, f"queried but not served: {sorted(used - served)}"

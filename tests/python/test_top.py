@@ -1,0 +1,115 @@
+"""`tierfs top` in a real terminal (a tmux pane) while a model streams through a mount: a person
+sees the model's residency strip and the figures, `d` drops the cache, `+` raises the budget,
+`q` quits; without a terminal it prints the `tierfs stats` text view.
+
+Every tmux call is bounded, and the tmux server (its own socket) goes at the end, whatever
+happened.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import MiB, TIERFS_BIN
+from test_metrics import MODEL_REL, file_row, metrics_source, read_all  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+
+
+class Pane:
+    """One tmux session on a server of its own, running `command` in a 150×45 pane."""
+
+    def __init__(self, command: list[str]):
+        self.socket = f"tierfs-top-{os.getpid()}-{time.monotonic_ns()}"
+        self.tmux("new-session", "-d", "-s", "top", "-x", "150", "-y", "45", " ".join(command))
+
+    def tmux(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True,
+                              timeout=10)
+
+    def screen(self) -> str:
+        return self.tmux("capture-pane", "-p", "-t", "top").stdout
+
+    def wait_for(self, what: str, test, timeout: float = 15.0) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            screen = self.screen()
+            if test(screen):
+                return screen
+            if time.monotonic() > deadline:
+                raise AssertionError(f"after {timeout} s the screen shows no {what}:\n{screen}")
+            time.sleep(0.1)
+
+    def keys(self, *keys: str) -> None:
+        self.tmux("send-keys", "-t", "top", *keys)
+
+    def alive(self) -> bool:
+        return self.tmux("has-session", "-t", "top").returncode == 0
+
+    def close(self) -> None:
+        self.tmux("kill-server")
+
+
+def test_top_shows_the_strip_and_acts_on_keys(mount, metrics_source):
+    m = mount(metrics_source, "32MiB", ("--no-passthrough",))
+    read_all(m.mnt / MODEL_REL)  # the file is known, its order learned
+    blocks = file_row(m)["blocks"]
+    streaming = threading.Event()
+    streaming.set()
+
+    def stream():
+        deadline = time.monotonic() + 20
+        while streaming.is_set() and time.monotonic() < deadline:
+            read_all(m.mnt / MODEL_REL)
+
+    reader = threading.Thread(target=stream, daemon=True)
+    pane = Pane([str(TIERFS_BIN), "top", str(m.mnt), "--interval", "0.2"])
+    try:
+        reader.start()
+        strip = re.compile(r"^│([#+>.]{%d}) *│$" % blocks, re.M)
+        screen = pane.wait_for(f"strip of {blocks} blocks", strip.search)
+        assert MODEL_REL in screen and " cache " in screen, screen
+        assert re.search(r"hit rate \d+\.\d %", screen), screen
+        assert re.search(r"^│read +\d+ +0 +[\d.]+ [µm]s +[\d.]+ [µm]s", screen, re.M), screen
+        assert "q quit" in screen, screen
+        # The model's own hit rate and served throughput, as a sparkline that peaks somewhere.
+        pane.wait_for("the model's served sparkline",
+                      lambda s: re.search(r"hit rate \d+\.\d % by bytes +served [▁-█]*█", s))
+        streaming.clear()
+        reader.join(timeout=30)
+
+        pane.keys("d")
+        pane.wait_for("'sent: drop'", lambda s: "sent: drop" in s)
+        assert file_row(m)["cached_bytes"] == 0
+        pane.wait_for("an empty strip", lambda s: "│" + "." * blocks + " " in s)
+
+        pane.keys("+")
+        pane.wait_for("'sent: ram-cache 40MiB'", lambda s: "sent: ram-cache 40MiB" in s)
+        assert m.stats()["cache"]["budget_bytes"] == 40 * MiB
+
+        pane.keys("q")
+        deadline = time.monotonic() + 5
+        while pane.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not pane.alive(), f"still running after q:\n{pane.screen()}"
+    finally:
+        streaming.clear()
+        pane.close()
+        reader.join(timeout=30)
+
+
+def test_top_without_a_terminal_prints_the_text_view(mount, metrics_source):
+    m = mount(metrics_source, "32MiB", ("--no-passthrough",))
+    read_all(m.mnt / MODEL_REL)
+    r = subprocess.run([str(TIERFS_BIN), "top", str(m.mnt)], capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert MODEL_REL in r.stdout and "\x1b[" not in r.stdout, r.stdout
+    assert re.search(r"^cache +\S+ \S+ used of 32.00 MiB budget", r.stdout, re.M), r.stdout[:500]
