@@ -103,3 +103,59 @@ def test_faultfs_itself(faultfs, workdir):
     with pytest.raises(OSError) as ei:
         os.open(ff.mnt / "sub" / "y", os.O_WRONLY | os.O_CREAT)
     assert ei.value.errno == errno.EROFS
+
+
+def test_a_stalled_source_file_stalls_only_its_own_opens(mount, faultfs, workdir):
+    """A source that stalls for seconds on one file's opens (a network share): opens and reads
+    of other models, and the stats, go on meanwhile. The stalled open passes through tierfs's
+    open path twice (the requester's open, then the reopen that becomes the passthrough backing
+    file), so for its whole length no lock of the daemon may be held across source I/O."""
+    import threading
+    import time
+
+    src = workdir / "src"
+    src.mkdir()
+    gen.write_small(src / "slow.safetensors", gen.dit_specs(256, 512, 2), seed=41)
+    fast = src / "fast.safetensors"
+    gen.write_small(fast, gen.dit_specs(256, 512, 2), seed=42)
+    want = fast.read_bytes()
+    ff = faultfs(src)
+    m = mount(ff.mnt, "256MiB")
+    assert (m.mnt / "fast.safetensors").read_bytes() == want  # known and indexed
+    stall = 3.0
+    ff.set_faults([{"file": "slow.safetensors", "stall_open_ms": int(stall * 1000)}])
+
+    took: dict[str, float] = {}
+
+    def open_slow() -> None:
+        t0 = time.monotonic()
+        with open(m.mnt / "slow.safetensors", "rb") as f:
+            took["open"] = time.monotonic() - t0
+            f.read(4096)
+
+    t = threading.Thread(target=open_slow, daemon=True)
+    t.start()
+    time.sleep(0.2)
+    latencies, stats_latencies = [], []
+    deadline = time.monotonic() + 30
+    while t.is_alive() and time.monotonic() < deadline:
+        t0 = time.monotonic()
+        with open(m.mnt / "fast.safetensors", "rb") as f:
+            assert f.read(1 << 20) == want[: 1 << 20]
+        latencies.append(time.monotonic() - t0)
+        t0 = time.monotonic()
+        m.stats()
+        stats_latencies.append(time.monotonic() - t0)
+    t.join(timeout=30)
+    ff.set_faults([])
+    assert not t.is_alive(), "the stalled open never finished"
+    assert took["open"] >= 2 * stall * 0.9, f"the source did not stall both opens: {took}"
+    latencies.sort()
+    stats_latencies.sort()
+    p99 = latencies[int(0.99 * (len(latencies) - 1))]
+    print(f"\nstalled open {took['open']:.2f} s; {len(latencies)} opens+reads of another model "
+          f"meanwhile: p50 {latencies[len(latencies) // 2] * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms, "
+          f"max {latencies[-1] * 1e3:.1f} ms; stats reads max {stats_latencies[-1] * 1e3:.1f} ms")
+    assert len(latencies) >= 10
+    assert latencies[-1] < stall / 3, f"an open of another model waited for the stalled one: {latencies[-5:]}"
+    assert stats_latencies[-1] < stall / 3, f"the stats waited for the stalled open: {stats_latencies[-5:]}"

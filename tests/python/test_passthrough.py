@@ -66,7 +66,9 @@ def test_fitting_model_is_served_by_passthrough_bit_exact(mount, src):
         st = m.stats()
         assert st["passthrough"]["open_files"] == 1, st["passthrough"]
         assert st["passthrough"]["open_bytes"] == len(want), st["passthrough"]
-        assert st["cache"]["chunk_budget_bytes"] == 512 * MiB - len(want), st["cache"]
+        # the chunk cache gets the rest of the budget, and never less than the floor
+        floor = st["budget"]["floor_bytes"]
+        assert st["cache"]["chunk_budget_bytes"] == max(512 * MiB - len(want), floor), (st["cache"], floor)
         assert f.read() == want
     with open(m.mnt / "a.safetensors", "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mm:
         assert mm[:] == want
@@ -158,10 +160,13 @@ def test_models_taking_turns_share_the_chunk_cache_and_the_next_one_is_warmed(mo
     if not _passthrough_available(m):
         pytest.skip("FUSE passthrough unavailable (needs Linux >= 6.9 and root)")
     disk = []
+    # cycle 0 is passthrough's; in cycle 1 both models come to the chunk cache (where tierfs
+    # sees them streamed, which is how it learns which follows which); from cycle 2 each is
+    # warmed by the other's close
     for cycle in range(4):
         for name, want in (("a.safetensors", a), ("b.safetensors", b)):
             d0 = m.stats()["disk"]["read_bytes"]
-            if cycle >= 2:
+            if cycle >= 2 and (cycle, name) != (2, "a.safetensors"):
                 assert _file_stats(m, name)["cached_bytes"] > 0, f"cycle {cycle}: {name} not warmed"
             assert (m.mnt / name).read_bytes() == want, f"cycle {cycle}: {name}"
             disk.append(m.stats()["disk"]["read_bytes"] - d0)

@@ -43,6 +43,12 @@
 //! daemon, without following links for other users otherwise. A link presented as its target
 //! gets a zero timeout there, since the kernel's entry and attribute caches are shared by all
 //! users and the next user may not be able to reach the target.
+//!
+//! **Locks.** No lock of this module is held across I/O on the source or an ioctl, except an
+//! inode's own open gate (`open_gates`), which orders the opens of that one inode while its
+//! mode is chosen and its passthrough backing opened: a source that stalls on one file stalls
+//! only the opens of that file. The gate may be held while taking the tables' locks
+//! (`open_modes`, `backings`, the store's); those are leaves, held for bookkeeping only.
 
 pub mod attr;
 pub mod error;
@@ -200,7 +206,12 @@ pub struct TierFs<B> {
     /// Per model inode with open handles, the mode they are served in and how many there are:
     /// the kernel cannot mix cached and passthrough opens of one inode (the second kind fails
     /// with EIO, `mmap` with ENODEV), so a mode holds until the inode's last handle closes.
+    /// Held only to read or update an entry, never across I/O.
     open_modes: Mutex<HashMap<u64, (ServeMode, usize)>>,
+    /// Per model inode, the gate its opens pass one at a time while its mode is chosen and its
+    /// backing file opened (I/O on the source, which may stall): opens of other inodes never
+    /// wait for it.
+    open_gates: Mutex<HashMap<u64, Weak<Mutex<()>>>>,
 }
 
 impl<B: Send + Sync> TierFs<B> {
@@ -235,6 +246,7 @@ impl<B: Send + Sync> TierFs<B> {
             page_cache_generations: Mutex::new(HashMap::new()),
             backings: Mutex::new(HashMap::new()),
             open_modes: Mutex::new(HashMap::new()),
+            open_gates: Mutex::new(HashMap::new()),
         })
     }
 

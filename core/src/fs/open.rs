@@ -254,13 +254,15 @@ impl<B: Send + Sync> TierFs<B> {
         model: OpenModel,
         open_backing: &dyn Fn(File) -> io::Result<B>,
     ) -> Result<Opened<B>, FsError> {
-        let mut modes = lock(&self.open_modes);
-        let mode = match modes.get(&ino) {
-            Some((ServeMode::Passthrough, _)) => {
+        let gate = self.open_gate(ino);
+        let _one_open_of_this_inode_at_a_time = lock(&gate);
+        let current = lock(&self.open_modes).get(&ino).map(|(mode, _)| *mode);
+        let mode = match current {
+            Some(ServeMode::Passthrough) => {
                 self.store.force_passthrough(&model);
                 ServeMode::Passthrough
             }
-            Some((ServeMode::Cache, _)) => ServeMode::Cache,
+            Some(ServeMode::Cache) => ServeMode::Cache,
             None => self.store.choose_mode(
                 &model,
                 self.settings.passthrough && self.settings.model_passthrough,
@@ -269,7 +271,7 @@ impl<B: Send + Sync> TierFs<B> {
         if mode == ServeMode::Passthrough {
             match self.backing(ino, || open_backing(platform::reopen(model.source())?)) {
                 Ok(backing) => {
-                    modes.entry(ino).or_insert((mode, 0)).1 += 1;
+                    lock(&self.open_modes).entry(ino).or_insert((mode, 0)).1 += 1;
                     let handle = Handle::ModelPassthrough(model, Arc::clone(&backing));
                     let fh = self.add_handle(ino, handle);
                     return Ok(Opened::Passthrough { fh, backing });
@@ -277,15 +279,17 @@ impl<B: Send + Sync> TierFs<B> {
                 Err(e) => {
                     tracing::info!(file = %model.path().display(), error = %e, "passthrough refused; serving from the cache");
                     self.store.close_passthrough(&model);
-                    if modes.contains_key(&ino) {
+                    if lock(&self.open_modes).contains_key(&ino) {
                         return Err(FsError::ModeConflict); // its other handles are passthrough
                     }
                     self.store.choose_mode(&model, false);
                 }
             }
         }
-        modes.entry(ino).or_insert((ServeMode::Cache, 0)).1 += 1;
-        drop(modes);
+        lock(&self.open_modes)
+            .entry(ino)
+            .or_insert((ServeMode::Cache, 0))
+            .1 += 1;
         let flags = self.model_open_flags(ino, model.generation());
         let fh = self.add_handle(ino, Handle::Model(model));
         Ok(Opened::Served { fh, flags })
@@ -293,15 +297,40 @@ impl<B: Send + Sync> TierFs<B> {
 
     /// The backing object of inode `ino`'s passthrough opens: the live one, or a new one made
     /// by `open`.
+    ///
+    /// The open (a reopen of the source file and an ioctl on `/dev/fuse`) runs without the
+    /// table's lock; of two opens racing for one inode, the first to register its backing
+    /// wins and the other's is dropped.
     fn backing(&self, ino: u64, open: impl FnOnce() -> io::Result<B>) -> io::Result<Arc<B>> {
-        let mut backings = lock(&self.backings);
-        if let Some(backing) = backings.get(&ino).and_then(std::sync::Weak::upgrade) {
+        if let Some(backing) = self.live_backing(ino) {
             return Ok(backing);
         }
         let backing = Arc::new(open()?);
+        let mut backings = lock(&self.backings);
+        if let Some(winner) = backings.get(&ino).and_then(std::sync::Weak::upgrade) {
+            return Ok(winner);
+        }
         backings.retain(|_, b| b.strong_count() > 0);
         backings.insert(ino, Arc::downgrade(&backing));
         Ok(backing)
+    }
+
+    fn live_backing(&self, ino: u64) -> Option<Arc<B>> {
+        lock(&self.backings)
+            .get(&ino)
+            .and_then(std::sync::Weak::upgrade)
+    }
+
+    /// The open gate of model inode `ino` (see `TierFs::open_gates`).
+    fn open_gate(&self, ino: u64) -> Arc<crate::sync::Mutex<()>> {
+        let mut gates = lock(&self.open_gates);
+        if let Some(gate) = gates.get(&ino).and_then(std::sync::Weak::upgrade) {
+            return gate;
+        }
+        let gate = Arc::new(crate::sync::Mutex::new(()));
+        gates.retain(|_, g| g.strong_count() > 0);
+        gates.insert(ino, Arc::downgrade(&gate));
+        gate
     }
 
     /// A handle of model inode `ino` closed.

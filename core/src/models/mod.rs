@@ -185,6 +185,9 @@ pub struct ModelFile {
     /// The block the last stream of this file was in (`usize::MAX`: none since the last open;
     /// see [`ModelFile::opened`]).
     stream_block: std::sync::atomic::AtomicUsize,
+    /// Whether a reader streamed the file since its last open (not only probed it: a header
+    /// scan is no step of a workflow, [`sequence`]).
+    streamed: std::sync::atomic::AtomicBool,
     /// Open handles of this version ([`OpenModel`]).
     handles: std::sync::atomic::AtomicUsize,
     /// Set once the version was pruned ([`open`]): no chunk of it may stay cached.
@@ -330,6 +333,7 @@ impl ModelFile {
             mode_reason: AtomicU8::new(ModeReason::NotOpened as u8),
             runs: runs::Runs::default(),
             stream_block: std::sync::atomic::AtomicUsize::new(usize::MAX),
+            streamed: std::sync::atomic::AtomicBool::new(false),
             handles: std::sync::atomic::AtomicUsize::new(0),
             pruned: std::sync::atomic::AtomicBool::new(false),
             shard_of,
@@ -447,6 +451,7 @@ impl ModelFile {
     fn opened(&self) {
         self.runs.clear();
         self.stream_block.store(usize::MAX, Ordering::Relaxed);
+        self.streamed.store(false, Ordering::Relaxed);
     }
 
     /// Whether the request `[offset, end)`, whose data starts in chunk `chunk`, is a probe
@@ -737,6 +742,15 @@ impl ModelStore {
         }
     }
 
+    /// `file` is streamed for the first time since it was opened: it follows the model streamed
+    /// and closed before it ([`sequence`]).
+    fn first_stream(&self, file: &Arc<ModelFile>) {
+        let learned = lock(&self.sequence).streamed(file);
+        if let Some((key, next)) = learned {
+            self.saved.put_next_model(&key, next);
+        }
+    }
+
     /// Queues the first blocks of `next`, the model that followed the one just closed
     /// ([`sequence`]), if the chunk cache will serve it.
     fn warm_next(&self, next: &Arc<ModelFile>) {
@@ -812,17 +826,14 @@ impl ModelStore {
     /// Called on every model open and close: a budget that did not change is left alone
     /// (`set_budget` takes the cache lock and wakes every waiting reader).
     ///
-    /// The chunk cache keeps at least the floor ([`Self::set_chunk_floor`]): parked
-    /// passthrough files are dropped first, and files open by passthrough (whose page cache
-    /// their readers use) may then take the budget past it by what they reserve beyond
-    /// `budget − floor`. Without the floor, a text encoder open by passthrough under memory
-    /// pressure left the chunk cache nothing: every request read a whole chunk and threw it away.
+    /// The chunk cache keeps at least the floor ([`Self::set_chunk_floor`]), whatever
+    /// passthrough files hold: together they may then exceed the budget by at most the floor
+    /// (parked files still give their page cache back when an open or a smaller budget needs
+    /// the room). Without it, a text encoder open by passthrough under memory pressure left the
+    /// chunk cache nothing: every request read a whole chunk and threw it away.
     fn rebalance(&self) {
         let budget = self.budget();
         let floor = self.chunk_floor.load(Ordering::Relaxed).min(budget);
-        if budget.saturating_sub(self.passthrough.held_bytes()) < floor {
-            self.passthrough.make_room(budget, floor);
-        }
         let chunk_budget = budget
             .saturating_sub(self.passthrough.held_bytes())
             .max(floor);
@@ -1060,6 +1071,9 @@ impl ModelStore {
         if let Some(first) = first_data_chunk {
             if file.is_probe(first, offset, end, readahead) {
                 return self.read_probe(file, offset, end);
+            }
+            if !file.streamed.swap(true, Ordering::Relaxed) {
+                self.first_stream(file);
             }
         }
         let chunk = file

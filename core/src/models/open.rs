@@ -108,12 +108,7 @@ impl ModelStore {
     }
 
     fn handle(self: &Arc<Self>, file: Arc<ModelFile>, source: Arc<SourceFile>) -> OpenModel {
-        if file.handles.fetch_add(1, Ordering::AcqRel) == 0 {
-            let learned = lock(&self.sequence).opened(&file);
-            if let Some((key, next)) = learned {
-                self.saved.put_next_model(&key, next);
-            }
-        }
+        file.handles.fetch_add(1, Ordering::AcqRel);
         OpenModel {
             file,
             source,
@@ -123,11 +118,9 @@ impl ModelStore {
 
     /// The last open handle of `file` closed: prunes the version if SOURCE no longer holds it.
     fn closed(&self, file: &Arc<ModelFile>) {
-        let successor = lock(&self.sequence).closed(file);
-        match successor {
-            sequence::Successor::Known(Some(next)) => self.warm_next(&next),
-            sequence::Successor::Known(None) => {}
-            sequence::Successor::Unknown => self.warm_saved_next(sequence::key_of(file)),
+        // Only a file a reader streamed is a step of a workflow; a header scan probes many.
+        if file.streamed.load(Ordering::Relaxed) {
+            self.warm_successor(file);
         }
         if file.source.is_current() {
             return;
@@ -138,5 +131,15 @@ impl ModelStore {
         self.cache.forget_file(file.generation);
         self.passthrough.forget(&file.source.identity());
         self.rebalance();
+    }
+
+    /// Warms the model that followed `file` last time ([`sequence`]).
+    fn warm_successor(&self, file: &Arc<ModelFile>) {
+        let successor = lock(&self.sequence).closed(file);
+        match successor {
+            sequence::Successor::Known(Some(next)) => self.warm_next(&next),
+            sequence::Successor::Known(None) => {}
+            sequence::Successor::Unknown => self.warm_saved_next(sequence::key_of(file)),
+        }
     }
 }

@@ -1,18 +1,18 @@
 //! Which model follows which: the next model's first blocks are read while the reader is done
 //! with the one before.
 //!
-//! Contract: when the last handle of a model file closes and, the last time that file was
-//! closed, the next model file opened was `N`, the first 1/[`HEAD_SHARE`] of the budget of `N`
-//! in its learned block order is queued for prefetch, so that a workflow switching between
+//! Contract: when the last handle of a model file a reader streamed closes and, the last time,
+//! the next other file streamed after it was `N`, the first 1/[`HEAD_SHARE`] of the budget of
+//! `N` in its learned block order is queued for prefetch, so that a workflow switching between
 //! models (a high-noise and a low-noise expert, a text encoder and a diffusion model) finds
 //! the next model's first blocks in RAM when it opens it. Only files the chunk cache will
 //! serve are warmed: a passthrough file keeps its own page cache, or competes and is then
-//! served from the chunk cache (`crate::passthrough`).
+//! served from the chunk cache (`crate::passthrough`). Files only probed (a header scan opens
+//! many and streams none) are no step of a workflow: they neither learn nor warm anything.
 //!
-//! The sequence is learned from the opens of the mount, one successor per file (the latest
-//! seen), and kept with the learned orders ([`crate::prefetch::saved::NextModel`]), so a
+//! The sequence is kept with the learned orders ([`crate::prefetch::saved::NextModel`]), so a
 //! workflow's first switch after a remount is warmed too: the successor is then opened by the
-//! path it had, and warmed only if it is still the version that was opened (same key). In
+//! path it had, and warmed only if it is still the version that was streamed (same key). In
 //! memory, successors are held weakly: a version pruned or evicted from the table is not
 //! warmed through it. [`MAX_SUCCESSORS`] bounds what a folder of many files can make it hold.
 
@@ -33,10 +33,10 @@ const MAX_SUCCESSORS: usize = 1024;
 /// The learned sequence of model opens of one mount.
 #[derive(Default)]
 pub struct Sequence {
-    /// The file whose last handle closed most recently (and its sequence key), unless another
-    /// file opened since.
+    /// The streamed file whose last handle closed most recently (and its sequence key), unless
+    /// another file was streamed since.
     last_closed: Option<(Weak<ModelFile>, String)>,
-    /// Successor of each file (by generation) the last time a different file opened after it.
+    /// Successor of each file (by generation): the next different file streamed after it.
     next: HashMap<u64, Weak<ModelFile>>,
 }
 
@@ -46,9 +46,9 @@ pub fn key_of(file: &ModelFile) -> &str {
 }
 
 impl Sequence {
-    /// `file` got its first open handle: it follows the file closed last, if another. Returns
-    /// the entry to save, if any.
-    pub fn opened(&mut self, file: &Arc<ModelFile>) -> Option<(String, NextModel)> {
+    /// `file` is streamed for the first time since it was opened: it follows the streamed file
+    /// closed last, if another. Returns the entry to save, if any.
+    pub fn streamed(&mut self, file: &Arc<ModelFile>) -> Option<(String, NextModel)> {
         let (prev, prev_key) = self.last_closed.take()?;
         let prev = prev.upgrade()?;
         if prev.generation == file.generation || same_model(&prev, file) {
@@ -68,8 +68,8 @@ impl Sequence {
         Some((prev_key, next))
     }
 
-    /// The last handle of `file` closed: what followed it last time in this mount, if anything
-    /// did.
+    /// The last handle of `file`, which a reader streamed, closed: what followed it last time
+    /// in this mount, if anything did.
     pub fn closed(&mut self, file: &Arc<ModelFile>) -> Successor {
         self.last_closed = Some((Arc::downgrade(file), key_of(file).to_owned()));
         let Some(next) = self.next.get(&file.generation) else {

@@ -849,8 +849,16 @@ fn closing_a_model_warms_the_head_of_the_one_that_followed_it() {
     store.drop_cached();
     exec.run_pending();
     assert_eq!(store.cache().cached_bytes(b_file.generation), 0);
-
+    // Only probed (as a header scan does), `a` warms nothing.
     drop(open("a.safetensors"));
+    exec.run_pending();
+    assert_eq!(store.cache().cached_bytes(b_file.generation), 0);
+
+    let a = open("a.safetensors");
+    assert_eq!(&read_all(&store, a.file(), 1 << 20), &a_bytes);
+    exec.run_pending();
+    store.drop_cached();
+    drop(a);
     exec.run_pending();
     let order = b_file.access().unwrap().order();
     let first = b_file.plan().unwrap().block_chunks(order[0])[0];
@@ -864,8 +872,11 @@ fn closing_a_model_warms_the_head_of_the_one_that_followed_it() {
         "only the head of the next model is warmed: {warm} bytes"
     );
     // `b` was last followed by `a`: closing `b` warms `a`, and nothing of `b` itself.
+    let b = open("b.safetensors");
+    read_all(&store, b.file(), 1 << 20);
+    exec.run_pending();
     store.drop_cached();
-    drop(open("b.safetensors"));
+    drop(b);
     exec.run_pending();
     assert_eq!(store.cache().cached_bytes(b_file.generation), 0);
     store.cache().check_accounting();
@@ -890,17 +901,27 @@ fn the_next_model_is_remembered_across_remounts() {
         store.choose_mode(&handle, false);
         handle
     };
+    let stream = |store: &Arc<ModelStore>, exec: &ManualExecutor, name: &str| {
+        let handle = open(store, name);
+        read_all(store, handle.file(), 1 << 20);
+        drop(handle);
+        exec.run_pending();
+    };
     {
         let exec = Arc::new(ManualExecutor::new(1024));
         let store = store_with(&exec);
-        drop(open(&store, "a.safetensors"));
-        drop(open(&store, "b.safetensors"));
-        exec.run_pending();
+        stream(&store, &exec, "a.safetensors");
+        stream(&store, &exec, "b.safetensors");
     } // unmounted: the state file is written
 
     let exec = Arc::new(ManualExecutor::new(1024));
     let store = store_with(&exec);
-    drop(open(&store, "a.safetensors"));
+    stream(&store, &exec, "a.safetensors");
+    store.drop_cached();
+    exec.run_pending();
+    let a = open(&store, "a.safetensors");
+    read_all(&store, a.file(), 1 << 20);
+    drop(a);
     exec.run_pending();
     let b = store
         .files_snapshot()

@@ -211,9 +211,12 @@ impl PassthroughTier {
             return;
         };
         state.open_bytes -= open.size;
+        // Measured without the lock: it opens the file by path, on a source that may stall.
+        drop(state);
         let resident = residency::resident_bytes(&open.path, identity).unwrap_or(open.size);
-        if resident == 0 {
-            return;
+        let mut state = self.lock();
+        if resident == 0 || state.open.contains_key(&key) {
+            return; // nothing to park, or opened again meanwhile (it reserves its size again)
         }
         state.parked_bytes += resident;
         let evicted = state.parked().push(

@@ -8,8 +8,11 @@
 //! On **every** read it re-reads `FAULTS.json`, a JSON array such as
 //! `[{"file": "sub/model.safetensors", "start": 0, "end": 4096}]` (`file` is the
 //! path relative to `SOURCE`, `end` is exclusive); a read that overlaps a listed
-//! range fails with `EIO`.  A missing or empty faults file means "no faults"; an
-//! unparsable one is treated as "no faults" and logged to stderr.
+//! range fails with `EIO`.  An entry may instead (or also) give `"stall_open_ms": N`:
+//! every open of that file then takes N milliseconds before it succeeds (a stalled
+//! network source; the other request threads keep serving other files).  A missing
+//! or empty faults file means "no faults"; an unparsable one is treated as "no
+//! faults" and logged to stderr.
 //!
 //! Files are opened with `FOPEN_DIRECT_IO`, so every read by the client reaches
 //! this process (no page cache in between) and clearing a fault takes effect
@@ -39,12 +42,17 @@ use serde::Deserialize;
 /// Attributes are never cached by the kernel: the source may change under us.
 const TTL: Duration = Duration::ZERO;
 
-/// One faulty byte range `[start, end)` of `file` (relative to SOURCE).
+/// One faulty byte range `[start, end)` of `file` (relative to SOURCE), and how long each open
+/// of it stalls.
 #[derive(Debug, Deserialize)]
 struct Fault {
     file: String,
+    #[serde(default)]
     start: u64,
+    #[serde(default)]
     end: u64,
+    #[serde(default)]
+    stall_open_ms: u64,
 }
 
 struct FaultFs {
@@ -137,29 +145,42 @@ impl FaultFs {
         self.inodes.lock().ok()?.path_of(ino.0)
     }
 
-    /// Is any byte of `[offset, offset+len)` of `rel` listed in the faults file?
-    fn is_faulty(&self, rel: &Path, offset: u64, len: u64) -> bool {
+    /// The faults file's entries (none if it is missing, empty or unparsable).
+    fn faults(&self) -> Vec<Fault> {
         let text = match fs::read(&self.faults_path) {
             Ok(t) => t,
-            Err(_) => return false, // missing file = no faults
+            Err(_) => return Vec::new(), // missing file = no faults
         };
         if text.iter().all(u8::is_ascii_whitespace) {
-            return false;
+            return Vec::new();
         }
-        let faults: Vec<Fault> = match serde_json::from_slice(&text) {
-            Ok(f) => f,
-            Err(e) => {
-                eprintln!(
-                    "faultfs: ignoring unparsable {}: {e}",
-                    self.faults_path.display()
-                );
-                return false;
-            }
-        };
+        serde_json::from_slice(&text).unwrap_or_else(|e| {
+            eprintln!(
+                "faultfs: ignoring unparsable {}: {e}",
+                self.faults_path.display()
+            );
+            Vec::new()
+        })
+    }
+
+    /// Is any byte of `[offset, offset+len)` of `rel` listed in the faults file?
+    fn is_faulty(&self, rel: &Path, offset: u64, len: u64) -> bool {
         let end = offset.saturating_add(len);
-        faults
+        self.faults()
             .iter()
             .any(|f| Path::new(&f.file) == rel && f.start < end && offset < f.end)
+    }
+
+    /// How long an open of `rel` stalls.
+    fn open_stall(&self, rel: &Path) -> Duration {
+        let ms = self
+            .faults()
+            .iter()
+            .filter(|f| Path::new(&f.file) == rel)
+            .map(|f| f.stall_open_ms)
+            .max()
+            .unwrap_or(0);
+        Duration::from_millis(ms)
     }
 }
 
@@ -208,6 +229,7 @@ impl Filesystem for FaultFs {
         let Some(rel) = self.rel_path(ino) else {
             return reply.error(Errno::ENOENT);
         };
+        std::thread::sleep(self.open_stall(&rel));
         // O_DIRECT and friends are deliberately ignored: plain buffered open.
         match File::open(self.source.join(&rel)) {
             Ok(file) => {
