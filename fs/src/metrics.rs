@@ -290,7 +290,7 @@ impl Scrape {
                 "tierfs_file_blocks",
                 "Blocks of the file.",
                 MetricType::Gauge,
-                |file| file.residency.chars().count() as f64,
+                |file| file.blocks as f64,
             ),
             (
                 "tierfs_file_resident_blocks",

@@ -871,7 +871,7 @@ impl ModelStore {
             Some(ModeReason::PassthroughOff)
         } else if file.is_malformed() {
             Some(ModeReason::Malformed)
-        } else if self.passthrough.is_competing(&identity) {
+        } else if self.passthrough.refuses_competing(&identity) {
             Some(ModeReason::Competes)
         } else if self.cache.cached_bytes(file.generation) > 0 {
             Some(ModeReason::AlreadyCached)
@@ -1072,7 +1072,10 @@ impl ModelStore {
             if file.is_probe(first, offset, end, readahead) {
                 return self.read_probe(file, offset, end);
             }
-            if !file.streamed.swap(true, Ordering::Relaxed) {
+            // A load first: the swap writes, and every stream request of the file comes here.
+            if !file.streamed.load(Ordering::Relaxed)
+                && !file.streamed.swap(true, Ordering::Relaxed)
+            {
                 self.first_stream(file);
             }
         }

@@ -14,8 +14,10 @@
 //!   parked files are dropped, least recently parked first, with `POSIX_FADV_DONTNEED`
 //!   ([`residency::drop_page_cache`]), outside the tier's lock.
 //! - **Competition**: a file dropped to make room for another model, or open when another model
-//!   that would fit alone is refused for the room it holds, *competes*: it is not admitted
-//!   again (the chunk cache serves it) until a new version of it appears ([`PassthroughTier::forget`]).
+//!   that would fit alone is refused for the room it holds, *competes*: its opens are refused
+//!   before admission ([`PassthroughTier::refuses_competing`]; the chunk cache serves them) until
+//!   a new version of it appears ([`PassthroughTier::forget`]). An inode already served by
+//!   passthrough still admits further handles of its file, competing or not.
 //! - [`PassthroughTier::held_bytes`] is what the tier holds (reservations plus parked page
 //!   cache); the owner (the model store) gives the chunk cache the rest of the budget. The kernel
 //!   may reclaim parked pages under memory pressure, which only makes the figure an
@@ -153,10 +155,6 @@ impl PassthroughTier {
             state.admitted += 1;
             return true;
         }
-        if state.competing().contains(&key) {
-            state.refused_competing += 1;
-            return false;
-        }
         let parked = state.parked().pop(&key);
         if let Some(parked) = &parked {
             state.parked_bytes -= parked.resident;
@@ -254,6 +252,16 @@ impl PassthroughTier {
     /// other models for the budget (the stats' `mode_reason`).
     pub fn is_competing(&self, identity: &SourceIdentity) -> bool {
         self.lock().competing().contains(&key_of(identity))
+    }
+
+    /// [`Self::is_competing`] for an open that would otherwise ask for admission: a competing
+    /// file is refused before [`Self::admit`] (which a file whose inode is already served by
+    /// passthrough must still pass, competing or not), and the refusal is counted.
+    pub fn refuses_competing(&self, identity: &SourceIdentity) -> bool {
+        let mut state = self.lock();
+        let competes = state.competing().contains(&key_of(identity));
+        state.refused_competing += u64::from(competes);
+        competes
     }
 
     /// The page cache of `identity` the tier keeps parked (as measured when it closed).
