@@ -266,9 +266,17 @@ pub enum Outcome {
     Miss,
 }
 
+/// A chunk being read (single flight): its waiters wait on `done`.
 struct Loading {
     result: Mutex<Option<Result<Arc<Chunk>, CacheError>>>,
     done: Condvar,
+    /// Whether a reader waits for it (set and read under the cache's lock). The chunk is then
+    /// read the moment it is resident, not when that reader wakes: a prefetched chunk the
+    /// reader had already left by then (eight threads, two of them waiting for it while the
+    /// others went two blocks on) was evicted in between, as the block needed last, and
+    /// counted wasted although it served both (traced in
+    /// `models::tests::concurrent_sequential_readers_account_prefetch_exactly`).
+    awaited: AtomicBool,
 }
 
 impl Loading {
@@ -596,6 +604,9 @@ impl ChunkCache {
                 return (Plan::Hit(chunk), evicted);
             }
             if let Some(loading) = state.loading.get(&key) {
+                if want == Want::Read {
+                    loading.awaited.store(true, Ordering::Relaxed);
+                }
                 return (Plan::Wait(Arc::clone(loading)), evicted);
             }
             let share = match want {
@@ -632,6 +643,7 @@ impl ChunkCache {
         let loading = Arc::new(Loading {
             result: Mutex::new(None),
             done: Condvar::new(),
+            awaited: AtomicBool::new(false),
         });
         state.loading.insert(key, Arc::clone(&loading));
         (Plan::Load { loading, cached }, evicted)
@@ -698,6 +710,9 @@ impl ChunkCache {
         self.room.notify_all();
         match &result {
             Ok(chunk) if read.cached => {
+                if read.loading.awaited.load(Ordering::Relaxed) {
+                    self.note_read(chunk);
+                }
                 // The reservation was `footprint`; the buffer may differ by alignment slack.
                 state.used = state.used - footprint + chunk.footprint();
                 *state.per_file.entry(key.file).or_default() += chunk.len();

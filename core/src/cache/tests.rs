@@ -173,6 +173,52 @@ fn prefetched_chunks_count_as_used_or_wasted() {
 }
 
 #[test]
+fn a_prefetch_a_reader_waited_for_is_used_even_if_evicted_before_the_reader_wakes() {
+    let fx = Arc::new(fixture(2));
+    let cache = Arc::new(ChunkCache::new(CHUNK, Arc::new(Counters::default())));
+    let (started_tx, started_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let prefetch = {
+        let (fx, cache) = (fx.clone(), cache.clone());
+        thread::spawn(move || {
+            cache
+                .get_or_load(key(0), CHUNK, Want::Prefetch, None, || {
+                    started_tx.send(()).unwrap();
+                    release_rx.recv().unwrap(); // held in flight until the reader waits
+                    fx.source.read_aligned(0, CHUNK)
+                })
+                .unwrap();
+            // At once, before the waiting reader is likely to have run: evict it.
+            get(&cache, &fx, 1).unwrap();
+        })
+    };
+    started_rx.recv().unwrap();
+    let reader = {
+        let (fx, cache) = (fx.clone(), cache.clone());
+        thread::spawn(move || {
+            let (chunk, outcome) = get(&cache, &fx, 0).unwrap();
+            assert_eq!(outcome, Outcome::Miss, "it waited for the prefetch");
+            assert_eq!(chunk.as_slice(), &fx.data[..CHUNK as usize]);
+        })
+    };
+    // The reader registers as a waiter under the cache's lock; poll until it has.
+    while !cache
+        .lock()
+        .loading
+        .get(&key(0))
+        .is_some_and(|l| l.awaited.load(Ordering::Relaxed))
+    {
+        thread::sleep(Duration::from_millis(1));
+    }
+    release_tx.send(()).unwrap();
+    prefetch.join().unwrap();
+    reader.join().unwrap();
+    let c = cache.counters();
+    assert_eq!(c.prefetch_used_bytes.load(Ordering::SeqCst), CHUNK);
+    assert_eq!(c.prefetch_wasted_bytes.load(Ordering::SeqCst), 0);
+}
+
+#[test]
 fn reads_in_flight_never_reserve_more_than_half_the_budget() {
     // Budget of 8 chunks: at most 4 reads in flight; 16 readers missing distinct chunks at once
     // all get their exact bytes, and the chunks read are cached, not thrown away.

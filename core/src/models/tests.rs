@@ -31,7 +31,8 @@ fn assert_little_prefetch_wasted(store: &ModelStore) {
     assert!(issued > 0, "no prefetch at all");
     assert!(
         wasted <= issued / 10,
-        "issued {issued} used {used} wasted {wasted}"
+        "issued {issued} used {used} wasted {wasted}, probes {} bytes",
+        Counters::get(&c.probe_bytes)
     );
 }
 
@@ -959,4 +960,34 @@ fn the_chunk_cache_keeps_the_floor_next_to_a_passthrough_file() {
     assert_eq!(store.budget(), 32 << 20);
     assert_eq!(store.cache().budget(), 16 << 20);
     drop(handle);
+}
+
+#[test]
+fn a_read_ahead_the_reader_has_passed_by_the_time_it_runs_is_dropped() {
+    let (_dir, bytes, exec, store, file) = opened_manual(96 << 20, 64 << 20, 1);
+    let plan = file.plan().unwrap();
+    let access = file.access().unwrap().clone();
+    // A chunk whose next chunk in the file is read ahead: in the same block or the next one.
+    let (chunk, block) = (0..plan.len() - 1)
+        .map(|c| (c, plan.get(c).unwrap().block))
+        .find(|&(c, b)| b > 0 && [b, b + 1].contains(&plan.get(c + 1).unwrap().block))
+        .unwrap();
+    // Reads from the chunk's start, probes until they make a stream, then read through the
+    // cache, which reads ahead.
+    let (mut pos, end) = (plan.get(chunk).unwrap().start, plan.get(chunk).unwrap().end);
+    while exec.is_empty() && pos < end {
+        let got = store.read(&file, pos, 128 << 10).unwrap();
+        assert_eq!(&got[..], &bytes[pos as usize..pos as usize + got.len()]);
+        pos += got.len() as u64;
+    }
+    assert!(!exec.is_empty(), "the reads queued a read-ahead");
+    // Before a worker runs it, the reader moves three blocks on.
+    for ahead in 1..=3 {
+        access.touch(block + ahead);
+    }
+    exec.run_pending();
+    assert!(
+        !file.chunk_present(store.cache(), chunk + 1),
+        "read ahead for a block the reader had left"
+    );
 }

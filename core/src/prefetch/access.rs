@@ -20,16 +20,24 @@
 //! **Restarts.** The order takes a touch of a block far behind the reader's newest one (more
 //! than [`TOLERANCE`] first touches) as the start of a new pass. A thread of a multi-threaded
 //! reader that fell behind does the same: with 8 threads sharing one offset counter and two
-//! busy loops on 2 cores, threads were descheduled long enough to touch a block 5–11 blocks
+//! busy loops on 2 cores, threads were descheduled long enough to touch a block 5–12 blocks
 //! behind the others; each such touch ended the pass, moved the reader's block back and
 //! forth (a jump each time: epoch and visit bumped, every distance recomputed), and the chunks
-//! prefetched for the real front looked far away and were evicted unread
-//! (`models::tests::concurrent_sequential_readers_account_prefetch_exactly` failed about one
-//! run in ten). So such a touch is only *pending*: the new pass is taken as started when the
-//! next touch far behind is of a block after it in the pass (the reader goes on from there);
-//! any touch near the front cancels it, a touch further behind replaces it. A real new pass
-//! is thus recognised at its second block, one block late, which costs nothing in repeated
-//! passes (the first blocks of the order are the ones kept resident).
+//! prefetched for the real front looked far away and were evicted unread. So a touch far
+//! behind opens a *candidate* reader, kept beside the front, with its own position: its
+//! touches move only it, and it becomes the reader (a new pass, its blocks replayed into the
+//! order) once it has gone on by enough blocks. Any touch near the front drops it (the front
+//! is alive: the candidate was stragglers); a touch further behind replaces it.
+//!
+//! How far the candidate must go on depends on where the front is. At the end of a pass
+//! (the front has touched all but [`TOLERANCE`] of the blocks a pass touches), a new pass is
+//! what comes next, and the candidate's second block confirms it: one block late, which costs
+//! nothing in repeated passes (the first blocks of the order are the ones kept resident). In
+//! the middle of a pass, a group of descheduled threads resuming together can cover several
+//! consecutive blocks with no front touch among them (one run in ten under four busy loops:
+//! stragglers touched blocks 1, 2 and 11 in a row while the front was in block 3), so the
+//! candidate must go on by more than [`TOLERANCE`] blocks, the distance the order grants
+//! stragglers; a reader that really restarted mid-pass is recognised that much later.
 //!
 //! **Distance** (for eviction) is how many blocks ahead of the reader's current block a block
 //! comes in cyclic order: the block the reader just left is needed last. (Its chunks that
@@ -55,10 +63,17 @@ const NONE: usize = usize::MAX;
 enum Restart {
     /// Not far behind.
     No,
-    /// Not (yet) a new pass: a straggling thread, or the first touch of a new pass.
+    /// Not (yet) a new pass: a straggling thread, or an early touch of a new pass.
     Straggler,
-    /// A new pass, opened by this block a touch before.
-    Confirmed(usize),
+    /// A new pass, which entered these blocks (in order) before this touch.
+    Confirmed(Vec<usize>),
+}
+
+/// A reader far behind the front that may be starting a new pass (see "Restarts").
+#[derive(Debug)]
+struct Candidate {
+    /// The blocks it entered, in order: the first opened it.
+    entered: Vec<usize>,
 }
 
 /// What a touch means for prefetching.
@@ -85,9 +100,9 @@ pub struct FileAccess {
     /// current block are consumed (see `cache::Chunk::distance`).
     visit: AtomicU64,
     depth: AtomicUsize,
-    /// A block touched far behind the reader, not yet confirmed as the start of a new pass
-    /// (taken under `order`'s lock).
-    restart: Mutex<Option<usize>>,
+    /// A reader far behind the front, not yet confirmed as the start of a new pass (taken
+    /// under `order`'s lock).
+    candidate: Mutex<Option<Candidate>>,
     /// Whether the reader computes between blocks (see [`ReaderPace`]).
     pub pace: ReaderPace,
     pub counters: FileCounters,
@@ -125,7 +140,7 @@ impl FileAccess {
             epoch: AtomicU64::new(0),
             visit: AtomicU64::new(0),
             depth: AtomicUsize::new(1),
-            restart: Mutex::new(None),
+            candidate: Mutex::new(None),
             pace: ReaderPace::default(),
             counters: FileCounters::default(),
         }
@@ -134,16 +149,19 @@ impl FileAccess {
     /// A reader touched `block`.
     pub fn touch(&self, block: usize) -> Step {
         let mut order = self.lock();
-        let opened = match self.restart(&order, block) {
+        let replayed = match self.restart(&order, block) {
             Restart::Straggler => return Step::Stay,
-            Restart::Confirmed(opened) => {
-                let _ = order.touch(opened); // a new pass, opened by `opened`
-                Some(opened)
+            Restart::Confirmed(entered) => {
+                // A new pass, opened by the candidate's first block.
+                for &earlier in &entered {
+                    let _ = order.touch(earlier);
+                }
+                entered.last().copied()
             }
             Restart::No => None,
         };
         let touch = order.touch(block);
-        let new_pass = opened.is_some() || touch == Touch::NewPass;
+        let new_pass = replayed.is_some() || touch == Touch::NewPass;
         if touch == Touch::Again && !new_pass {
             return Step::Stay;
         }
@@ -154,7 +172,7 @@ impl FileAccess {
         self.pace.entered_block();
         let left = self.current.swap(block, Ordering::Relaxed);
         self.previous.store(left, Ordering::Relaxed);
-        let from = opened.unwrap_or(left);
+        let from = replayed.unwrap_or(left);
         let predicted = from != NONE && order.next_after(from, 1).first() == Some(&block);
         if !predicted {
             self.epoch.fetch_add(1, Ordering::Relaxed);
@@ -168,25 +186,39 @@ impl FileAccess {
     /// Whether a touch of `block` far behind the reader's newest block (which the order would
     /// take as the start of a new pass) is one: see "Restarts" in the module docs.
     fn restart(&self, order: &AccessOrder, block: usize) -> Restart {
-        let mut pending = lock(&self.restart);
+        let mut pending = lock(&self.candidate);
         let Some(lag) = order.lag(block).filter(|&lag| lag > TOLERANCE) else {
             *pending = None;
             return Restart::No;
         };
-        match *pending {
-            // Further on from the pending block: the reader goes on from there.
-            Some(first) if order.lag(first).is_some_and(|first_lag| first_lag > lag) => {
+        // While a candidate is pending no touch reached the front, so the pass, and with it
+        // every lag, is as it was when the candidate opened.
+        let lag_of = |b: usize| order.lag(b).unwrap_or(0);
+        let Some(candidate) = pending.as_mut() else {
+            *pending = Some(Candidate {
+                entered: vec![block],
+            });
+            return Restart::Straggler;
+        };
+        let (first, last) = match (candidate.entered.first(), candidate.entered.last()) {
+            (Some(&first), Some(&last)) => (first, last),
+            _ => return Restart::Straggler,
+        };
+        if lag < lag_of(last) {
+            // Further on: the candidate goes on from there.
+            if candidate.entered.len() >= confirming_advances(order) {
+                let entered = std::mem::take(&mut candidate.entered);
                 *pending = None;
-                Restart::Confirmed(first)
+                return Restart::Confirmed(entered);
             }
-            // The pending block again: still unconfirmed.
-            Some(first) if first == block => Restart::Straggler,
-            // The first such touch, or one further behind than the pending one.
-            _ => {
-                *pending = Some(block);
-                Restart::Straggler
-            }
+            candidate.entered.push(block);
+        } else if lag > lag_of(first) {
+            // Further behind than the candidate: this one may be the new pass.
+            *pending = Some(Candidate {
+                entered: vec![block],
+            });
         }
+        Restart::Straggler
     }
 
     /// Forgets where the reader is: the pass in progress ends (learned if it is long enough) and
@@ -198,7 +230,7 @@ impl FileAccess {
     pub fn rewind(&self) {
         let mut order = self.lock();
         order.rewind();
-        *lock(&self.restart) = None;
+        *lock(&self.candidate) = None;
         *write(&self.position) = positions(&order);
         self.current.store(NONE, Ordering::Relaxed);
         self.previous.store(NONE, Ordering::Relaxed);
@@ -323,6 +355,21 @@ impl FileAccess {
     }
 }
 
+/// How many blocks a candidate must go on past its first before it is taken as a new pass:
+/// one at the end of a pass, more than [`TOLERANCE`] in its middle (see "Restarts").
+fn confirming_advances(order: &AccessOrder) -> usize {
+    let pass_blocks = if order.is_learned() {
+        order.learned_len()
+    } else {
+        order.blocks()
+    };
+    if order.pass_len() + TOLERANCE >= pass_blocks {
+        1
+    } else {
+        TOLERANCE + 1
+    }
+}
+
 fn positions(order: &AccessOrder) -> Vec<usize> {
     let mut position = vec![0; order.blocks()];
     for (at, &block) in order.order().iter().enumerate() {
@@ -391,6 +438,91 @@ mod tests {
             }
         );
         assert_eq!(access.distance(0), 1);
+    }
+
+    /// Touches every block of `0..blocks` once, in order: a full pass.
+    fn pass(access: &FileAccess, blocks: usize) {
+        for block in 0..blocks {
+            access.touch(block);
+        }
+    }
+
+    #[test]
+    fn stragglers_mid_pass_do_not_move_the_reader() {
+        let access = FileAccess::new(20, None);
+        pass(&access, 20);
+        for block in 0..12 {
+            access.touch(block); // the second pass, at block 11
+        }
+        let epoch = access.epoch();
+        // A group of descheduled threads resumes: three consecutive blocks far behind, no
+        // front touch among them.
+        for block in [2, 3, 4] {
+            assert_eq!(access.touch(block), Step::Stay, "straggler in {block}");
+        }
+        assert_eq!(access.current(), Some(11));
+        assert_eq!(access.epoch(), epoch, "no jump");
+        assert_eq!(
+            access.touch(12),
+            Step::Entered {
+                predicted: true,
+                new_pass: false
+            },
+            "the front goes on as predicted"
+        );
+    }
+
+    #[test]
+    fn a_restart_at_the_end_of_a_pass_is_taken_at_its_second_block() {
+        let access = FileAccess::new(20, None);
+        pass(&access, 20);
+        assert_eq!(access.touch(0), Step::Stay, "not yet: maybe a straggler");
+        assert_eq!(
+            access.touch(1),
+            Step::Entered {
+                predicted: true,
+                new_pass: true
+            }
+        );
+        assert_eq!(access.distance(2), 1);
+    }
+
+    #[test]
+    fn a_restart_mid_pass_is_taken_once_it_went_on_past_the_tolerance() {
+        let access = FileAccess::new(20, None);
+        for block in 0..12 {
+            access.touch(block); // a first pass that stops at block 11
+        }
+        for block in 0..=TOLERANCE {
+            assert_eq!(access.touch(block), Step::Stay, "candidate in {block}");
+        }
+        assert_eq!(
+            access.touch(TOLERANCE + 1),
+            Step::Entered {
+                predicted: true,
+                new_pass: true
+            }
+        );
+        // The candidate's blocks were replayed into the new pass: a touch of one of them is no
+        // jump back.
+        assert_eq!(access.touch(1), Step::Stay);
+        assert_eq!(access.current(), Some(TOLERANCE + 1));
+    }
+
+    #[test]
+    fn a_touch_near_the_front_drops_the_candidate() {
+        let access = FileAccess::new(20, None);
+        pass(&access, 20);
+        for block in 0..12 {
+            access.touch(block);
+        }
+        assert_eq!(access.touch(2), Step::Stay);
+        assert_eq!(access.touch(11), Step::Stay, "the front is alive");
+        // The candidate is gone: going on from 2 starts over, one touch at a time.
+        for block in [3, 4, 5, 6] {
+            assert_eq!(access.touch(block), Step::Stay);
+        }
+        assert_eq!(access.current(), Some(11));
     }
 
     #[test]

@@ -161,6 +161,11 @@ impl AccessOrder {
         Touch::Again
     }
 
+    /// How many blocks the current pass has touched.
+    pub fn pass_len(&self) -> usize {
+        self.pass.len()
+    }
+
     /// How many first touches of the current pass came after `block`'s; `None` if `block` is
     /// not in the current pass (or out of range). A touch with a lag over [`TOLERANCE`] starts
     /// a new pass.
