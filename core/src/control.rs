@@ -15,7 +15,7 @@ use std::path::{Component, Path, PathBuf};
 
 use thiserror::Error;
 
-use crate::models::{is_model_path, ModelStore, OpenError};
+use crate::models::{is_model_path, Layout, ModelStore, OpenError};
 use crate::size::{parse_size, SizeError};
 
 /// Longest command accepted: a size or a path (PATH_MAX is 4096) with its keyword.
@@ -49,8 +49,8 @@ pub enum ControlError {
     Path(String),
     #[error("{} is not a model file in the mount", .0.display())]
     NotAModel(PathBuf),
-    #[error("{} is malformed", .0.display())]
-    Malformed(PathBuf),
+    #[error("{} is served as plain bytes, not prefetched: {why}", path.display())]
+    Raw { path: PathBuf, why: String },
     #[error(transparent)]
     Open(#[from] OpenError),
 }
@@ -110,8 +110,11 @@ pub fn apply(store: &ModelStore, source: &Path, command: Command) -> Result<(), 
                 Err(e) if e.is_not_a_file() => return Err(ControlError::NotAModel(rel)),
                 Err(e) => return Err(e.into()),
             };
-            if model.is_malformed() {
-                return Err(ControlError::Malformed(rel));
+            if let Layout::Raw { why } = model.layout() {
+                return Err(ControlError::Raw {
+                    path: rel,
+                    why: why.to_string(),
+                });
             }
             store.warm(&model);
             tracing::info!(file = %rel.display(), "warming");

@@ -96,6 +96,9 @@ pub struct IndexSnapshot {
     pub index_entries: u64,
     /// Files forgotten to stay within the cap.
     pub index_evictions: u64,
+    /// Opens served as plain bytes because the file's header and index did not fit the cap
+    /// beside those of open files.
+    pub index_refusals: u64,
 }
 
 /// `disk` section.

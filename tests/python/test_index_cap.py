@@ -5,7 +5,8 @@ budget. Two hostile folders must keep the daemon's resident memory within its bo
 - 10 000 model files, each with a 24 KiB header, all opened and their headers read
   (about 500 MiB of headers and indexes if nothing were forgotten);
 - one file with a maximal header (100 MB, the safetensors limit) under 6 names (hard links,
-  so generating it costs one 100 MB write), each opened in turn.
+  so generating it costs one 100 MB write), each opened in turn, and then all held open at
+  once (open files cannot be forgotten: the ones that do not fit are served as plain bytes).
 
 The bound checked is the RSS of the daemon after mounting, plus the cap, plus the chunk budget,
 plus `SLACK`, plus for the maximal headers one header being parsed (its buffer and parsed
@@ -135,4 +136,67 @@ def test_maximal_headers_stay_within_the_index_cap(mount, workdir):
     with open(m.mnt / "big5.safetensors", "rb") as f:
         f.seek(8 + n_hdr)
         assert f.read() == b"\0\0\0\0"
+    assert m.alive()
+
+
+@pytest.mark.timeout(240)
+def test_open_files_never_take_the_index_past_its_cap(mount, workdir):
+    """Six names of the maximal header, all held open at once: open files cannot be forgotten,
+    so the ones that do not fit beside them are served as plain bytes (uncached, no header
+    held), with the reason in the stats, and indexed at an open after the others closed."""
+    src = workdir / "src"
+    src.mkdir()
+    target = 100_000_000 - 8
+    pad = target - len(json.dumps({"__metadata__": {"pad": ""}, "t": {
+        "dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, separators=(",", ":")))
+    header = {"__metadata__": {"pad": "x" * pad}, "t": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}
+    big = src / "big0.safetensors"
+    write_model(big, header, b"\1\2\3\4")
+    del header
+    n_hdr = struct.unpack("<Q", big.read_bytes()[:8])[0]
+    for i in range(1, 6):
+        os.link(big, src / f"big{i}.safetensors")
+    cap = 256 * MiB
+    m = mount(src, "16MiB")
+    base = rss_kib(m)
+    handles = []
+    try:
+        for i in range(6):
+            f = open(m.mnt / f"big{i}.safetensors", "rb")
+            handles.append(f)
+            assert len(f.read(4096)) == 4096
+        rss = rss_kib(m)
+        stats = m.stats()
+        c = stats["cache"]
+        reasons = {f["path"]: f["mode_reason"] for f in stats["files"]}
+        print(f"\n6 names of a {n_hdr / 1e6:.0f} MB header held open: RSS {base >> 10} MiB after mount, "
+              f"{rss >> 10} MiB with all open; index_bytes {c['index_bytes'] >> 20} MiB of cap "
+              f"{c['index_cap_bytes'] >> 20} MiB, refusals {c['index_refusals']}; reasons {reasons}")
+        assert c["index_bytes"] <= cap, c
+        assert c["index_refusals"] >= 4, c
+        raw = [p for p, r in reasons.items() if r == "the index cap is full of open files' headers"]
+        assert len(raw) == c["index_refusals"], reasons
+        assert rss <= base + (cap + 16 * MiB + SLACK) // 1024, f"RSS {rss} KiB"
+        # Every handle, indexed or not, reads the file's bytes.
+        size = big.stat().st_size
+        with open(big, "rb") as f:
+            head = f.read(1 << 20)
+            f.seek(size - (1 << 20))
+            tail = f.read()
+        assert tail.endswith(b"\1\2\3\4")
+        for f in handles:
+            f.seek(0)
+            assert f.read(1 << 20) == head
+            f.seek(size - (1 << 20))
+            assert f.read() == tail
+    finally:
+        for f in handles:
+            f.close()
+    # Closed, they make room: the next open of a file served raw indexes it.
+    name = raw[-1]
+    with open(m.mnt / name, "rb") as f:
+        f.read(4096)
+        reasons = {e["path"]: e["mode_reason"] for e in m.stats()["files"]}
+        assert reasons[name] != "the index cap is full of open files' headers", reasons
+    assert m.stats()["cache"]["index_bytes"] <= cap
     assert m.alive()

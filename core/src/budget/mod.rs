@@ -17,6 +17,12 @@
 //! chunk cache. Shrinking goes through [`ChunkCache::set_budget`], which evicts in the cache's
 //! own order: chunks needed furthest in the future first.
 //!
+//! **Unmanaged memory** ([`BudgetTarget::unmanaged`]): the headers and indexes of known model
+//! files are held to their own cap (`--index-cache`), outside the configured budget, and the
+//! budget cannot shrink them (open files need theirs). The pressure limit is on everything
+//! tierfs holds, so it counts them: the cache gets the limit less what they hold, and headers
+//! indexed under pressure take their room from the cache rather than from other programs.
+//!
 //! ## Policy ([`Policy`]; the constants below)
 //! A watcher thread ([`watch`]) reads the sources every [`POLL`] and at once when the kernel
 //! signals (v1: usage crossing the limit minus the reserve, `memory.pressure_level`). Each
@@ -99,6 +105,12 @@ pub trait BudgetTarget: Send + Sync {
     fn set_floor(&self, _bytes: u64) {}
     /// Bytes held now (resident chunks and reads in flight).
     fn used(&self) -> u64;
+    /// Memory the target holds that its budget does not steer: the headers and indexes of
+    /// known model files, under their own cap (`--index-cache`). The pressure limit covers it
+    /// (see "Unmanaged memory" in the module docs).
+    fn unmanaged(&self) -> u64 {
+        0
+    }
 }
 
 impl BudgetTarget for ChunkCache {
@@ -123,6 +135,10 @@ impl BudgetTarget for ModelStore {
 
     fn used(&self) -> u64 {
         self.cache().snapshot().used_bytes + self.passthrough_held_bytes()
+    }
+
+    fn unmanaged(&self) -> u64 {
+        self.index_snapshot().index_bytes
     }
 }
 
@@ -315,10 +331,11 @@ impl Governor {
     pub fn observe(&self, reading: &Reading, now: Instant) -> Change {
         let mut state = self.lock();
         let used = self.target.used();
+        let besides = state.other_tiers.saturating_add(self.target.unmanaged());
         let held = Held {
-            configured: state.configured,
-            held: used.saturating_add(state.other_tiers),
-            allowed: state.applied.saturating_add(state.other_tiers),
+            configured: state.configured.saturating_add(besides),
+            held: used.saturating_add(besides),
+            allowed: state.applied.saturating_add(besides),
         };
         let change = state.policy.step(reading, held, now);
         let limit = state.policy.limit;
@@ -368,7 +385,7 @@ impl Governor {
     fn apply(&self, mut state: MutexGuard<'_, State>) {
         let effective = effective_budget(
             state.configured,
-            state.policy.limit,
+            state.policy.limit.saturating_sub(self.target.unmanaged()),
             state.other_tiers,
             state.floor,
         );

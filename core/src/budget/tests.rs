@@ -55,6 +55,49 @@ fn effective_budget_subtracts_other_tiers_but_keeps_the_floor() {
     assert_eq!(effective_budget(MIB, u64::MAX, 0, 512 * MIB), MIB);
 }
 
+/// A full cache beside memory its budget does not steer (headers and indexes).
+#[derive(Default)]
+struct CacheBesideIndexes {
+    cache: FullCache,
+    indexes: AtomicU64,
+}
+
+impl BudgetTarget for CacheBesideIndexes {
+    fn set_budget(&self, bytes: u64) {
+        self.cache.set_budget(bytes);
+    }
+
+    fn used(&self) -> u64 {
+        self.cache.used()
+    }
+
+    fn unmanaged(&self) -> u64 {
+        self.indexes.load(Ordering::Relaxed)
+    }
+}
+
+#[test]
+fn the_pressure_limit_counts_headers_and_indexes_and_the_cache_gives_way_to_them() {
+    let target = Arc::new(CacheBesideIndexes::default());
+    target.indexes.store(GIB, Ordering::Relaxed);
+    let governor = Governor::new(target.clone(), 4 * GIB, 512 * MIB);
+    assert_eq!(
+        governor.effective(),
+        4 * GIB,
+        "no pressure: outside the budget"
+    );
+    // Holding 5 GiB in all, 512 MiB short: the limit on everything is 5 GiB less the deficit
+    // and one step (5 GiB / 8); the cache gets that less the indexes.
+    governor.observe(&reading(-512 * (MIB as i64)), Instant::now());
+    let limit = 5 * GIB - 512 * MIB - 5 * GIB / GROW_SHARE;
+    assert_eq!(governor.effective(), limit - GIB);
+    assert_eq!(target.cache.budget.load(Ordering::Relaxed), limit - GIB);
+    // More headers indexed under pressure take their room from the cache.
+    target.indexes.store(2 * GIB, Ordering::Relaxed);
+    governor.set_configured(4 * GIB);
+    assert_eq!(governor.effective(), limit - 2 * GIB);
+}
+
 #[test]
 fn other_tiers_lower_the_cache_budget() {
     let (cache, governor) = governor(4 * GIB);

@@ -262,6 +262,8 @@ impl<B: Send + Sync> TierFs<B> {
                 self.store.force_passthrough(&model);
                 ServeMode::Passthrough
             }
+            // A raw version still says why (its reason is its own, not the inode's).
+            Some(ServeMode::Cache) if model.is_raw() => self.store.choose_mode(&model, false),
             Some(ServeMode::Cache) => ServeMode::Cache,
             None => self.store.choose_mode(
                 &model,

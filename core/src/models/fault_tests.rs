@@ -167,7 +167,7 @@ fn eio_fails_only_the_reads_that_touch_it_and_poisons_nothing() {
     let file = s.open();
     let data_start = match file.layout() {
         Layout::Indexed { index, .. } => index.header_bytes,
-        Layout::Malformed { .. } => unreachable!(),
+        Layout::Raw { .. } => unreachable!(),
     };
     let (bad_start, bad_end) = (data_start + (5 << 20), data_start + (5 << 20) + 4096);
     s.faults.active.lock().unwrap().push(Fault::Eio {
@@ -221,7 +221,7 @@ fn a_file_truncated_mid_read_gives_errors_or_right_bytes_never_others() {
     }
     // A new open sees the truncated file as it is now: a malformed file, served byte-exact.
     let now = s.open();
-    assert!(now.is_malformed());
+    assert!(now.is_raw());
     let got = s.store.read(&now, 0, u32::MAX).unwrap();
     assert_eq!(&got[..], &s.bytes[..half as usize]);
 }

@@ -77,7 +77,7 @@ fn malformed_gguf_is_served_raw_with_its_reason() {
     let mut bytes = llama();
     bytes[4..8].copy_from_slice(&7u32.to_le_bytes());
     let (_dir, store, file) = store_with("bad.GGUF", &bytes, 8 << 20);
-    assert!(file.is_malformed());
+    assert!(file.is_raw());
     assert_eq!(
         read_range(&store, &file, 0, bytes.len() as u64, 1 << 20),
         bytes

@@ -61,7 +61,7 @@ fn descriptors_are_held_by_open_handles_only() {
             let handle = store
                 .open_handle(Path::new(name), &dir.path().join(name))
                 .unwrap();
-            assert!(!handle.is_malformed());
+            assert!(!handle.is_raw());
             assert!(store.read(handle.file(), 0, 8).unwrap().len() == 8);
         }
         assert_eq!(

@@ -148,8 +148,39 @@ pub enum ReadError {
 /// How a file's bytes are laid out for serving.
 #[derive(Debug)]
 pub enum Layout {
-    Indexed { index: TensorIndex, plan: ChunkPlan },
-    Malformed { reason: String },
+    Indexed {
+        index: TensorIndex,
+        plan: ChunkPlan,
+    },
+    /// Served as plain bytes, uncached, with no header or index held.
+    Raw {
+        why: RawReason,
+    },
+}
+
+/// Why a model file is served as plain bytes ([`Layout::Raw`]).
+#[derive(Debug, Clone)]
+pub enum RawReason {
+    /// Its header does not parse.
+    Malformed(String),
+    /// Its header and index would not fit the index cap beside those of open files, which
+    /// cannot be evicted ([`table`]).
+    IndexCapFull { needed: u64, cap: u64 },
+}
+
+impl std::fmt::Display for RawReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RawReason::Malformed(reason) => f.write_str(reason),
+            RawReason::IndexCapFull { needed, cap } => write!(
+                f,
+                "its header and index ({}) do not fit the index cap ({}, --index-cache) beside \
+                 those of the files open now",
+                crate::size::format_size(*needed),
+                crate::size::format_size(*cap)
+            ),
+        }
+    }
 }
 
 /// How far into a block kernel readahead past the end of the previous one reaches, at most
@@ -229,10 +260,11 @@ enum ModeReason {
     ModelLargerThanBudget,
     LargerThanRoom,
     Competes,
+    IndexCapFull,
 }
 
 impl ModeReason {
-    const ALL: [ModeReason; 9] = [
+    const ALL: [ModeReason; 10] = [
         ModeReason::NotOpened,
         ModeReason::FitsBudget,
         ModeReason::InodeInPassthrough,
@@ -242,6 +274,7 @@ impl ModeReason {
         ModeReason::ModelLargerThanBudget,
         ModeReason::LargerThanRoom,
         ModeReason::Competes,
+        ModeReason::IndexCapFull,
     ];
 
     fn text(self) -> Option<&'static str> {
@@ -255,6 +288,7 @@ impl ModeReason {
             ModeReason::ModelLargerThanBudget => "its model is larger than the budget",
             ModeReason::LargerThanRoom => "larger than what the budget had left",
             ModeReason::Competes => "competes with other models for the budget",
+            ModeReason::IndexCapFull => "the index cap is full of open files' headers",
         })
     }
 
@@ -277,6 +311,7 @@ impl ModelFile {
         generation: u64,
         (saved, wrap, paths): (&SavedOrders, Option<&ReadWrapper>, &Arc<dyn PathAccess>),
         membership: shards::Membership,
+        index_cap: u64,
     ) -> Result<(ModelFile, Arc<SourceFile>), OpenError> {
         let source = Arc::new(match opened {
             Some(file) => {
@@ -291,24 +326,33 @@ impl ModelFile {
         let file_key = SavedOrders::key(&source.canonical_path(), &source.identity());
         let mut order_key = file_key.clone();
         let format = Format::of_path(path).unwrap_or_default();
-        let (header, layout) = match read_header(&source, format) {
+        let (header, layout) = match read_header(&source, format, index_cap) {
             Ok((header, index)) => {
                 let plan = ChunkPlan::for_index(&index);
                 (header, Layout::Indexed { index, plan })
             }
             Err(HeaderError::Malformed(e)) => {
                 tracing::warn!(file = %abs.display(), ?format, reason = %e, "malformed header: serving the file as plain bytes, uncached");
-                (
-                    Vec::new(),
-                    Layout::Malformed {
-                        reason: e.to_string(),
-                    },
-                )
+                let why = RawReason::Malformed(e.to_string());
+                (Vec::new(), Layout::Raw { why })
+            }
+            Err(HeaderError::OverCap { needed }) => {
+                let why = RawReason::IndexCapFull {
+                    needed,
+                    cap: index_cap,
+                };
+                tracing::warn!(file = %abs.display(), reason = %why, "serving the file as plain bytes, uncached");
+                (Vec::new(), Layout::Raw { why })
             }
             Err(HeaderError::Source(e)) => return Err(e.into()),
         };
-        let (shard_of, standalone_reason, layout) =
-            shards::join(membership, &source.identity(), layout);
+        let (shard_of, standalone_reason, layout) = match layout {
+            // Not a shard of anything: no index to take part in a model with.
+            layout @ Layout::Raw {
+                why: RawReason::IndexCapFull { .. },
+            } => (None, None, layout),
+            layout => shards::join(membership, &source.identity(), layout),
+        };
         let access = match (&layout, &shard_of) {
             (Layout::Indexed { .. }, Some(of)) => {
                 order_key = of.model.order_key().to_owned();
@@ -318,7 +362,7 @@ impl ModelFile {
                 index.blocks.len(),
                 saved.get(&order_key),
             ))),
-            (Layout::Malformed { .. }, _) => None,
+            (Layout::Raw { .. }, _) => None,
         };
         let file = ModelFile {
             path: path.to_owned(),
@@ -382,14 +426,28 @@ impl ModelFile {
         self.source.identity().size
     }
 
-    pub fn is_malformed(&self) -> bool {
-        matches!(self.layout, Layout::Malformed { .. })
+    /// Whether the file is served as plain bytes ([`Layout::Raw`]).
+    pub fn is_raw(&self) -> bool {
+        matches!(self.layout, Layout::Raw { .. })
+    }
+
+    /// This version without its header, index and access state, served as plain bytes (its
+    /// index did not fit the cap: [`RawReason::IndexCapFull`]).
+    fn into_raw(self, why: RawReason) -> ModelFile {
+        tracing::warn!(file = %self.path.display(), reason = %why, "serving the file as plain bytes, uncached");
+        ModelFile {
+            header: Vec::new(),
+            layout: Layout::Raw { why },
+            access: None,
+            shard_of: None,
+            ..self
+        }
     }
 
     pub fn plan(&self) -> Option<&ChunkPlan> {
         match &self.layout {
             Layout::Indexed { plan, .. } => Some(plan),
-            Layout::Malformed { .. } => None,
+            Layout::Raw { .. } => None,
         }
     }
 
@@ -397,7 +455,7 @@ impl ModelFile {
     fn header_end(&self) -> Option<u64> {
         match &self.layout {
             Layout::Indexed { index, .. } => Some(index.header_bytes),
-            Layout::Malformed { .. } => None,
+            Layout::Raw { .. } => None,
         }
     }
 
@@ -549,10 +607,13 @@ impl ModelFile {
         let get = |f: fn(&FileCounters) -> &AtomicU64| counters.map_or(0, |c| Counters::get(f(c)));
         let (tensors, blocks, malformed_reason) = match &self.layout {
             Layout::Indexed { index, .. } => (index.tensors.len(), index.blocks.len(), None),
-            Layout::Malformed { reason } => (0, 0, Some(reason.clone())),
+            Layout::Raw {
+                why: RawReason::Malformed(reason),
+            } => (0, 0, Some(reason.clone())),
+            Layout::Raw { .. } => (0, 0, None),
         };
         let mode = match &self.layout {
-            Layout::Malformed { .. } => "uncached",
+            Layout::Raw { .. } => "uncached",
             Layout::Indexed { .. } => self.mode().name(),
         };
         let mut snapshot = FileSnapshot {
@@ -619,13 +680,35 @@ impl PrefetchTarget for ModelFile {
     }
 }
 
+/// Whether a known version serves a new open: its sharded model (if any) is current, and it
+/// was not left unindexed for want of room under the index cap (each open tries again, at the
+/// cost of one header read, so that it is indexed as soon as open files make room).
+fn is_reusable(known: &ModelFile) -> bool {
+    shards::is_current(known)
+        && !matches!(
+            known.layout,
+            Layout::Raw {
+                why: RawReason::IndexCapFull { .. }
+            }
+        )
+}
+
 enum HeaderError {
     Malformed(IndexError),
+    /// The header alone is larger than the index cap (`needed` bytes).
+    OverCap {
+        needed: u64,
+    },
     Source(SourceError),
 }
 
-/// Reads and parses the header: one probe read, and a second exact read if the header is larger.
-fn read_header(source: &SourceFile, format: Format) -> Result<(Vec<u8>, TensorIndex), HeaderError> {
+/// Reads and parses the header: one probe read, and a second exact read if the header is larger
+/// (unless it is larger than `cap`: no allocation of a header that could not be kept).
+fn read_header(
+    source: &SourceFile,
+    format: Format,
+    cap: u64,
+) -> Result<(Vec<u8>, TensorIndex), HeaderError> {
     let size = source.identity().size;
     let mut wanted = size.min(HEADER_PROBE_BYTES);
     loop {
@@ -640,6 +723,11 @@ fn read_header(source: &SourceFile, format: Format) -> Result<(Vec<u8>, TensorIn
             Err(IndexError::NeedMore { header_bytes })
                 if header_bytes > wanted && header_bytes <= size =>
             {
+                if header_bytes > cap {
+                    return Err(HeaderError::OverCap {
+                        needed: header_bytes,
+                    });
+                }
                 wanted = header_bytes;
             }
             Err(e) => return Err(HeaderError::Malformed(e)),
@@ -757,7 +845,7 @@ impl ModelStore {
         let identity = next.source.identity();
         let cache_served =
             next.mode() == ServeMode::Cache || self.passthrough.is_competing(&identity);
-        if next.is_malformed() || !cache_served {
+        if next.is_raw() || !cache_served {
             return;
         }
         tracing::debug!(file = %next.path.display(), "warming the first blocks of the next model");
@@ -867,10 +955,13 @@ impl ModelStore {
             room
         };
         let identity = file.source.identity();
-        let refused = if !passthrough_possible {
+        let refused = if let Layout::Raw { why } = &file.layout {
+            Some(match why {
+                RawReason::Malformed(_) => ModeReason::Malformed,
+                RawReason::IndexCapFull { .. } => ModeReason::IndexCapFull,
+            })
+        } else if !passthrough_possible {
             Some(ModeReason::PassthroughOff)
-        } else if file.is_malformed() {
-            Some(ModeReason::Malformed)
         } else if self.passthrough.refuses_competing(&identity) {
             Some(ModeReason::Competes)
         } else if self.cache.cached_bytes(file.generation) > 0 {
@@ -969,7 +1060,7 @@ impl ModelStore {
             source,
         })?;
         if let Some(known) = self.lock().get(path) {
-            if known.source.identity() == current && shards::is_current(known) {
+            if known.source.identity() == current && is_reusable(known) {
                 if by_reader {
                     known.opened();
                 }
@@ -981,25 +1072,26 @@ impl ModelStore {
             .shards
             .membership((path, abs), &current, &self.saved, discovery);
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
+        let index_cap = self.lock().cap();
         let (file, source) = ModelFile::open(
             (path, abs, opened),
             generation,
             (&self.saved, self.read_wrapper.as_ref(), &paths),
             membership,
+            index_cap,
         )?;
-        let file = Arc::new(file);
         let mut files = self.lock();
         // Several readers may open a file at once: the first version indexed wins, the others
         // use it (same identity) rather than replace it and drop its cached bytes.
         if let Some(known) = files.get(path) {
-            if known.source.identity() == file.source.identity() && shards::is_current(known) {
+            if known.source.identity() == file.source.identity() && is_reusable(known) {
                 if by_reader {
                     known.opened();
                 }
                 return Ok((Arc::clone(known), None));
             }
         }
-        let (replaced, evicted) = files.insert(path, Arc::clone(&file));
+        let (file, replaced, evicted) = files.insert_within_cap(path, file);
         drop(files);
         if let Some(old) = replaced {
             tracing::info!(file = %abs.display(), "source changed: dropping cached bytes of the old version");

@@ -161,7 +161,7 @@ fn a_missing_shard_leaves_each_file_alone_with_the_reason() {
 
     let store = ModelStore::new(64 << 20, SavedOrders::default());
     let file = open(&store, dir.path(), &names[0]);
-    assert!(file.shard_of.is_none() && !file.is_malformed());
+    assert!(file.shard_of.is_none() && !file.is_raw());
     let snap = store.files_snapshot();
     assert_eq!(snap[0].standalone_reason.as_deref(), Some(reason.as_str()));
     assert_eq!(snap[0].model, None);

@@ -69,7 +69,7 @@ pub(super) fn read_all(store: &ModelStore, file: &Arc<ModelFile>, step: u32) -> 
 #[test]
 fn whole_file_reads_are_bit_exact_under_a_tiny_budget() {
     let (_dir, bytes, store, file) = opened(24 << 20, 8 << 20, 1);
-    assert!(!file.is_malformed());
+    assert!(!file.is_raw());
     assert_eq!(read_all(&store, &file, 1 << 20), bytes);
     assert_eq!(read_all(&store, &file, 131_072 + 7), bytes);
     let cache = store.cache().snapshot();
@@ -91,7 +91,7 @@ fn malformed_files_are_served_as_plain_bytes() {
             &dir.path().join("bad.safetensors"),
         )
         .unwrap();
-    assert!(file.is_malformed());
+    assert!(file.is_raw());
     assert_eq!(read_all(&store, &file, 777), bytes);
     let snapshot = &store.files_snapshot()[0];
     assert!(snapshot.malformed);
@@ -276,7 +276,7 @@ fn repeated_passes_keep_a_stable_resident_set_and_read_only_the_rest() {
     let data = (bytes.len() as u64)
         - match file.layout() {
             Layout::Indexed { index, .. } => index.header_bytes,
-            Layout::Malformed { .. } => unreachable!(),
+            Layout::Raw { .. } => unreachable!(),
         };
     let mut resident = Vec::new();
     for pass in 0..4 {
