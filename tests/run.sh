@@ -21,9 +21,10 @@ cargo build --release --workspace
 echo "== cargo test --workspace --release"
 cargo test --workspace --release
 
-# Model-checked tests of the cache's locks (core/src/cache/loom_tests.rs). Own target dir: the
-# `--cfg loom` flags would otherwise invalidate the release build above. Runs in well under a
-# second once built; the timeout only guards against a model that stops terminating.
+# Model-checked tests of the cache's locks and the per-key gates (core/src/cache/loom_tests.rs,
+# core/src/sync.rs). Own target dir: the `--cfg loom` flags would otherwise invalidate the
+# release build above. Runs in well under a second once built; the timeout only guards
+# against a model that stops terminating.
 echo "== loom: RUSTFLAGS=\"--cfg loom\" cargo test -p tierfs-core --release loom"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom timeout 900 \
     cargo test -p tierfs-core --release loom

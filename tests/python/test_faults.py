@@ -136,8 +136,9 @@ def test_a_stalled_source_file_stalls_only_its_own_opens(mount, faultfs, workdir
     t = threading.Thread(target=open_slow, daemon=True)
     t.start()
     time.sleep(0.2)
-    latencies, stats_latencies = [], []
+    latencies, stats_latencies, budget_latencies = [], [], []
     deadline = time.monotonic() + 30
+    budgets = ["192MiB", "256MiB"]
     while t.is_alive() and time.monotonic() < deadline:
         t0 = time.monotonic()
         with open(m.mnt / "fast.safetensors", "rb") as f:
@@ -146,6 +147,15 @@ def test_a_stalled_source_file_stalls_only_its_own_opens(mount, faultfs, workdir
         t0 = time.monotonic()
         m.stats()
         stats_latencies.append(time.monotonic() - t0)
+        # The budget governor: a new budget, applied to the cache and the passthrough tier.
+        t0 = time.monotonic()
+        cmd = f"ram-cache {budgets[len(budget_latencies) % 2]}\n".encode()
+        fd = os.open(m.mnt / ".tierfs" / "control", os.O_WRONLY)
+        try:
+            assert os.write(fd, cmd) == len(cmd)
+        finally:
+            os.close(fd)
+        budget_latencies.append(time.monotonic() - t0)
     t.join(timeout=30)
     ff.set_faults([])
     assert not t.is_alive(), "the stalled open never finished"
@@ -155,7 +165,9 @@ def test_a_stalled_source_file_stalls_only_its_own_opens(mount, faultfs, workdir
     p99 = latencies[int(0.99 * (len(latencies) - 1))]
     print(f"\nstalled open {took['open']:.2f} s; {len(latencies)} opens+reads of another model "
           f"meanwhile: p50 {latencies[len(latencies) // 2] * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms, "
-          f"max {latencies[-1] * 1e3:.1f} ms; stats reads max {stats_latencies[-1] * 1e3:.1f} ms")
+          f"max {latencies[-1] * 1e3:.1f} ms; stats reads max {stats_latencies[-1] * 1e3:.1f} ms; "
+          f"budget changes max {max(budget_latencies) * 1e3:.1f} ms")
     assert len(latencies) >= 10
     assert latencies[-1] < stall / 3, f"an open of another model waited for the stalled one: {latencies[-5:]}"
     assert stats_latencies[-1] < stall / 3, f"the stats waited for the stalled open: {stats_latencies[-5:]}"
+    assert max(budget_latencies) < stall / 3, f"the governor waited for the stalled open: {budget_latencies}"

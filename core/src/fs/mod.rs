@@ -48,7 +48,10 @@
 //! inode's own open gate (`open_gates`), which orders the opens of that one inode while its
 //! mode is chosen and its passthrough backing opened: a source that stalls on one file stalls
 //! only the opens of that file. The gate may be held while taking the tables' locks
-//! (`open_modes`, `backings`, the store's); those are leaves, held for bookkeeping only.
+//! (`open_modes`, `backings`, the store's); those are leaves, held for bookkeeping only. In the
+//! store, the same holds for sharded models: a directory's discovery runs under that
+//! directory's gate only (`crate::models::shards::Registry`). Gates are [`crate::sync::Gates`],
+//! model-checked with loom.
 
 pub mod attr;
 pub mod error;
@@ -211,7 +214,7 @@ pub struct TierFs<B> {
     /// Per model inode, the gate its opens pass one at a time while its mode is chosen and its
     /// backing file opened (I/O on the source, which may stall): opens of other inodes never
     /// wait for it.
-    open_gates: Mutex<HashMap<u64, Weak<Mutex<()>>>>,
+    open_gates: crate::sync::Gates<u64>,
 }
 
 impl<B: Send + Sync> TierFs<B> {
@@ -246,7 +249,7 @@ impl<B: Send + Sync> TierFs<B> {
             page_cache_generations: Mutex::new(HashMap::new()),
             backings: Mutex::new(HashMap::new()),
             open_modes: Mutex::new(HashMap::new()),
-            open_gates: Mutex::new(HashMap::new()),
+            open_gates: crate::sync::Gates::new(),
         })
     }
 

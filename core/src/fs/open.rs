@@ -254,7 +254,7 @@ impl<B: Send + Sync> TierFs<B> {
         model: OpenModel,
         open_backing: &dyn Fn(File) -> io::Result<B>,
     ) -> Result<Opened<B>, FsError> {
-        let gate = self.open_gate(ino);
+        let gate = self.open_gates.gate(&ino);
         let _one_open_of_this_inode_at_a_time = lock(&gate);
         let current = lock(&self.open_modes).get(&ino).map(|(mode, _)| *mode);
         let mode = match current {
@@ -321,18 +321,6 @@ impl<B: Send + Sync> TierFs<B> {
         lock(&self.backings)
             .get(&ino)
             .and_then(std::sync::Weak::upgrade)
-    }
-
-    /// The open gate of model inode `ino` (see `TierFs::open_gates`).
-    fn open_gate(&self, ino: u64) -> Arc<crate::sync::Mutex<()>> {
-        let mut gates = lock(&self.open_gates);
-        if let Some(gate) = gates.get(&ino).and_then(std::sync::Weak::upgrade) {
-            return gate;
-        }
-        let gate = Arc::new(crate::sync::Mutex::new(()));
-        gates.retain(|_, g| g.strong_count() > 0);
-        gates.insert(ino, Arc::downgrade(&gate));
-        gate
     }
 
     /// A handle of model inode `ino` closed.

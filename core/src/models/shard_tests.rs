@@ -549,3 +549,66 @@ fn a_model_is_formed_only_of_shards_open_to_the_same_users() {
     assert!(!formed);
     assert!(reason.unwrap().contains("different directories"));
 }
+
+/// Source paths whose `open` of one file stalls for `stall`.
+struct StallingPaths {
+    stalls: std::path::PathBuf,
+    stall: std::time::Duration,
+}
+
+impl crate::source::PathAccess for StallingPaths {
+    fn open(&self, abs: &Path) -> std::io::Result<std::fs::File> {
+        if abs == self.stalls {
+            std::thread::sleep(self.stall);
+        }
+        PlainPaths.open(abs)
+    }
+
+    fn identity(&self, abs: &Path) -> std::io::Result<crate::source::SourceIdentity> {
+        PlainPaths.identity(abs)
+    }
+
+    fn list_dir(&self, abs: &Path) -> std::io::Result<Vec<std::ffi::OsString>> {
+        PlainPaths.list_dir(abs)
+    }
+
+    fn link_target(&self, abs: &Path) -> std::io::Result<Option<std::path::PathBuf>> {
+        PlainPaths.link_target(abs)
+    }
+}
+
+#[test]
+fn a_shard_that_stalls_while_its_model_is_formed_stalls_only_its_directory() {
+    let root = tempfile::tempdir().unwrap();
+    for dir in ["a", "b"] {
+        std::fs::create_dir(root.path().join(dir)).unwrap();
+        sharded(&root.path().join(dir), 3, 2, MIB, true);
+    }
+    let stall = std::time::Duration::from_millis(1500);
+    let store = Arc::new(ModelStore::new(64 << 20, SavedOrders::default()));
+    store.reach_source_through(Arc::new(StallingPaths {
+        stalls: root.path().join("a/m-00002-of-00003.safetensors"),
+        stall,
+    }));
+    let open = |store: &ModelStore, name: &str| {
+        let file = store
+            .open(Path::new(name), &root.path().join(name))
+            .unwrap();
+        assert!(file.shard_of.is_some(), "{name} is a shard of its model");
+    };
+    std::thread::scope(|scope| {
+        // Forming a's model reads its second shard's header: stalled.
+        let forming = scope.spawn(|| open(&store, "a/m-00001-of-00003.safetensors"));
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        // Meanwhile b's model is formed, from another directory.
+        let started = std::time::Instant::now();
+        open(&store, "b/m-00003-of-00003.safetensors");
+        let waited = started.elapsed();
+        assert!(
+            waited < stall / 3,
+            "an open in another directory waited {waited:?} for a stalled formation"
+        );
+        assert!(!forming.is_finished(), "a's formation was still stalled");
+        forming.join().unwrap();
+    });
+}

@@ -53,7 +53,8 @@
 //!
 //! **Cost.** Forming a model reads every shard's header once (one 256 KiB read each for real
 //! checkpoints) besides the read the shard's own open does; it happens once per model version,
-//! under the registry's lock so two shards opened at once do not form it twice.
+//! under its directory's gate so two shards opened at once do not form it twice (see
+//! [`Registry`] for the locks).
 
 use std::ffi::OsString;
 use std::fs::File;
@@ -70,7 +71,7 @@ use crate::prefetch::access::FileAccess;
 use crate::prefetch::saved::SavedOrders;
 use crate::source::{PathAccess, SourceIdentity};
 use crate::stats::{Counters, FileSnapshot, PrefetchSnapshot};
-use crate::sync::{lock, Mutex};
+use crate::sync::{lock, Gates, Mutex};
 
 /// Largest index.json read: real ones are 20 KB–2 MB (a 70B model's weight map is ~90 KB);
 /// a larger file is not a weight map, and is not read into memory.
@@ -187,9 +188,16 @@ pub enum Membership {
 }
 
 /// The sharded models of a mount.
+///
+/// **Locks.** `models` is held only to look a model up or add one, never across I/O.
+/// Discovery and formation (a directory listing, the index.json, every shard's header) run
+/// under the gate of the file's directory ([`Gates`]), so two shards of one model opened at once
+/// form it once, and a directory whose files stall stalls only the first opens in that
+/// directory. Order: a directory's gate, then `models`.
 #[derive(Debug, Default)]
 pub struct Registry {
     models: Mutex<Vec<Arc<ShardedModel>>>,
+    forming: Gates<PathBuf>,
 }
 
 impl Registry {
@@ -204,26 +212,20 @@ impl Registry {
         saved: &SavedOrders,
         discovery: Option<&dyn PathAccess>,
     ) -> Membership {
-        let mut models = lock(&self.models);
-        if let Some(at) = models
-            .iter()
-            .position(|m| m.shards.iter().any(|s| s.rel == rel))
-        {
-            let model = &models[at];
-            let shard = model.shards.iter().position(|s| s.rel == rel);
-            if let Some(shard) = shard.filter(|&s| model.shards[s].identity == *identity) {
-                return Membership::Shard(ShardOf {
-                    model: Arc::clone(model),
-                    shard,
-                });
-            }
-            tracing::info!(model = %model.name, "a shard changed: forming the model again");
-            model.superseded.store(true, Ordering::Relaxed);
-            models.remove(at);
+        if let Some(known) = self.known(rel, identity) {
+            return known;
         }
         let Some(paths) = discovery else {
             return Membership::Alone { reason: None };
         };
+        let dir_rel = rel.parent().unwrap_or(Path::new(""));
+        let dir_abs = abs.parent().unwrap_or(Path::new(""));
+        let gate = self.forming.gate(&dir_abs.to_owned());
+        let _one_discovery_per_directory = lock(&gate);
+        // Another open in this directory may have formed the model while this one waited.
+        if let Some(known) = self.known(rel, identity) {
+            return known;
+        }
         let found = match discover(paths, abs) {
             Ok(Some(found)) => found,
             Ok(None) => return Membership::Alone { reason: None },
@@ -234,12 +236,10 @@ impl Registry {
                 };
             }
         };
-        let dir_rel = rel.parent().unwrap_or(Path::new(""));
-        let dir_abs = abs.parent().unwrap_or(Path::new(""));
         match form(paths, &found, (dir_rel, dir_abs), saved) {
             Ok(model) => {
                 let model = Arc::new(model);
-                models.push(Arc::clone(&model));
+                lock(&self.models).push(Arc::clone(&model));
                 tracing::info!(model = %model.name, shards = model.shards.len(), blocks = model.blocks(), "sharded model formed");
                 let shard = model.shards.iter().position(|s| s.rel == rel).unwrap_or(0);
                 Membership::Shard(ShardOf { model, shard })
@@ -251,6 +251,27 @@ impl Registry {
                 }
             }
         }
+    }
+
+    /// The model formed before that has version `identity` of `rel` as a shard. A model that
+    /// has another version of it is superseded and forgotten (`None`: form it again).
+    fn known(&self, rel: &Path, identity: &SourceIdentity) -> Option<Membership> {
+        let mut models = lock(&self.models);
+        let at = models
+            .iter()
+            .position(|m| m.shards.iter().any(|s| s.rel == rel))?;
+        let model = &models[at];
+        let shard = model.shards.iter().position(|s| s.rel == rel);
+        if let Some(shard) = shard.filter(|&s| model.shards[s].identity == *identity) {
+            return Some(Membership::Shard(ShardOf {
+                model: Arc::clone(model),
+                shard,
+            }));
+        }
+        tracing::info!(model = %model.name, "a shard changed: forming the model again");
+        model.superseded.store(true, Ordering::Relaxed);
+        models.remove(at);
+        None
     }
 
     /// The current models, by name.
