@@ -1094,7 +1094,10 @@ impl ModelStore {
         let (file, replaced, evicted) = files.insert_within_cap(path, file);
         drop(files);
         if let Some(old) = replaced {
-            tracing::info!(file = %abs.display(), "source changed: dropping cached bytes of the old version");
+            // (The same version again: one served as plain bytes, indexed once room was made.)
+            if old.source.identity() != file.source.identity() {
+                tracing::info!(file = %abs.display(), "source changed: dropping cached bytes of the old version");
+            }
             self.cache.forget_file(old.generation);
         }
         for old in &evicted {

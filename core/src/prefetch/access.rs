@@ -34,9 +34,9 @@
 //! what comes next, and the candidate's second block confirms it: one block late, which costs
 //! nothing in repeated passes (the first blocks of the order are the ones kept resident). In
 //! the middle of a pass, a group of descheduled threads resuming together can cover several
-//! consecutive blocks with no front touch among them (one run in ten under four busy loops:
-//! stragglers touched blocks 1, 2 and 11 in a row while the front was in block 3), so the
-//! candidate must go on by more than [`TOLERANCE`] blocks, the distance the order grants
+//! consecutive blocks with no front touch among them (a few runs in a hundred under four busy
+//! loops: stragglers touched blocks 1, 2 and 11 in a row while the front was in block 3), so
+//! the candidate must go on by more than [`TOLERANCE`] blocks, the distance the order grants
 //! stragglers; a reader that really restarted mid-pass is recognised that much later.
 //!
 //! **Distance** (for eviction) is how many blocks ahead of the reader's current block a block
