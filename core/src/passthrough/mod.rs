@@ -227,8 +227,13 @@ impl PassthroughTier {
         );
         let mut dropped = Vec::new();
         if let Some((_, old)) = evicted {
+            // The file itself, parked by another close while this one measured (without the
+            // lock): replaced by this measurement. Counted again, each such race left the old
+            // figure in `parked_bytes` for good, and the chunk cache, which gets the budget
+            // less what the tier holds, was held at its floor for the rest of the mount
+            // (workflow benchmark: a model-switching loop read both models whole every cycle).
+            state.parked_bytes -= old.resident;
             if old.identity != *identity {
-                state.parked_bytes -= old.resident;
                 state.dropped_bytes += old.resident;
                 dropped.push(old);
             }

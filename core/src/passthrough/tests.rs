@@ -187,3 +187,32 @@ fn files_open_when_a_fitting_model_is_refused_compete_with_it() {
         "a's next open is the chunk cache's"
     );
 }
+
+#[test]
+fn a_file_parked_twice_by_racing_closes_is_counted_once() {
+    // The last close measures the page cache without the tier's lock; another open and close
+    // of the same file in that window parks it first, and the late close parks it again.
+    let tier = std::sync::Arc::new(PassthroughTier::default());
+    let (a, id_a) = temp_file("race", 8 * MIB);
+    read_all(&a.path);
+    std::thread::scope(|scope| {
+        for _ in 0..2 {
+            scope.spawn(|| {
+                for _ in 0..300 {
+                    if tier.admit(&a.path, &id_a, 64 * MIB) {
+                        tier.release(&id_a);
+                    }
+                }
+            });
+        }
+    });
+    let snap = tier.snapshot();
+    assert_eq!(snap.open_files, 0);
+    assert_eq!(snap.parked_files, 1);
+    assert_eq!(
+        snap.parked_bytes,
+        tier.parked_bytes_of(&id_a),
+        "parked bytes of no parked file"
+    );
+    assert!(snap.parked_bytes <= 8 * MIB, "{snap:?}");
+}
