@@ -50,6 +50,25 @@ def many_tensors_header(n: int) -> tuple[dict, bytes]:
     return header, bytes(4 * n)
 
 
+def maximal_header_names(src: Path, data: bytes) -> tuple[Path, int]:
+    """`src/big0.safetensors`, a model with a 100 MB header (the limit: most of it one metadata
+    string, which the index keeps too) and the 4 bytes `data`, and 5 more names of it (hard
+    links, so generating it costs one 100 MB write); returns big0 and its header length."""
+    src.mkdir()
+    pad = 100_000_000 - 8 - len(json.dumps({"__metadata__": {"pad": ""}, "t": {
+        "dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, separators=(",", ":")))
+    header = {"__metadata__": {"pad": "x" * pad}, "t": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}
+    big = src / "big0.safetensors"
+    write_model(big, header, data)
+    del header
+    with open(big, "rb") as f:
+        n_hdr = struct.unpack("<Q", f.read(8))[0]
+    assert 99_000_000 < n_hdr <= 100_000_000
+    for i in range(1, 6):
+        os.link(big, src / f"big{i}.safetensors")
+    return big, n_hdr
+
+
 def rss_kib(m) -> int:
     return conftest.proc_status_kib(m.pid, "VmRSS")
 
@@ -99,19 +118,7 @@ def test_ten_thousand_model_files_stay_within_the_index_cap(mount, workdir):
 @pytest.mark.timeout(240)
 def test_maximal_headers_stay_within_the_index_cap(mount, workdir):
     src = workdir / "src"
-    src.mkdir()
-    # A 100 MB header (the limit): most of it one metadata string, which the index keeps too.
-    target = 100_000_000 - 8
-    pad = target - len(json.dumps({"__metadata__": {"pad": ""}, "t": {
-        "dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, separators=(",", ":")))
-    header = {"__metadata__": {"pad": "x" * pad}, "t": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}
-    big = src / "big0.safetensors"
-    write_model(big, header, b"\0\0\0\0")
-    del header
-    n_hdr = struct.unpack("<Q", big.read_bytes()[:8])[0]
-    assert 99_000_000 < n_hdr <= 100_000_000
-    for i in range(1, 6):
-        os.link(big, src / f"big{i}.safetensors")
+    _, n_hdr = maximal_header_names(src, b"\0\0\0\0")
     cap = 256 * MiB  # the default
     m = mount(src, "16MiB")
     base = rss_kib(m)
@@ -145,17 +152,7 @@ def test_open_files_never_take_the_index_past_its_cap(mount, workdir):
     so the ones that do not fit beside them are served as plain bytes (uncached, no header
     held), with the reason in the stats, and indexed at an open after the others closed."""
     src = workdir / "src"
-    src.mkdir()
-    target = 100_000_000 - 8
-    pad = target - len(json.dumps({"__metadata__": {"pad": ""}, "t": {
-        "dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, separators=(",", ":")))
-    header = {"__metadata__": {"pad": "x" * pad}, "t": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}
-    big = src / "big0.safetensors"
-    write_model(big, header, b"\1\2\3\4")
-    del header
-    n_hdr = struct.unpack("<Q", big.read_bytes()[:8])[0]
-    for i in range(1, 6):
-        os.link(big, src / f"big{i}.safetensors")
+    big, n_hdr = maximal_header_names(src, b"\1\2\3\4")
     cap = 256 * MiB
     m = mount(src, "16MiB")
     base = rss_kib(m)

@@ -108,26 +108,28 @@ impl ModelTable {
     ) -> (Arc<ModelFile>, Option<Arc<ModelFile>>, Vec<Arc<ModelFile>>) {
         self.prune_retired();
         let replaced = self.files.pop(path).map(|old| {
-            self.bytes -= old.bytes;
             if Arc::strong_count(&old.file) > 1 {
-                self.bytes += old.bytes;
-                self.retired.push((Arc::downgrade(&old.file), old.bytes));
+                self.retired.push((Arc::downgrade(&old.file), old.bytes)); // still counted
+            } else {
+                self.bytes -= old.bytes;
             }
             old.file
         });
         let needed = footprint(&file);
         let evicted = self.evict(needed);
-        let file = if self.bytes + needed > self.cap {
+        let (file, bytes) = if self.bytes + needed > self.cap {
             self.refusals += 1;
-            file.into_raw(RawReason::IndexCapFull {
+            let why = RawReason::IndexCapFull {
                 needed,
                 cap: self.cap,
-            })
+            };
+            let raw = file.into_raw(why);
+            let bytes = footprint(&raw);
+            (raw, bytes)
         } else {
-            file
+            (file, needed)
         };
         let file = Arc::new(file);
-        let bytes = footprint(&file);
         self.bytes += bytes;
         self.files.put(
             path.to_owned(),
@@ -276,16 +278,7 @@ mod tests {
     #[test]
     fn index_memory_stays_under_the_cap_and_open_files_are_kept() {
         let dir = tempfile::tempdir().unwrap();
-        let names: Vec<String> = (0..40).map(|i| format!("m{i}.safetensors")).collect();
-        for (i, name) in names.iter().enumerate() {
-            let spec = SynthSpec {
-                layout: SynthLayout::Dit,
-                target_bytes: 1 << 20,
-                dtype: SynthDtype::BF16,
-                seed: i as u64,
-            };
-            write_checkpoint(&dir.path().join(name), &spec).unwrap();
-        }
+        let names = checkpoints(dir.path(), 40);
         let first = ModelStore::new(64 << 20, SavedOrders::default())
             .open(Path::new(&names[0]), &dir.path().join(&names[0]))
             .unwrap();

@@ -69,13 +69,6 @@ enum Restart {
     Confirmed(Vec<usize>),
 }
 
-/// A reader far behind the front that may be starting a new pass (see "Restarts").
-#[derive(Debug)]
-struct Candidate {
-    /// The blocks it entered, in order: the first opened it.
-    entered: Vec<usize>,
-}
-
 /// What a touch means for prefetching.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
@@ -100,9 +93,10 @@ pub struct FileAccess {
     /// current block are consumed (see `cache::Chunk::distance`).
     visit: AtomicU64,
     depth: AtomicUsize,
-    /// A reader far behind the front, not yet confirmed as the start of a new pass (taken
-    /// under `order`'s lock).
-    candidate: Mutex<Option<Candidate>>,
+    /// A reader far behind the front, not yet confirmed as the start of a new pass: the
+    /// blocks it entered, in order, the first of which opened it; empty when there is none
+    /// (taken under `order`'s lock).
+    candidate: Mutex<Vec<usize>>,
     /// Whether the reader computes between blocks (see [`ReaderPace`]).
     pub pace: ReaderPace,
     pub counters: FileCounters,
@@ -140,7 +134,7 @@ impl FileAccess {
             epoch: AtomicU64::new(0),
             visit: AtomicU64::new(0),
             depth: AtomicUsize::new(1),
-            candidate: Mutex::new(None),
+            candidate: Mutex::new(Vec::new()),
             pace: ReaderPace::default(),
             counters: FileCounters::default(),
         }
@@ -186,37 +180,30 @@ impl FileAccess {
     /// Whether a touch of `block` far behind the reader's newest block (which the order would
     /// take as the start of a new pass) is one: see "Restarts" in the module docs.
     fn restart(&self, order: &AccessOrder, block: usize) -> Restart {
-        let mut pending = lock(&self.candidate);
+        let mut entered = lock(&self.candidate);
         let Some(lag) = order.lag(block).filter(|&lag| lag > TOLERANCE) else {
-            *pending = None;
+            entered.clear();
             return Restart::No;
         };
         // While a candidate is pending no touch reached the front, so the pass, and with it
         // every lag, is as it was when the candidate opened.
         let lag_of = |b: usize| order.lag(b).unwrap_or(0);
-        let Some(candidate) = pending.as_mut() else {
-            *pending = Some(Candidate {
-                entered: vec![block],
-            });
-            return Restart::Straggler;
-        };
-        let (first, last) = match (candidate.entered.first(), candidate.entered.last()) {
-            (Some(&first), Some(&last)) => (first, last),
-            _ => return Restart::Straggler,
-        };
-        if lag < lag_of(last) {
+        match (entered.first(), entered.last()) {
             // Further on: the candidate goes on from there.
-            if candidate.entered.len() >= confirming_advances(order) {
-                let entered = std::mem::take(&mut candidate.entered);
-                *pending = None;
-                return Restart::Confirmed(entered);
+            (_, Some(&last)) if lag < lag_of(last) => {
+                if entered.len() >= confirming_advances(order) {
+                    return Restart::Confirmed(std::mem::take(&mut *entered));
+                }
+                entered.push(block);
             }
-            candidate.entered.push(block);
-        } else if lag > lag_of(first) {
-            // Further behind than the candidate: this one may be the new pass.
-            *pending = Some(Candidate {
-                entered: vec![block],
-            });
+            // Between its first block and its newest: a straggler of the candidate.
+            (Some(&first), _) if lag <= lag_of(first) => {}
+            // The first such touch, or one further behind than the candidate: it may be the
+            // new pass.
+            _ => {
+                entered.clear();
+                entered.push(block);
+            }
         }
         Restart::Straggler
     }
@@ -230,7 +217,7 @@ impl FileAccess {
     pub fn rewind(&self) {
         let mut order = self.lock();
         order.rewind();
-        *lock(&self.candidate) = None;
+        lock(&self.candidate).clear();
         *write(&self.position) = positions(&order);
         self.current.store(NONE, Ordering::Relaxed);
         self.previous.store(NONE, Ordering::Relaxed);

@@ -21,6 +21,7 @@ use crate::source::{SourceFile, SourceIdentity};
 use super::super::attr::{Attr, Kind};
 use super::super::inodes::{generation_of, ObjectId};
 use super::super::StatFs;
+use super::born;
 
 /// The `open(2)` flags [`TierFs::open`](crate::fs::TierFs::open) looks at.
 pub mod oflag {
@@ -71,14 +72,6 @@ fn object_of(meta: &Metadata) -> ObjectId {
         ino: meta.ino(),
         born: born(meta),
     }
-}
-
-/// Birth time in nanoseconds since the epoch, 0 if unknown.
-fn born(meta: &Metadata) -> u64 {
-    meta.created()
-        .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// The identity (version) of the open source file `file`.

@@ -35,3 +35,12 @@ pub use linux::*;
 mod windows;
 #[cfg(windows)]
 pub use windows::*;
+
+/// Birth (creation) time in nanoseconds since the Unix epoch, 0 if the filesystem keeps none:
+/// part of a source object's identity on both platforms.
+fn born(meta: &std::fs::Metadata) -> u64 {
+    meta.created()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos() as u64)
+}

@@ -20,6 +20,7 @@ use crate::source::{SourceFile, SourceIdentity};
 use super::super::attr::{Attr, Kind};
 use super::super::inodes::{generation_of, ObjectId};
 use super::super::StatFs;
+use super::born;
 
 /// The `open` flags [`TierFs::open`](crate::fs::TierFs::open) looks at: Linux's values (the
 /// filesystem's own vocabulary); the front end builds them from the access it was granted.
@@ -223,14 +224,6 @@ pub fn file_object_id(file: &File, meta: &Metadata) -> io::Result<ObjectId> {
         ino: identity.ino,
         born: born(meta),
     })
-}
-
-/// Creation time in nanoseconds since the Unix epoch, 0 if unknown.
-fn born(meta: &Metadata) -> u64 {
-    meta.created()
-        .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// The identity (version) of the open source file `file`.
