@@ -17,7 +17,7 @@ use crate::stats::{
 };
 
 /// Version of the document's schema; bumped when a key changes meaning or disappears.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 #[derive(Debug, Serialize)]
 pub struct StatsDocument {

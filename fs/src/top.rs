@@ -2,12 +2,14 @@
 //!
 //! **Contract.** Reads only `MOUNTPOINT/.tierfs/stats` (so it shows what any script sees) and
 //! acts only through `MOUNTPOINT/.tierfs/control`: `q` (or Esc, Ctrl-C) quits, `d` drops the
-//! cache, `+` / `-` raise / lower the configured budget by a quarter / a fifth. It shows the
-//! budget, what the cache holds, the hit rate by bytes, memory pressure, the disk and served
-//! throughput as sparklines, per-operation p50/p99, and for each model file its mode, what of
-//! it is cached, its stall time, its own hit rate and served and disk throughput (text
-//! sparklines), and its residency strip (`files[].residency`, docs/STATS.md)
-//! with the reader's block highlighted; files a reader is in or that hold cached bytes first.
+//! cache, `+` / `-` raise / lower the configured budget by a quarter / a fifth, `↑`/`↓` (or
+//! `k`/`j`) select a model and `p` prefetches it. It shows the budget, what the cache holds, the
+//! hit rate by bytes, memory pressure, the disk and served throughput as sparklines,
+//! per-operation p50/p99, and for each model (a file, or a sharded model with all its shards)
+//! its mode, what of it is cached, its stall time, its own hit rate and served and disk
+//! throughput (text sparklines), how far prefetch reaches ahead of its reader, and its residency
+//! strip (`files[].residency`, `models[].residency`, docs/STATS.md) in colour with the reader's
+//! block highlighted; models a reader is in or that hold cached bytes first.
 //! When stdout is not a terminal it prints the `tierfs stats` text view once instead.
 //!
 //! The terminal is restored however the view ends (`ratatui::init` installs a panic hook).
@@ -20,7 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
 use ratatui::layout::{Constraint, Layout, Rect};
-use ratatui::style::{Modifier, Style};
+use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Paragraph, Sparkline, Wrap};
 use ratatui::{DefaultTerminal, Frame};
@@ -74,6 +76,21 @@ struct View<'a> {
     /// The outcome of the last key's command, or why the stats cannot be read.
     message: String,
     error: Option<String>,
+    /// The selected model's name (what `p` prefetches).
+    selected: Option<String>,
+}
+
+/// One model of the models pane: a file served on its own, or a sharded model.
+struct Entry<'d> {
+    /// The file's path, or the sharded model's name (relative to the mount).
+    name: &'d str,
+    /// Where its strip is (`files[]` or `models[]` row).
+    strip: &'d Value,
+    /// Where its mode and byte counters are: the file's row, or its first shard's (a shard's
+    /// counters are its model's).
+    figures: &'d Value,
+    /// What `prefetch` is given for it: the file, or the model's first shard.
+    prefetch: Option<&'d str>,
 }
 
 impl<'a> View<'a> {
@@ -87,6 +104,7 @@ impl<'a> View<'a> {
             files: HashMap::new(),
             message: String::new(),
             error: None,
+            selected: None,
         }
     }
 
@@ -119,6 +137,15 @@ impl<'a> View<'a> {
             KeyCode::Char('d') => "drop".to_string(),
             KeyCode::Char('+') | KeyCode::Char('=') => self.resize(5, 4),
             KeyCode::Char('-') => self.resize(4, 5),
+            KeyCode::Up | KeyCode::Char('k') => return self.select(-1),
+            KeyCode::Down | KeyCode::Char('j') => return self.select(1),
+            KeyCode::Char('p') => match self.selected_entry().and_then(|e| e.prefetch) {
+                Some(path) => format!("prefetch {path}"),
+                None => {
+                    self.message = "no model to prefetch".to_string();
+                    return true;
+                }
+            },
             _ => return true,
         };
         self.message = match send_control(self.mountpoint, &command) {
@@ -127,6 +154,77 @@ impl<'a> View<'a> {
         };
         self.refresh();
         true
+    }
+
+    /// Moves the selection `by` models; true (the view goes on).
+    fn select(&mut self, by: isize) -> bool {
+        let entries = self.entries();
+        let at = self.selected_index(&entries).unwrap_or(0);
+        let to = at
+            .saturating_add_signed(by)
+            .min(entries.len().saturating_sub(1));
+        self.selected = entries.get(to).map(|e| e.name.to_string());
+        true
+    }
+
+    /// Index of the selected model among `entries`: the first if none is selected yet.
+    fn selected_index(&self, entries: &[Entry<'_>]) -> Option<usize> {
+        if entries.is_empty() {
+            return None;
+        }
+        let named = self.selected.as_deref();
+        Some(
+            entries
+                .iter()
+                .position(|e| Some(e.name) == named)
+                .unwrap_or(0),
+        )
+    }
+
+    fn selected_entry(&self) -> Option<Entry<'_>> {
+        let mut entries = self.entries();
+        let at = self.selected_index(&entries)?;
+        Some(entries.swap_remove(at))
+    }
+
+    /// The models to show, in display order: files on their own and sharded models (their
+    /// shards' rows are folded into them); those a reader is in first, then those the cache
+    /// holds, each group in the stats' order.
+    fn entries(&self) -> Vec<Entry<'_>> {
+        let files: &[Value] = self.doc["files"].as_array().map_or(&[], Vec::as_slice);
+        let models: &[Value] = self.doc["models"].as_array().map_or(&[], Vec::as_slice);
+        let mut entries: Vec<Entry<'_>> = files
+            .iter()
+            .filter(|f| f["model"].is_null())
+            .filter_map(|f| {
+                let name = f["path"].as_str()?;
+                Some(Entry {
+                    name,
+                    strip: f,
+                    figures: f,
+                    prefetch: Some(name),
+                })
+            })
+            .collect();
+        for model in models {
+            let Some(name) = model["name"].as_str() else {
+                continue;
+            };
+            let shard = files.iter().find(|f| f["model"].as_str() == Some(name));
+            entries.push(Entry {
+                name,
+                strip: model,
+                figures: shard.unwrap_or(model),
+                prefetch: model["shards"][0]["path"].as_str(),
+            });
+        }
+        entries.sort_by_key(|e| {
+            (
+                e.strip["residency_current"].is_null(),
+                num(e.strip, &["cached_bytes"]) == 0,
+            )
+        });
+        entries
     }
 
     /// The `ram-cache` command that scales the configured budget by `num / den` (whole MiB).
@@ -205,7 +303,7 @@ impl<'a> View<'a> {
         let status = self.error.as_deref().unwrap_or(&self.message);
         frame.render_widget(
             Paragraph::new(format!(
-                "q quit · d drop the cache · +/- budget ×1.25/×0.8   {status}"
+                "q quit · d drop the cache · +/- budget ×1.25/×0.8 · ↑/↓ select, p prefetch   {status}"
             )),
             help,
         );
@@ -273,55 +371,56 @@ impl<'a> View<'a> {
     }
 
     fn files(&self, width: u16) -> Paragraph<'_> {
-        let mut files: Vec<&Value> = self.doc["files"]
-            .as_array()
-            .map(|files| files.iter().collect())
-            .unwrap_or_default();
-        // Files a reader is in, then those the cache holds, then the rest (each by path).
-        files.sort_by_key(|f| {
-            (
-                f["residency_current"].is_null(),
-                num(f, &["cached_bytes"]) == 0,
-            )
-        });
+        let entries = self.entries();
+        let selected = self.selected_index(&entries);
         let mut lines = Vec::new();
-        for file in files {
+        for (at, entry) in entries.iter().enumerate() {
+            let (figures, strip) = (entry.figures, entry.strip);
+            let marker = if Some(at) == selected { "▶ " } else { "  " };
+            let shards = match strip["shards"].as_array() {
+                Some(shards) => format!("  {} shards", shards.len()),
+                None => String::new(),
+            };
             lines.push(Line::from(vec![
+                Span::raw(marker),
                 Span::styled(
-                    file["path"].as_str().unwrap_or("?").to_string(),
+                    entry.name.to_string(),
                     Style::default().add_modifier(Modifier::BOLD),
                 ),
                 Span::raw(format!(
-                    "  {}  cached {} of {}  stall {:.2} s  start stall {:.2} s",
-                    file["mode"].as_str().unwrap_or("?"),
-                    format_size(num(file, &["cached_bytes"])),
-                    format_size(num(file, &["size"])),
-                    file["stall_seconds"].as_f64().unwrap_or(0.0),
-                    file["start_stall_seconds"].as_f64().unwrap_or(0.0),
+                    "{shards}  {}  cached {} of {}  stall {:.2} s  start stall {:.2} s",
+                    figures["mode"].as_str().unwrap_or("?"),
+                    format_size(num(strip, &["cached_bytes"])),
+                    format_size(num(strip, &["size"])),
+                    strip["stall_seconds"].as_f64().unwrap_or(0.0),
+                    figures["start_stall_seconds"].as_f64().unwrap_or(0.0),
                 )),
             ]));
-            lines.push(self.file_rates(file));
-            lines.extend(strip_lines(file, usize::from(width.max(8))));
+            lines.push(self.file_rates(entry.name, figures));
+            lines.push(Line::from(format!("  {}", reach(strip))));
+            lines.extend(strip_lines(strip, usize::from(width.max(8))));
         }
         if lines.is_empty() {
             lines.push(Line::from("no model file opened yet"));
         }
         Paragraph::new(lines).wrap(Wrap { trim: false }).block(
-            Block::default().borders(Borders::ALL).title(
-                " models: blocks in reading order  # cached  > reading  + partly  . not cached ",
-            ),
+            Block::default()
+                .borders(Borders::ALL)
+                .title(Line::from(legend())),
         )
     }
 
     /// A model's hit rate by bytes and its served and disk throughput as text sparklines.
-    fn file_rates(&self, file: &Value) -> Line<'static> {
+    fn file_rates(&self, name: &str, file: &Value) -> Line<'static> {
         let (hit, miss) = (num(file, &["hit_bytes"]), num(file, &["miss_bytes"]));
         let hit_rate = if hit + miss == 0 {
             "-".to_string()
         } else {
             format!("{:.1} %", hit as f64 * 100.0 / (hit + miss) as f64)
         };
-        let history = file["path"].as_str().and_then(|p| self.files.get(p));
+        // A sharded model's counters are its first shard's row, sampled under that path.
+        let path = file["path"].as_str().unwrap_or(name);
+        let history = self.files.get(path);
         let rates = |pick: fn(&FileHistory) -> &VecDeque<u64>| {
             history.map_or((String::new(), 0), |h| {
                 let rates = pick(h);
@@ -361,25 +460,77 @@ impl<'a> View<'a> {
     }
 }
 
-/// The file's residency strip cut into lines of `width`, the reader's block reversed.
-fn strip_lines(file: &Value, width: usize) -> Vec<Line<'static>> {
-    let strip: Vec<char> = file["residency"].as_str().unwrap_or("").chars().collect();
-    let current = file["residency_current"]
+/// The colour of each strip character (docs/STATS.md, "Residency strips").
+fn strip_style(c: char) -> Style {
+    let colour = match c {
+        '#' => Color::Green,
+        '>' => Color::Yellow,
+        '~' => Color::Cyan,
+        '+' => Color::LightGreen,
+        '-' => Color::Red,
+        _ => Color::DarkGray,
+    };
+    Style::default().fg(colour)
+}
+
+/// The models pane's title: what each strip character means, in its colour.
+fn legend() -> Vec<Span<'static>> {
+    let mut spans = vec![Span::raw(" models: blocks in reading order ")];
+    for (c, meaning) in [
+        ('#', "cached"),
+        ('>', "reading"),
+        ('~', "prefetching"),
+        ('+', "partly"),
+        ('-', "evicted"),
+        ('.', "never read"),
+    ] {
+        spans.push(Span::styled(c.to_string(), strip_style(c)));
+        spans.push(Span::raw(format!(" {meaning}  ")));
+    }
+    spans
+}
+
+/// Where the reader is and how far prefetch reaches ahead of it: the blocks right after the
+/// reader's that are cached or being read, and the blocks being prefetched anywhere.
+fn reach(row: &Value) -> String {
+    let strip: Vec<char> = row["residency"].as_str().unwrap_or("").chars().collect();
+    let in_flight = strip.iter().filter(|&&c| c == '~').count();
+    let Some(current) = row["residency_current"]
+        .as_u64()
+        .and_then(|c| usize::try_from(c).ok())
+        .filter(|&c| c < strip.len())
+    else {
+        return format!("no reader   {in_flight} blocks prefetching");
+    };
+    let ahead = strip[current + 1..]
+        .iter()
+        .take_while(|c| matches!(c, '#' | '>' | '~' | '+'))
+        .count();
+    format!(
+        "reader in block {} of {}   prefetch reaches {ahead} blocks ahead   {in_flight} blocks prefetching",
+        current + 1,
+        strip.len()
+    )
+}
+
+/// The residency strip cut into lines of `width`, coloured, the reader's block reversed.
+fn strip_lines(row: &Value, width: usize) -> Vec<Line<'static>> {
+    let strip: Vec<char> = row["residency"].as_str().unwrap_or("").chars().collect();
+    let current = row["residency_current"]
         .as_u64()
         .and_then(|c| usize::try_from(c).ok());
     strip
         .chunks(width)
         .enumerate()
-        .map(|(row, chars)| {
+        .map(|(line, chars)| {
             let spans = chars
                 .iter()
                 .enumerate()
-                .map(|(col, c)| {
-                    let style = if Some(row * width + col) == current {
-                        Style::default().add_modifier(Modifier::REVERSED)
-                    } else {
-                        Style::default()
-                    };
+                .map(|(col, &c)| {
+                    let mut style = strip_style(c);
+                    if Some(line * width + col) == current {
+                        style = style.add_modifier(Modifier::REVERSED);
+                    }
                     Span::styled(c.to_string(), style)
                 })
                 .collect::<Vec<_>>();

@@ -94,6 +94,11 @@ def test_sharded_model_is_one_model_and_prefetch_crosses_shards(mount, shard_roo
                 assert nxt["indexed"] and nxt["cached_bytes"] > 0, (model, st["files"], st["cache"], st["prefetch"])
                 if i + 2 < len(shards):
                     assert not model["shards"][i + 2]["indexed"], model
+                    # One strip over every block of the model: the blocks of the shard not
+                    # opened yet were never read.
+                    strip = model["residency"]
+                    assert len(strip) == model["blocks"] and set(strip) <= set("#>~+-."), model
+                    assert strip.endswith(".") and set(strip) & set("#+~>"), model
     assert not problems, f"{len(problems)} problems: {problems[:8]}"
     st = quiesce(m)
     models = [x for x in st["models"] if x["name"] == f"big/{INDEX}"]
@@ -103,6 +108,10 @@ def test_sharded_model_is_one_model_and_prefetch_crosses_shards(mount, shard_roo
     assert [s["path"] for s in model["shards"]] == [f"big/{s}" for s in shards], model
     assert model["blocks"] == 9, model  # (other) + blocks.0-7 over all shards
     assert model["order_learned"], model
+    # Two passes of a model twice the budget: part of it held, part evicted, none never read.
+    strip = model["residency"]
+    assert len(strip) == 9 and "#" in strip and "-" in strip and "." not in strip, model
+    assert isinstance(model["residency_current"], int), model
     files = {f["path"]: f for f in st["files"]}
     for s in shards:
         f = files[f"big/{s}"]

@@ -1,6 +1,7 @@
 """`tierfs top` in a real terminal (a tmux pane) while a model streams through a mount: a person
-sees the model's residency strip and the figures, `d` drops the cache, `+` raises the budget,
-`q` quits; without a terminal it prints the `tierfs stats` text view.
+sees the model's residency strip and the figures, `d` drops the cache, `p` prefetches the selected
+model, `+` raises the budget, `q` quits; a sharded model is one strip over all its shards; without
+a terminal it prints the `tierfs stats` text view.
 
 Every tmux call is bounded, and the tmux server (its own socket) goes at the end, whatever
 happened.
@@ -17,8 +18,9 @@ import time
 
 import pytest
 
-from conftest import MiB, TIERFS_BIN
+from conftest import MiB, TIERFS_BIN, quiesce
 from test_metrics import MODEL_REL, file_row, metrics_source, read_all  # noqa: F401 (fixture)
+from test_shards import INDEX, shard_names, shard_root  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 
@@ -73,9 +75,11 @@ def test_top_shows_the_strip_and_acts_on_keys(mount, metrics_source):
     pane = Pane([str(TIERFS_BIN), "top", str(m.mnt), "--interval", "0.2"])
     try:
         reader.start()
-        strip = re.compile(r"^│([#+>.]{%d}) *│$" % blocks, re.M)
+        strip = re.compile(r"^│([#>~+\-.]{%d}) *│$" % blocks, re.M)
         screen = pane.wait_for(f"strip of {blocks} blocks", strip.search)
         assert MODEL_REL in screen and " cache " in screen, screen
+        assert re.search(r"reader in block \d+ of %d +prefetch reaches \d+ blocks ahead" % blocks,
+                         screen), screen
         assert re.search(r"hit rate \d+\.\d %", screen), screen
         assert re.search(r"^│read +\d+ +0 +[\d.]+ [µm]s +[\d.]+ [µm]s", screen, re.M), screen
         assert "q quit" in screen, screen
@@ -88,7 +92,16 @@ def test_top_shows_the_strip_and_acts_on_keys(mount, metrics_source):
         pane.keys("d")
         pane.wait_for("'sent: drop'", lambda s: "sent: drop" in s)
         assert file_row(m)["cached_bytes"] == 0
-        pane.wait_for("an empty strip", lambda s: "│" + "." * blocks + " " in s)
+        pane.wait_for("a strip of evicted blocks", lambda s: "│" + "-" * blocks + " " in s)
+
+        # The only model is selected: `p` warms it through the control file.
+        pane.keys("p")
+        pane.wait_for(f"'sent: prefetch {MODEL_REL}'", lambda s: f"sent: prefetch {MODEL_REL}" in s)
+        deadline = time.monotonic() + 10
+        while file_row(m)["cached_bytes"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert file_row(m)["cached_bytes"] > 0, file_row(m)
+        pane.wait_for("cached blocks again", lambda s: re.search(r"^│[#>~+\-]*#", s, re.M))
 
         pane.keys("+")
         pane.wait_for("'sent: ram-cache 40MiB'", lambda s: "sent: ram-cache 40MiB" in s)
@@ -103,6 +116,24 @@ def test_top_shows_the_strip_and_acts_on_keys(mount, metrics_source):
         streaming.clear()
         pane.close()
         reader.join(timeout=30)
+
+
+def test_top_shows_a_sharded_model_as_one_strip(mount, shard_root):
+    m = mount(shard_root, "96MiB")
+    for shard in shard_names(3):
+        read_all(m.mnt / "big" / shard)
+    model = next(x for x in quiesce(m)["models"] if x["name"] == f"big/{INDEX}")
+    blocks = model["blocks"]
+    pane = Pane([str(TIERFS_BIN), "top", str(m.mnt), "--interval", "0.2"])
+    try:
+        screen = pane.wait_for("the model's row", lambda s: f"big/{INDEX}  3 shards" in s)
+        # Its shards are folded into it: no row of their own.
+        assert not any(f"big/{name}" in screen for name in shard_names(3)), screen
+        strip = re.search(r"^│([#>~+\-.]{%d}) *│$" % blocks, screen, re.M)
+        assert strip and strip.group(1) == model["residency"], (screen, model)
+        assert "-" in strip.group(1) and "#" in strip.group(1), screen
+    finally:
+        pane.close()
 
 
 def test_top_without_a_terminal_prints_the_text_view(mount, metrics_source):

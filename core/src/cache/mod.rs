@@ -52,6 +52,7 @@
 //! The cache knows chunks by [`ChunkKey`] only; which bytes a chunk holds is the caller's
 //! business ([`crate::models`]), which keeps this module testable without files.
 
+pub mod marks;
 pub mod plan;
 mod resident;
 mod served;
@@ -66,6 +67,7 @@ use std::time::Instant;
 
 use thiserror::Error;
 
+pub use marks::ChunkMarks;
 use resident::{Resident, VictimQueue};
 use served::Served;
 
@@ -96,6 +98,13 @@ pub struct ChunkKey {
     pub chunk: u32,
 }
 
+impl ChunkKey {
+    /// The chunk's index in its file's plan.
+    fn index(self) -> usize {
+        self.chunk as usize
+    }
+}
+
 /// Why a chunk is wanted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Want {
@@ -120,22 +129,29 @@ pub enum CacheError {
     LoadPanicked,
 }
 
-/// Where one chunk is, for the stats' residency strips ([`ChunkCache::chunk_states`]).
+/// Where one chunk is, for the stats' residency strips ([`ChunkMarks`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ChunkState {
-    /// Not in memory, not being read.
-    Absent,
-    /// Being read from the disk (by a reader or a prefetch).
-    Loading,
+    /// Never read from the disk.
+    NeverRead,
+    /// Read from the disk before, not in memory now (evicted, dropped, or read uncached).
+    Evicted,
+    /// Being read from the disk by a prefetch no reader waits for.
+    Prefetching,
+    /// Being read from the disk, a reader waiting for it.
+    Reading,
     /// In memory.
     Resident,
 }
 
-/// The file and block a chunk belongs to, for order-aware eviction and per-file figures.
+/// The file and block a chunk belongs to, for order-aware eviction, per-file figures and the
+/// file's chunk marks.
 #[derive(Debug, Clone)]
 pub struct ChunkOwner {
     pub access: Arc<FileAccess>,
     pub block: usize,
+    /// The marks of the chunk's file version, which the cache keeps up to date.
+    pub marks: Arc<ChunkMarks>,
 }
 
 impl ChunkOwner {
@@ -369,6 +385,7 @@ struct InFlight<'a> {
     key: ChunkKey,
     footprint: u64,
     cached: bool,
+    marks: Option<&'a ChunkMarks>,
     loading: Arc<Loading>,
     finished: bool,
 }
@@ -440,6 +457,7 @@ impl ChunkCache {
                     key,
                     footprint,
                     cached,
+                    marks: owner.map(|o| o.marks.as_ref()),
                     loading,
                     finished: false,
                 };
@@ -469,28 +487,6 @@ impl ChunkCache {
     pub fn is_present(&self, key: ChunkKey) -> bool {
         let state = self.lock();
         state.resident.contains(&key) || state.loading.contains_key(&key)
-    }
-
-    /// Where chunks `0..count` of file generation `file` are, read under one hold of the
-    /// cache's lock (two hash lookups per chunk, no allocation but the result): a reader waits
-    /// at most that long, once per file, not once per chunk.
-    pub fn chunk_states(&self, file: u64, count: usize) -> Vec<ChunkState> {
-        let state = self.lock();
-        (0..count)
-            .map(|chunk| {
-                let key = ChunkKey {
-                    file,
-                    chunk: u32::try_from(chunk).unwrap_or(u32::MAX),
-                };
-                if state.resident.contains(&key) {
-                    ChunkState::Resident
-                } else if state.loading.contains_key(&key) {
-                    ChunkState::Loading
-                } else {
-                    ChunkState::Absent
-                }
-            })
-            .collect()
     }
 
     /// Drops every resident chunk of file generation `file` (a file that changed on disk).
@@ -606,6 +602,9 @@ impl ChunkCache {
             if let Some(loading) = state.loading.get(&key) {
                 if want == Want::Read {
                     loading.awaited.store(true, Ordering::Relaxed);
+                    if let Some(owner) = owner {
+                        owner.marks.awaited(key.index());
+                    }
                 }
                 return (Plan::Wait(Arc::clone(loading)), evicted);
             }
@@ -646,6 +645,9 @@ impl ChunkCache {
             awaited: AtomicBool::new(false),
         });
         state.loading.insert(key, Arc::clone(&loading));
+        if let Some(owner) = owner {
+            owner.marks.loading(key.index(), want);
+        }
         (Plan::Load { loading, cached }, evicted)
     }
 
@@ -720,6 +722,10 @@ impl ChunkCache {
                     self.release(&mut state, key, &old);
                     evicted.push(old);
                 }
+                // After the release of any chunk it replaced, which unmarks the same chunk.
+                if let Some(marks) = read.marks {
+                    marks.loaded(key.index(), true, true);
+                }
                 // The budget may have shrunk while the read was in flight: restore the bound
                 // (this may evict the chunk just read; the caller still gets it).
                 self.evict_until_fits(&mut state, 0, None, &mut evicted);
@@ -727,6 +733,13 @@ impl ChunkCache {
             Ok(_) => Counters::add(&self.counters.uncached_bytes, footprint),
             Err(_) if read.cached => state.used -= footprint,
             Err(_) => {}
+        }
+        if let Some(marks) = read.marks {
+            match &result {
+                Ok(_) if read.cached => {}
+                Ok(_) => marks.loaded(key.index(), true, false),
+                Err(_) => marks.loaded(key.index(), false, false),
+            }
         }
         drop(state);
         drop(evicted);
@@ -794,6 +807,9 @@ impl ChunkCache {
 
     fn release(&self, state: &mut State, key: ChunkKey, chunk: &Chunk) {
         state.used -= chunk.footprint();
+        if let Some(owner) = &chunk.owner {
+            owner.marks.released(key.index());
+        }
         if let Some(bytes) = state.per_file.get_mut(&key.file) {
             *bytes = bytes.saturating_sub(chunk.len());
         }

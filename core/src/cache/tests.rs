@@ -351,7 +351,64 @@ fn owned_by(access: &Arc<FileAccess>, block: usize) -> ChunkOwner {
     ChunkOwner {
         access: Arc::clone(access),
         block,
+        marks: Arc::new(ChunkMarks::new(64)),
     }
+}
+
+/// The marks follow a chunk through the cache: prefetched, awaited by a reader, resident,
+/// evicted; and a chunk never asked for stays never read. They are read while a load is in
+/// flight and while the cache's lock is held, so they take no lock.
+#[test]
+fn chunk_marks_follow_the_cache_without_its_lock() {
+    let fx = Arc::new(fixture(4));
+    let cache = Arc::new(ChunkCache::new(4 * CHUNK, Arc::new(Counters::default())));
+    let access = Arc::new(FileAccess::new(2, None));
+    let marks = Arc::new(ChunkMarks::new(4));
+    let owner = ChunkOwner {
+        access,
+        block: 0,
+        marks: Arc::clone(&marks),
+    };
+    let (started_tx, started_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let prefetch = {
+        let (cache, fx, owner) = (Arc::clone(&cache), Arc::clone(&fx), owner.clone());
+        thread::spawn(move || {
+            cache.get_or_load(key(1), CHUNK, Want::Prefetch, Some(&owner), || {
+                let _ = started_tx.send(());
+                let _ = release_rx.recv_timeout(Duration::from_secs(10));
+                fx.source.read_aligned(CHUNK, 2 * CHUNK)
+            })
+        })
+    };
+    started_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(marks.state(1), ChunkState::Prefetching);
+    let reader = {
+        let (cache, fx, owner) = (Arc::clone(&cache), Arc::clone(&fx), owner.clone());
+        thread::spawn(move || get_owned(&cache, &fx, 1, Want::Read, &owner))
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while marks.state(1) != ChunkState::Reading {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the reader never waited"
+        );
+        thread::sleep(Duration::from_millis(1));
+    }
+    {
+        let _held = cache.lock();
+        assert_eq!(
+            marks.states()[..2],
+            [ChunkState::NeverRead, ChunkState::Reading]
+        );
+    }
+    release_tx.send(()).unwrap();
+    prefetch.join().unwrap().unwrap();
+    reader.join().unwrap().unwrap();
+    assert_eq!(marks.state(1), ChunkState::Resident);
+    cache.set_budget(0);
+    assert_eq!(marks.state(1), ChunkState::Evicted);
+    assert_eq!(marks.state(0), ChunkState::NeverRead);
 }
 
 fn get_owned(

@@ -44,7 +44,9 @@ use std::time::Instant;
 use thiserror::Error;
 
 use crate::cache::plan::ChunkPlan;
-use crate::cache::{CacheError, Chunk, ChunkCache, ChunkKey, ChunkOwner, Outcome, Want};
+use crate::cache::{
+    CacheError, Chunk, ChunkCache, ChunkKey, ChunkMarks, ChunkOwner, Outcome, Want,
+};
 use crate::index::{Format, IndexError, TensorIndex};
 use crate::passthrough::{PassthroughSnapshot, PassthroughTier};
 use crate::prefetch::access::FileCounters;
@@ -201,6 +203,8 @@ pub struct ModelFile {
     /// when malformed).
     header: Vec<u8>,
     layout: Layout,
+    /// Where each chunk of the plan is, kept by the cache (none for a raw file).
+    marks: Arc<ChunkMarks>,
     /// How readers walk the file's blocks (well-formed files only).
     access: Option<Arc<FileAccess>>,
     /// Key of the file's learned order in [`SavedOrders`] (a shard's is its model's).
@@ -364,12 +368,17 @@ impl ModelFile {
             ))),
             (Layout::Raw { .. }, _) => None,
         };
+        let chunks = match &layout {
+            Layout::Indexed { plan, .. } => plan.len(),
+            Layout::Raw { .. } => 0,
+        };
         let file = ModelFile {
             path: path.to_owned(),
             generation,
             source: SourceSlot::new(&source, wrap.cloned(), Arc::clone(paths)),
             header,
             layout,
+            marks: Arc::new(ChunkMarks::new(chunks)),
             access,
             order_key,
             file_key,
@@ -480,6 +489,7 @@ impl ModelFile {
         let owner = self.access.as_ref().map(|access| ChunkOwner {
             access: Arc::clone(access),
             block: span.block,
+            marks: Arc::clone(&self.marks),
         });
         let got = cache.get_or_load(self.key(chunk), footprint, want, owner.as_ref(), || {
             self.source.get()?.read_aligned(span.start, span.end)
@@ -587,17 +597,25 @@ impl ModelFile {
         cache.is_present(self.key(chunk))
     }
 
-    /// The file's residency strip ([`residency`]): one hold of the cache's lock for the whole
-    /// file; `None` for a malformed file.
-    fn residency(&self, cache: &ChunkCache) -> Option<Residency> {
-        let (access, plan) = (self.access.as_ref()?, self.plan()?);
-        let states = cache.chunk_states(self.generation, plan.len());
+    /// The file's residency strip ([`residency`]), read from its chunk marks without the
+    /// cache's lock; `None` for a file without an index.
+    fn residency(&self) -> Option<Residency> {
+        let access = self.access.as_ref()?;
+        let part = self.residency_part()?;
         Some(residency::strip(
             &access.order(),
-            plan,
-            &states,
+            &[part],
             access.current(),
+            residency::Blocks::Held,
         ))
+    }
+
+    /// The file's part of a strip: its plan and where its chunks are.
+    pub(super) fn residency_part(&self) -> Option<residency::Part<'_>> {
+        Some(residency::Part {
+            plan: self.plan()?,
+            states: self.marks.states(),
+        })
     }
 
     fn snapshot(&self, cache: &ChunkCache) -> FileSnapshot {
@@ -646,7 +664,7 @@ impl ModelFile {
             residency_current: None,
             recency: 0,
         };
-        if let Some(residency) = self.residency(cache) {
+        if let Some(residency) = self.residency() {
             snapshot.residency = residency.strip;
             snapshot.residency_current = residency.current;
         }

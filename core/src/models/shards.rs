@@ -70,6 +70,7 @@ use crate::index::{Format, TensorIndex};
 use crate::prefetch::access::FileAccess;
 use crate::prefetch::saved::SavedOrders;
 use crate::source::{PathAccess, SourceIdentity};
+use crate::stats::residency;
 use crate::stats::{Counters, FileSnapshot, PrefetchSnapshot};
 use crate::sync::{lock, Gates, Mutex};
 
@@ -640,6 +641,10 @@ pub struct ModelSnapshot {
     /// The model's prefetch figures (all shards; `files[]` of a shard show the same).
     pub prefetch: PrefetchSnapshot,
     pub stall_seconds: f64,
+    /// Every block of the model, over all its shards, as one strip ([`residency`]).
+    pub residency: String,
+    /// Index in `residency` of the block the reader is in, or was in last.
+    pub residency_current: Option<usize>,
     pub shards: Vec<ShardSnapshot>,
 }
 
@@ -734,24 +739,40 @@ impl ModelStore {
     }
 
     fn model_snapshot(&self, model: &Arc<ShardedModel>, files: &[Arc<ModelFile>]) -> ModelSnapshot {
-        let shards: Vec<ShardSnapshot> = model
+        let shard_files: Vec<Option<&Arc<ModelFile>>> = model
             .shards
             .iter()
             .map(|s| {
-                let file = files.iter().find(|f| {
+                files.iter().find(|f| {
                     f.path == s.rel
                         && f.shard_of
                             .as_ref()
                             .is_some_and(|of| Arc::ptr_eq(&of.model, model))
-                });
-                ShardSnapshot {
-                    path: s.rel.to_string_lossy().into_owned(),
-                    size: s.identity.size,
-                    indexed: file.is_some(),
-                    cached_bytes: file.map_or(0, |f| self.cache.cached_bytes(f.generation)),
-                }
+                })
             })
             .collect();
+        let shards: Vec<ShardSnapshot> = model
+            .shards
+            .iter()
+            .zip(&shard_files)
+            .map(|(s, file)| ShardSnapshot {
+                path: s.rel.to_string_lossy().into_owned(),
+                size: s.identity.size,
+                indexed: file.is_some(),
+                cached_bytes: file.map_or(0, |f| self.cache.cached_bytes(f.generation)),
+            })
+            .collect();
+        let parts: Vec<residency::Part<'_>> = shard_files
+            .iter()
+            .flatten()
+            .filter_map(|f| f.residency_part())
+            .collect();
+        let strip = residency::strip(
+            &model.access.order(),
+            &parts,
+            model.access.current(),
+            residency::Blocks::All,
+        );
         let (order_learned, learned_blocks) = model.access.learned();
         let c = &model.access.counters;
         ModelSnapshot {
@@ -768,6 +789,8 @@ impl ModelStore {
                 wasted_bytes: Counters::get(&c.prefetch_wasted_bytes),
             },
             stall_seconds: Counters::get(&c.stall_ns) as f64 / 1e9,
+            residency: strip.strip,
+            residency_current: strip.current,
             shards,
         }
     }
