@@ -2,7 +2,8 @@
 # Makes .venv, the Python environment of the end-to-end suite (tests/python) and the
 # benchmarks (tests/bench), and installs into it what they import: the suite's own needs
 # (numpy, safetensors, ml_dtypes, pytest, pytest-timeout, gguf, prometheus_client: the parser
-# that checks the metrics) and the real loaders that
+# that checks the metrics; pillow: reads the dashboard's screenshot; ansi2html and
+# websocket-client: tests/bench/pictures.py) and the real loaders that
 # tests/python/test_loaders.py checks through a mount (torch, comfy-aimdo,
 # runai-model-streamer). tests/run.sh calls it when .venv lacks any of them; .ci/run calls it
 # on every run. Needs python3 with the venv module (Debian/Ubuntu: python3-venv).
@@ -20,7 +21,8 @@ if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q numpy safetensors ml_dtypes pytest pytest-timeout gguf prometheus_client
+.venv/bin/python -m pip install -q numpy safetensors ml_dtypes pytest pytest-timeout gguf prometheus_client \
+    pillow ansi2html websocket-client
 # The real loaders of tests/python/test_loaders.py (pinned: the versions checked against this
 # suite). torch is the registry's plain wheel: it pulls the CUDA runtime wheels (about 4 GB
 # installed; ~1.5 min on a fresh venv) and runs on CPU without a GPU; `--no-deps` does not

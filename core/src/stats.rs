@@ -175,6 +175,9 @@ pub struct FileSnapshot {
     pub residency: String,
     /// Index in `residency` of the block the reader is in, or was in last.
     pub residency_current: Option<usize>,
+    /// Index in `residency` of the block furthest ahead of the reader that prefetch read into
+    /// (`None`: none ahead of it).
+    pub residency_prefetch_front: Option<usize>,
     /// Rank by last use, 0 the most recently opened file (not in the JSON: how the metrics
     /// choose the files they label).
     #[serde(skip)]

@@ -490,26 +490,25 @@ fn legend() -> Vec<Span<'static>> {
     spans
 }
 
-/// Where the reader is and how far prefetch reaches ahead of it: the blocks right after the
-/// reader's that are cached or being read, and the blocks being prefetched anywhere.
+/// Where the reader is, how far ahead of it prefetch has read (`residency_prefetch_front`), and
+/// how many blocks are being prefetched.
 fn reach(row: &Value) -> String {
-    let strip: Vec<char> = row["residency"].as_str().unwrap_or("").chars().collect();
-    let in_flight = strip.iter().filter(|&&c| c == '~').count();
-    let Some(current) = row["residency_current"]
-        .as_u64()
-        .and_then(|c| usize::try_from(c).ok())
-        .filter(|&c| c < strip.len())
-    else {
+    let index = |key: &str| row[key].as_u64().and_then(|i| usize::try_from(i).ok());
+    let blocks = row["residency"].as_str().unwrap_or("").chars().count();
+    let in_flight = row["residency"]
+        .as_str()
+        .unwrap_or("")
+        .chars()
+        .filter(|&c| c == '~')
+        .count();
+    let Some(current) = index("residency_current").filter(|&c| c < blocks) else {
         return format!("no reader   {in_flight} blocks prefetching");
     };
-    let ahead = strip[current + 1..]
-        .iter()
-        .take_while(|c| matches!(c, '#' | '>' | '~' | '+'))
-        .count();
+    // The order goes on from the end of the strip to its start (the next pass).
+    let ahead = index("residency_prefetch_front").map_or(0, |f| (f + blocks - current) % blocks);
     format!(
-        "reader in block {} of {}   prefetch reaches {ahead} blocks ahead   {in_flight} blocks prefetching",
+        "reader in block {} of {blocks}   prefetch reaches {ahead} blocks ahead   {in_flight} blocks prefetching",
         current + 1,
-        strip.len()
     )
 }
 

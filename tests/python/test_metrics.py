@@ -16,6 +16,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -102,7 +103,12 @@ def test_residency_strip_follows_the_cache(mount, metrics_source):
         for _ in range(size // 8 // (1 << 20)):
             f.read(1 << 20)
     quiesce(m)
-    strip = file_row(m)["residency"]
+    row = file_row(m)
+    strip = row["residency"]
+    # Prefetch read ahead of the reader's block: the front is a block after it (in the order,
+    # which goes on from the end of the strip to its start).
+    current, front = row["residency_current"], row["residency_prefetch_front"]
+    assert isinstance(front, int) and 0 < (front - current) % blocks <= blocks // 2, row
     assert len(strip) == blocks and set(strip) <= set("#>~+-"), strip
     assert strip.count("-") < blocks, f"a block was read again, strip {strip!r}"
     assert "-" in strip, f"only some blocks were read again, strip {strip!r}"
@@ -254,6 +260,25 @@ def test_dashboard_is_self_contained_and_serves_the_stats(mount, metrics_source)
     assert doc["schema_version"] == 2 and doc["disk"]["read_bytes"] == m.stats()["disk"]["read_bytes"]
 
 
+def chromium(addr: str, *extra: str) -> str:
+    """The page at `addr` loaded in headless Chromium (a profile of its own), after it has run
+    for five seconds of virtual time; its DOM then."""
+    profile = fresh_dir("chromium")
+    r = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                        f"--user-data-dir={profile}", "--virtual-time-budget=5000", *extra,
+                        f"http://{addr}/"], capture_output=True, text=True, timeout=90)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout
+
+
+def page_strip(dom: str) -> tuple[str, str, str, str]:
+    """(model name, strip characters, the reader's index in it, the strip's HTML) drawn first."""
+    entry = re.search(r'<div class="file" data-path="([^"]+)">.*?'
+                      r'<div class="strip" data-current="(\d*)">(.*?)</div>', dom, re.S)
+    assert entry, dom[-3000:]
+    return entry.group(1), re.sub(r"<[^>]+>", "", entry.group(3)), entry.group(2), entry.group(3)
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (tests/setup-system.sh)")
 def test_dashboard_draws_the_strip_in_a_browser(mount, metrics_source):
     m = mount(metrics_source, "256MiB", ("--no-passthrough", "--metrics-addr", "0"))
@@ -261,20 +286,56 @@ def test_dashboard_draws_the_strip_in_a_browser(mount, metrics_source):
     read_all(m.mnt / MODEL_REL)
     quiesce(m)
     blocks = file_row(m)["blocks"]
-    profile = fresh_dir("chromium")
-    r = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                        f"--user-data-dir={profile}", "--virtual-time-budget=5000", "--dump-dom",
-                        f"http://{addr}/"], capture_output=True, text=True, timeout=90)
-    assert r.returncode == 0, r.stderr[-2000:]
-    dom = r.stdout
-    entry = re.search(r'<div class="file" data-path="([^"]+)">.*?<div class="strip">(.*?)</div>', dom, re.S)
-    assert entry, dom[-3000:]
-    assert entry.group(1) == MODEL_REL, entry.group(0)
-    strip = re.sub(r"<[^>]+>", "", entry.group(2))
+    dom = chromium(addr, "--dump-dom")
+    name, strip, current, html = page_strip(dom)
+    assert name == MODEL_REL, name
     assert strip == "#" * blocks, f"the page draws {strip!r}, the stats say {blocks} blocks cached"
-    assert '<span class="current">#</span>' in entry.group(2), entry.group(2)
+    assert current == str(file_row(m)["residency_current"]), (current, file_row(m))
+    assert '<span class="c-resident current">#</span>' in html, html
     assert re.search(r"hit rate \d+\.\d % by bytes", dom), dom[-3000:]
+    assert "<polyline" in dom, "no throughput chart"
     assert '<div id="error"></div>' in dom, "the page could not read /stats"
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (tests/setup-system.sh)")
+@pytest.mark.timeout(240)
+def test_dashboard_shows_the_strip_advancing_while_a_model_streams(mount, metrics_source):
+    """A reader streams a model three times the budget, slowly; the page, loaded again and
+    again, shows its block moving along the strip, and a screenshot shows the strip's colours."""
+    from PIL import Image
+    m = mount(metrics_source, "24MiB", ("--no-passthrough", "--metrics-addr", "0"))
+    addr = served_addr(m)
+    read_all(m.mnt / MODEL_REL)  # the order is learned
+    streaming = threading.Event()
+    streaming.set()
+
+    def stream():
+        while streaming.is_set():
+            with open(m.mnt / MODEL_REL, "rb") as f:
+                while streaming.is_set() and f.read(1 << 20):
+                    time.sleep(0.06)
+
+    reader = threading.Thread(target=stream, daemon=True)
+    reader.start()
+    try:
+        seen = set()
+        for _ in range(6):
+            name, strip, current, _ = page_strip(chromium(addr, "--dump-dom"))
+            assert name == MODEL_REL and set(strip) <= set("#>~+-.") and current != "", strip
+            seen.add((strip, current))
+            if len({c for _, c in seen}) >= 2:
+                break
+        assert len({c for _, c in seen}) >= 2, f"the reader's block never moved: {seen}"
+        shot = fresh_dir("shot") / "page.png"
+        chromium(addr, f"--screenshot={shot}", "--window-size=1000,700", "--hide-scrollbars")
+    finally:
+        streaming.clear()
+        reader.join(timeout=30)
+    found = {rgb: n for n, rgb in Image.open(shot).convert("RGB").getcolors(1 << 24)}
+    colours = {(0x2e, 0x7d, 0x32): "cached", (0x8e, 0x24, 0xaa): "evicted",
+               (0x15, 0x65, 0xc0): "served throughput"}
+    counts = {name: found.get(rgb, 0) for rgb, name in colours.items()}
+    assert all(n > 20 for n in counts.values()), f"pixels of each colour in the screenshot: {counts}"
 
 
 def test_grafana_dashboard_names_only_served_metrics(mount, metrics_source):

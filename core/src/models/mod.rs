@@ -605,7 +605,7 @@ impl ModelFile {
         Some(residency::strip(
             &access.order(),
             &[part],
-            access.current(),
+            (access.current(), access.prefetch_front()),
             residency::Blocks::Held,
         ))
     }
@@ -662,11 +662,13 @@ impl ModelFile {
             page_cache_kept_bytes: 0,
             residency: String::new(),
             residency_current: None,
+            residency_prefetch_front: None,
             recency: 0,
         };
         if let Some(residency) = self.residency() {
             snapshot.residency = residency.strip;
             snapshot.residency_current = residency.current;
+            snapshot.residency_prefetch_front = residency.prefetch_front;
         }
         shards::annotate(&mut snapshot, self);
         snapshot
@@ -690,7 +692,15 @@ impl PrefetchTarget for ModelFile {
         if self.pruned.load(Ordering::Relaxed) {
             return Ok(()); // nobody can read it any more
         }
-        self.fetch_chunk(cache, chunk, Want::Prefetch).map(|_| ())
+        let fetched = self.fetch_chunk(cache, chunk, Want::Prefetch)?;
+        if let (Some(_), Some(access), Some(span)) = (
+            fetched,
+            self.access.as_ref(),
+            self.plan().and_then(|plan| plan.get(chunk)),
+        ) {
+            access.note_prefetch(span.block);
+        }
+        Ok(())
     }
 
     fn display_path(&self) -> &Path {

@@ -645,6 +645,8 @@ pub struct ModelSnapshot {
     pub residency: String,
     /// Index in `residency` of the block the reader is in, or was in last.
     pub residency_current: Option<usize>,
+    /// Index in `residency` of the block furthest ahead of the reader that prefetch read into.
+    pub residency_prefetch_front: Option<usize>,
     pub shards: Vec<ShardSnapshot>,
 }
 
@@ -770,7 +772,7 @@ impl ModelStore {
         let strip = residency::strip(
             &model.access.order(),
             &parts,
-            model.access.current(),
+            (model.access.current(), model.access.prefetch_front()),
             residency::Blocks::All,
         );
         let (order_learned, learned_blocks) = model.access.learned();
@@ -791,6 +793,7 @@ impl ModelStore {
             stall_seconds: Counters::get(&c.stall_ns) as f64 / 1e9,
             residency: strip.strip,
             residency_current: strip.current,
+            residency_prefetch_front: strip.prefetch_front,
             shards,
         }
     }

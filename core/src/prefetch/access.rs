@@ -97,6 +97,9 @@ pub struct FileAccess {
     /// blocks it entered, in order, the first of which opened it; empty when there is none
     /// (taken under `order`'s lock).
     candidate: Mutex<Vec<usize>>,
+    /// The block furthest ahead of the reader that prefetch read into (`NONE`: none yet), for
+    /// the stats ([`FileAccess::prefetch_front`]).
+    prefetch_front: AtomicUsize,
     /// Whether the reader computes between blocks (see [`ReaderPace`]).
     pub pace: ReaderPace,
     pub counters: FileCounters,
@@ -135,6 +138,7 @@ impl FileAccess {
             visit: AtomicU64::new(0),
             depth: AtomicUsize::new(1),
             candidate: Mutex::new(Vec::new()),
+            prefetch_front: AtomicUsize::new(NONE),
             pace: ReaderPace::default(),
             counters: FileCounters::default(),
         }
@@ -283,6 +287,37 @@ impl FileAccess {
         (to + position.len() - from) % position.len()
     }
 
+    /// Prefetch read a chunk of `block`: it becomes the front if it is further ahead of the
+    /// reader than the front, or the front is no longer ahead.
+    pub fn note_prefetch(&self, block: usize) {
+        let _ = self
+            .prefetch_front
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |front| {
+                match self.ahead(front) {
+                    Some(front) if front >= self.distance(block) => None,
+                    _ => Some(block),
+                }
+            });
+    }
+
+    /// The block furthest ahead of the reader that prefetch read into, if it is still ahead
+    /// (or the reader is in it).
+    pub fn prefetch_front(&self) -> Option<usize> {
+        let front = self.prefetch_front.load(Ordering::Relaxed);
+        self.ahead(front).map(|_| front)
+    }
+
+    /// How far ahead of the reader `block` is, if it is in the half of the order ahead of it
+    /// (the other half is behind it: needed again only in the next pass).
+    fn ahead(&self, block: usize) -> Option<usize> {
+        if block == NONE {
+            return None;
+        }
+        let distance = self.distance(block);
+        let half = read(&self.position).len() / 2;
+        (distance <= half).then_some(distance)
+    }
+
     /// The current visit: bumped each time the reader enters a block.
     pub fn visit(&self) -> u64 {
         self.visit.load(Ordering::Relaxed)
@@ -386,6 +421,24 @@ mod tests {
         assert_eq!(access.epoch(), epoch);
         assert_eq!(access.touch(7), entered(false));
         assert_eq!(access.epoch(), epoch + 1);
+    }
+
+    #[test]
+    fn the_prefetch_front_is_the_furthest_block_ahead_and_goes_once_the_reader_passes_it() {
+        let access = FileAccess::new(10, None);
+        access.touch(0);
+        access.touch(1);
+        assert_eq!(access.prefetch_front(), None);
+        access.note_prefetch(3);
+        access.note_prefetch(2); // a straggler of a nearer block does not pull it back
+        assert_eq!(access.prefetch_front(), Some(3));
+        access.touch(2);
+        access.touch(3);
+        assert_eq!(access.prefetch_front(), Some(3), "the reader is in it");
+        access.touch(4);
+        assert_eq!(access.prefetch_front(), None, "behind the reader");
+        access.note_prefetch(5);
+        assert_eq!(access.prefetch_front(), Some(5), "a stale front gives way");
     }
 
     #[test]

@@ -41,6 +41,8 @@ pub struct Residency {
     /// Index in `strip` of the block the reader is in, or was in last (`None`: no block read
     /// yet, or since a warm rewound the reader).
     pub current: Option<usize>,
+    /// Index in `strip` of the block furthest ahead of the reader that prefetch read into.
+    pub prefetch_front: Option<usize>,
 }
 
 /// One file version's part of a strip: its plan and where each of its chunks is.
@@ -60,15 +62,15 @@ pub enum Blocks {
 }
 
 /// The strip of the blocks walked in `order`, cut into chunks by `parts`; `current` is the
-/// reader's block.
+/// reader's block and `front` the block furthest ahead that prefetch read into.
 pub fn strip(
     order: &[usize],
     parts: &[Part<'_>],
-    current: Option<usize>,
+    (current, front): (Option<usize>, Option<usize>),
     blocks: Blocks,
 ) -> Residency {
     let mut strip = String::with_capacity(order.len());
-    let mut at = None;
+    let (mut at, mut front_at) = (None, None);
     for &block in order {
         let states: Vec<ChunkState> = parts
             .iter()
@@ -85,9 +87,16 @@ pub fn strip(
         if current == Some(block) {
             at = Some(strip.chars().count());
         }
+        if front == Some(block) {
+            front_at = Some(strip.chars().count());
+        }
         strip.push(block_char(&states));
     }
-    Residency { strip, current: at }
+    Residency {
+        strip,
+        current: at,
+        prefetch_front: front_at,
+    }
 }
 
 fn block_char(states: &[ChunkState]) -> char {
@@ -157,10 +166,11 @@ mod tests {
             plan: &plan,
             states,
         }];
-        let got = strip(&order, &parts, Some(2), Blocks::Held);
+        let got = strip(&order, &parts, (Some(2), Some(1)), Blocks::Held);
         assert_eq!(got.strip, ">.-~>+#");
-        assert_eq!(got.current, Some(4));
-        assert_eq!(strip(&order, &parts, None, Blocks::Held).current, None);
+        assert_eq!((got.current, got.prefetch_front), (Some(4), Some(5)));
+        let none = strip(&order, &parts, (None, None), Blocks::Held);
+        assert_eq!((none.current, none.prefetch_front), (None, None));
     }
 
     /// A model's strip spans its shards' parts, and a block no opened shard holds is never read;
@@ -174,9 +184,9 @@ mod tests {
             states: resident,
         }];
         let order = [0, 1, 2, 3];
-        let model = strip(&order, &parts, Some(3), Blocks::All);
+        let model = strip(&order, &parts, (Some(3), None), Blocks::All);
         assert_eq!((model.strip.as_str(), model.current), ("##..", Some(3)));
-        let file = strip(&order, &parts, Some(3), Blocks::Held);
+        let file = strip(&order, &parts, (Some(3), None), Blocks::Held);
         assert_eq!((file.strip.as_str(), file.current), ("##", None));
     }
 }
