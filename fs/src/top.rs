@@ -4,12 +4,13 @@
 //! acts only through `MOUNTPOINT/.tierfs/control`: `q` (or Esc, Ctrl-C) quits, `d` drops the
 //! cache, `+` / `-` raise / lower the configured budget by a quarter / a fifth, `↑`/`↓` (or
 //! `k`/`j`) select a model and `p` prefetches it. It shows the budget, what the cache holds, the
-//! hit rate by bytes, memory pressure, the disk and served throughput as sparklines,
-//! per-operation p50/p99, and for each model (a file, or a sharded model with all its shards)
-//! its mode, what of it is cached, its stall time, its own hit rate and served and disk
-//! throughput (text sparklines), how far prefetch reaches ahead of its reader, and its residency
-//! strip (`files[].residency`, `models[].residency`, docs/STATS.md) in colour with the reader's
-//! block highlighted; models a reader is in or that hold cached bytes first.
+//! hit rate by bytes, memory pressure and what it made the mount give back, the disk and served
+//! throughput as sparklines, per-operation p50/p99, and for each model (a file, or a sharded
+//! model with all its shards) its mode, what of it is cached, its stall time, its own hit rate
+//! and served and disk throughput (text sparklines), how far prefetch reaches ahead of its
+//! reader, and its residency strip (`files[].residency`, `models[].residency`, docs/STATS.md)
+//! in colour with the reader's block highlighted; models a reader is in or that hold cached
+//! bytes first.
 //! When stdout is not a terminal it prints the `tierfs stats` text view once instead.
 //!
 //! The terminal is restored however the view ends (`ratatui::init` installs a panic hook).
@@ -334,12 +335,13 @@ impl<'a> View<'a> {
                 size(&["passthrough", "open_bytes"]),
             )),
             Line::from(format!(
-                "stall {:.2} s   disk read {}   prefetch {} issued, {} wasted   pressure {pressure} ({} events)",
+                "stall {:.2} s   disk read {}   prefetch {} issued, {} wasted   pressure {pressure} ({} events, {} given back)",
                 doc["cache"]["stall_seconds"].as_f64().unwrap_or(0.0),
                 size(&["disk", "read_bytes"]),
                 size(&["prefetch", "issued_bytes"]),
                 size(&["prefetch", "wasted_bytes"]),
                 num(doc, &["budget", "pressure_events"]),
+                size(&["budget", "given_back_bytes"]),
             )),
         ];
         let title = format!(" tierfs top {} ", self.mountpoint.display());

@@ -81,6 +81,7 @@ def test_top_shows_the_strip_and_acts_on_keys(mount, metrics_source):
         assert re.search(r"reader in block \d+ of %d +prefetch reaches \d+ blocks ahead" % blocks,
                          screen), screen
         assert re.search(r"hit rate \d+\.\d %", screen), screen
+        assert re.search(r"pressure none \(0 events, 0 B given back\)", screen), screen
         assert re.search(r"^│read +\d+ +0 +[\d.]+ [µm]s +[\d.]+ [µm]s", screen, re.M), screen
         assert "q quit" in screen, screen
         # The model's own hit rate and served throughput, as a sparkline that peaks somewhere.
