@@ -30,7 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "python"))
 import gen  # noqa: E402
-from ops_overhead import spawn_mount  # noqa: E402
+from ops_overhead import spawn_mount, stop_mount  # noqa: E402
 
 
 def mount(binary: Path, src: Path, mnt: Path, log: Path) -> subprocess.Popen:
@@ -103,12 +103,7 @@ def main() -> None:
         print(f"  ratio tierfs/baseline: {med['tierfs'] / med['baseline']:.2f}")
     finally:
         for label, proc in procs.items():
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            subprocess.run(["umount", "-l", str(mnts[label])], capture_output=True)
+            stop_mount(proc, mnts[label])
         subprocess.run(["rm", "-rf", str(work)], check=False)
 
 

@@ -53,6 +53,16 @@ def spawn_mount(binary: Path, src: Path, mnt: Path, log: Path, *args: str) -> su
     return proc
 
 
+def stop_mount(proc: subprocess.Popen, mnt: Path) -> None:
+    """Ends a mount made by `spawn_mount`, however it is doing (a stuck daemon is killed)."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
 def read_pass(path: Path, readers: int) -> float:
     """Reads the whole file with `readers` threads (interleaved 1 MiB pieces); returns GB/s."""
     size = path.stat().st_size

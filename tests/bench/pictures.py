@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO / "tests" / "bench"))
 sys.path.insert(0, str(REPO / "tests" / "python"))
 import gen  # noqa: E402
 import gen_gguf  # noqa: E402
-from ops_overhead import spawn_mount  # noqa: E402
+from ops_overhead import spawn_mount, stop_mount  # noqa: E402
 
 import websocket  # noqa: E402
 from ansi2html import Ansi2HTMLConverter  # noqa: E402
@@ -173,12 +173,7 @@ def main() -> None:
         finally:
             stop.set()
             reader.join(timeout=30)
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+            stop_mount(proc, mnt)
     print(f"wrote {args.out / 'top.png'} and {args.out / 'dashboard.png'}")
 
 

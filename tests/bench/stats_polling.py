@@ -31,7 +31,6 @@ import os
 import platform
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -43,7 +42,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "bench"))
 sys.path.insert(0, str(REPO / "tests" / "python"))
 import gen  # noqa: E402
-from ops_overhead import spawn_mount  # noqa: E402
+from ops_overhead import spawn_mount, stop_mount  # noqa: E402
 
 CHUNK = 1 << 20
 
@@ -191,12 +190,7 @@ def main() -> None:
                     r = measure(mnt, addr, model, args.rounds, interval)
                     rows.append((setting, budget, interval, r))
             finally:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+                stop_mount(proc, mnt)
 
     lines = [
         "# Reading stats and metrics while a model streams: cost on read throughput",
