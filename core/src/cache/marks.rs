@@ -6,7 +6,8 @@
 //! sets the marks at each of these transitions, under the lock it holds for the transition
 //! anyway; the stats read them with plain atomic loads and take no lock, so drawing strips,
 //! however often and however large the model, never makes a reader wait. (Reading the states
-//! under the cache's lock held it ~80 µs per file of 1 024 chunks, once per stats read.)
+//! under the cache's lock instead holds it ~80 µs per file of 1 024 chunks at every stats read:
+//! `tests/bench/cache-lock-results.md`.)
 //!
 //! One byte per chunk: a 45 GB model in 4 MiB chunks takes 11 KiB. A strip read while the
 //! cache works may mix states from just before and just after a transition; each chunk's own
