@@ -496,13 +496,9 @@ fn legend() -> Vec<Span<'static>> {
 /// how many blocks are being prefetched.
 fn reach(row: &Value) -> String {
     let index = |key: &str| row[key].as_u64().and_then(|i| usize::try_from(i).ok());
-    let blocks = row["residency"].as_str().unwrap_or("").chars().count();
-    let in_flight = row["residency"]
-        .as_str()
-        .unwrap_or("")
-        .chars()
-        .filter(|&c| c == '~')
-        .count();
+    let strip = row["residency"].as_str().unwrap_or("");
+    let blocks = strip.chars().count();
+    let in_flight = strip.chars().filter(|&c| c == '~').count();
     let Some(current) = index("residency_current").filter(|&c| c < blocks) else {
         return format!("no reader   {in_flight} blocks prefetching");
     };

@@ -734,12 +734,9 @@ impl ChunkCache {
             Err(_) if read.cached => state.used -= footprint,
             Err(_) => {}
         }
-        if let Some(marks) = read.marks {
-            match &result {
-                Ok(_) if read.cached => {}
-                Ok(_) => marks.loaded(key.index(), true, false),
-                Err(_) => marks.loaded(key.index(), false, false),
-            }
+        // A chunk kept was marked above; one read uncached, or not read, is not resident.
+        if let Some(marks) = read.marks.filter(|_| !(read.cached && result.is_ok())) {
+            marks.loaded(key.index(), result.is_ok(), false);
         }
         drop(state);
         drop(evicted);
