@@ -18,6 +18,7 @@ What is checked, each through a real mount against the source bytes:
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import subprocess
@@ -143,6 +144,56 @@ def test_page_cache_of_passthrough_files_stays_within_the_budget(mount, src):
         ctl.write("drop\n")
     assert page_cache_bytes(src / "b.safetensors") < 4 * MiB
     assert m.stats()["passthrough"]["parked_bytes"] == 0
+
+
+def _map_close_then_copy(path: Path) -> bytes:
+    """A torch `safe_open` load: the file mapped, its descriptor closed, then every byte copied
+    out of the mapping, so the mount sees the close before the reads. (Python's own `mmap`
+    keeps a duplicate of the descriptor open, hence libc.)"""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    size = path.stat().st_size
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_PRIVATE, fd, 0)
+    finally:
+        os.close(fd)
+    assert addr not in (None, ctypes.c_void_p(-1).value), f"mmap: errno {ctypes.get_errno()}"
+    try:
+        return ctypes.string_at(addr, size)
+    finally:
+        libc.munmap(addr, size)
+
+
+def test_a_model_read_through_a_mapping_after_its_close_gives_its_page_cache_back(mount, src):
+    """The reads of a mapping made while the file was open go to the source file after the
+    close the mount sees: the next model's admission measures what the first one holds by then
+    and gives it back, so the two models' page cache stays within the budget."""
+    a = _model(src / "a.safetensors", 4, 24)  # ~200 MiB each
+    b = _model(src / "b.safetensors", 4, 25)
+    budget = 256 * MiB
+    assert len(a) + len(b) > budget and max(len(a), len(b)) < budget
+    drop_caches()
+    m = mount(src, f"{budget // MiB}MiB")
+    if not _passthrough_available(m):
+        pytest.skip("FUSE passthrough unavailable (needs Linux >= 6.9 and root)")
+    assert _map_close_then_copy(m.mnt / "a.safetensors") == a
+    assert _file_stats(m, "a.safetensors")["mode"] == "passthrough"
+    assert page_cache_bytes(src / "a.safetensors") > len(a) // 2, "a read by passthrough after its close"
+    assert _map_close_then_copy(m.mnt / "b.safetensors") == b
+    total = page_cache_bytes(src / "a.safetensors") + page_cache_bytes(src / "b.safetensors")
+    st = m.stats()["passthrough"]
+    assert total <= budget, f"source page cache {total / MiB:.1f} MiB > budget; {st}"
+    assert st["dropped_bytes"] > len(a) // 2, st
+    assert st["competing_files"] >= 1, st
+    # b too was read after its close: the next open that needs room counts and drops it
+    assert _map_close_then_copy(m.mnt / "a.safetensors") == a
+    f = _file_stats(m, "a.safetensors")
+    assert (f["mode"], f["mode_reason"]) == ("cache", "competes with other models for the budget"), f
+    assert page_cache_bytes(src / "b.safetensors") < 4 * MiB
+    assert m.stats()["cache"]["used_bytes"] <= m.stats()["cache"]["chunk_budget_bytes"] <= budget
 
 
 def test_models_taking_turns_share_the_chunk_cache_and_the_next_one_is_warmed(mount, src):

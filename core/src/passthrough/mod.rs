@@ -8,8 +8,19 @@
 //!   every byte, and the page cache it fills is tierfs's doing) and is counted once whatever
 //!   its number of handles.
 //! - **Parking**: at the last close, the file's page cache is left in place (a reload is a
-//!   page-cache hit) and counted as measured by `cachestat(2)` then. A parked file is known by
+//!   page-cache hit) and counted as measured by `cachestat(2)`. A parked file is known by
 //!   path and identity only (no descriptor is kept); at most [`MAX_PARKED`] are remembered.
+//! - **Re-measuring**: before the tier decides with the parked figures (an admission, making
+//!   room), it measures the most recently parked files again ([`REMEASURED_PARKED`]). A loader
+//!   may close the file and go on reading through a mapping it made while the file was open:
+//!   the kernel maps the source file itself, so the mount sees the close and none of the reads
+//!   after it. A torch `safe_open` load (open, map, close, then copy every tensor) parked
+//!   0.3 MiB at its close and held the whole 804 MiB model when the next model opened, so both
+//!   models of a two-model workflow stayed resident: 1608 MiB of page cache under a 983 MiB
+//!   budget (workflow benchmark, `safe_open_pt` rows).
+//! - **What a drop leaves**: `POSIX_FADV_DONTNEED` skips pages a process still maps. A dropped
+//!   file is measured after the drop, and what is left stays parked and counted, to be dropped
+//!   at the next room-making once the mapping is gone.
 //! - **Making room** ([`PassthroughTier::make_room`], [`PassthroughTier::make_room_for_model`]):
 //!   parked files are dropped, least recently parked first, with `POSIX_FADV_DONTNEED`
 //!   ([`residency::drop_page_cache`]), outside the tier's lock.
@@ -65,6 +76,12 @@ use crate::source::SourceIdentity;
 /// Parked files remembered at most. Each is a path and a few numbers; 1024 is more model files
 /// than any workflow keeps warm, and bounds the state a hostile folder can grow.
 const MAX_PARKED: usize = 1024;
+
+/// Parked files measured again before each admission or room-making, most recently parked
+/// first. A mapping outlives its file's close only while its loader runs, which is long done
+/// for files parked before the last few models; 64 bounds what an admission costs (one
+/// `open` and `cachestat` each, about 10 µs) however many files are parked.
+const REMEASURED_PARKED: usize = 64;
 
 /// The source object a passthrough file is (device and inode, plus the version fields, so a
 /// rewritten file is another key).
@@ -122,7 +139,8 @@ pub struct PassthroughSnapshot {
     /// Files open in passthrough mode, and the bytes they reserve.
     pub open_files: usize,
     pub open_bytes: u64,
-    /// Closed files whose page cache is kept, and its size when they were closed.
+    /// Closed files whose page cache is kept, and its size as last measured (at the close,
+    /// and again before each admission or room-making).
     pub parked_files: usize,
     pub parked_bytes: u64,
     /// Opens admitted to the tier, and opens refused because the file did not fit.
@@ -149,6 +167,9 @@ impl PassthroughTier {
     /// passthrough; if so, [`Self::release`] must follow when the handle closes.
     pub fn admit(&self, abs: &Path, identity: &SourceIdentity, room: u64) -> bool {
         let key = key_of(identity);
+        if !self.lock().open.contains_key(&key) {
+            self.remeasure_parked();
+        }
         let mut state = self.lock();
         if let Some(open) = state.open.get_mut(&key) {
             open.handles += 1;
@@ -189,7 +210,7 @@ impl PassthroughTier {
         );
         state.admitted += 1;
         drop(state);
-        drop_all(dropped);
+        self.give_back(dropped);
         true
     }
 
@@ -213,9 +234,11 @@ impl PassthroughTier {
         drop(state);
         let resident = residency::resident_bytes(&open.path, identity).unwrap_or(open.size);
         let mut state = self.lock();
-        if resident == 0 || state.open.contains_key(&key) {
-            return; // nothing to park, or opened again meanwhile (it reserves its size again)
+        if state.open.contains_key(&key) {
+            return; // opened again meanwhile: it reserves its size again
         }
+        // Parked even with nothing resident: a mapping may still be reading it (see the module
+        // docs), which the next re-measure counts.
         state.parked_bytes += resident;
         let evicted = state.parked().push(
             key,
@@ -239,7 +262,7 @@ impl PassthroughTier {
             }
         }
         drop(state);
-        drop_all(dropped);
+        self.give_back(dropped);
     }
 
     /// Forgets the parked file `identity`, a version no longer in SOURCE: its page cache went
@@ -269,7 +292,7 @@ impl PassthroughTier {
         competes
     }
 
-    /// The page cache of `identity` the tier keeps parked (as measured when it closed).
+    /// The page cache of `identity` the tier keeps parked (as last measured).
     pub fn parked_bytes_of(&self, identity: &SourceIdentity) -> u64 {
         self.lock()
             .parked()
@@ -290,14 +313,74 @@ impl PassthroughTier {
     }
 
     fn make_room_as(&self, budget: u64, wanted: u64, competing: bool) -> u64 {
+        self.remeasure_parked();
         let mut state = self.lock();
         let held = state.open_bytes + state.parked_bytes;
         let need = (held + wanted.min(budget)).saturating_sub(budget);
         let dropped = Self::drop_parked(&mut state, need, competing);
         drop(state);
-        let bytes = dropped.iter().map(|p| p.resident).sum();
-        drop_all(dropped);
-        bytes
+        self.give_back(dropped)
+    }
+
+    /// Measures the [`REMEASURED_PARKED`] most recently parked files again (see the module
+    /// docs), without the lock: it opens them by path, on a source that may stall. A file that
+    /// cannot be measured keeps its figure.
+    fn remeasure_parked(&self) {
+        let recent: Vec<(FileKey, PathBuf, SourceIdentity)> = self
+            .lock()
+            .parked()
+            .iter()
+            .take(REMEASURED_PARKED)
+            .map(|(key, p)| (*key, p.path.clone(), p.identity))
+            .collect();
+        let measured: Vec<(FileKey, SourceIdentity, u64)> = recent
+            .into_iter()
+            .filter_map(|(key, path, identity)| {
+                let resident = residency::resident_bytes(&path, &identity).ok()?;
+                Some((key, identity, resident))
+            })
+            .collect();
+        let mut state = self.lock();
+        for (key, identity, resident) in measured {
+            let Some(parked) = state.parked().peek_mut(&key) else {
+                continue; // taken off the list meanwhile
+            };
+            if parked.identity != identity {
+                continue;
+            }
+            let before = std::mem::replace(&mut parked.resident, resident);
+            state.parked_bytes = state.parked_bytes - before + resident;
+        }
+    }
+
+    /// Gives back the page cache of files taken off the parked list (outside the tier's lock:
+    /// `fadvise` walks the file's pages) and returns the bytes given back. What a mapping
+    /// still holds stays: such a file is parked again with what is left (see the module docs).
+    fn give_back(&self, dropped: Vec<Parked>) -> u64 {
+        let mut given = 0;
+        for mut p in dropped {
+            if let Err(e) = residency::drop_page_cache(&p.path, &p.identity) {
+                tracing::debug!(file = %p.path.display(), error = %e, "cannot drop a parked file's page cache");
+            }
+            let left = residency::resident_bytes(&p.path, &p.identity).unwrap_or(0);
+            given += p.resident.saturating_sub(left);
+            if left == 0 {
+                continue;
+            }
+            tracing::debug!(file = %p.path.display(), left, "a dropped file is still mapped; kept parked");
+            let key = key_of(&p.identity);
+            let mut state = self.lock();
+            state.dropped_bytes = state.dropped_bytes.saturating_sub(left);
+            if state.open.contains_key(&key) || state.parked().contains(&key) {
+                continue; // opened or parked again meanwhile: counted there
+            }
+            p.resident = left;
+            state.parked_bytes += left;
+            state.parked().push(key, p);
+            // Least recently parked: the first to go when room is needed again.
+            state.parked().demote(&key);
+        }
+        given
     }
 
     /// Bytes the tier holds: reservations of open files plus parked page cache.
@@ -311,7 +394,11 @@ impl PassthroughTier {
         PassthroughSnapshot {
             open_files: state.open.len(),
             open_bytes: state.open_bytes,
-            parked_files: state.parked().len(),
+            parked_files: state
+                .parked()
+                .iter()
+                .filter(|(_, p)| p.resident > 0)
+                .count(),
             parked_bytes: state.parked_bytes,
             admitted: state.admitted,
             refused: state.refused,
@@ -330,6 +417,9 @@ impl PassthroughTier {
             let Some((key, parked)) = state.parked().pop_lru() else {
                 break;
             };
+            if parked.resident == 0 {
+                continue; // nothing to give back (just measured): it does not compete
+            }
             if competing {
                 state.competing().put(key, ());
             }
@@ -343,16 +433,6 @@ impl PassthroughTier {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-/// Gives back the page cache of files taken off the parked list (outside the tier's lock:
-/// `fadvise` walks the file's pages).
-fn drop_all(parked: Vec<Parked>) {
-    for p in parked {
-        if let Err(e) = residency::drop_page_cache(&p.path, &p.identity) {
-            tracing::debug!(file = %p.path.display(), error = %e, "cannot drop a parked file's page cache");
-        }
     }
 }
 

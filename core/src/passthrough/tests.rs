@@ -216,3 +216,58 @@ fn a_file_parked_twice_by_racing_closes_is_counted_once() {
     );
     assert!(snap.parked_bytes <= 8 * MIB, "{snap:?}");
 }
+
+fn cached_bytes(path: &Path) -> u64 {
+    let file = std::fs::File::open(path).expect("open");
+    residency::cached_pages(&file).expect("cachestat") * 4096
+}
+
+#[test]
+fn a_file_read_after_its_close_is_counted_at_the_next_admission() {
+    // A loader that maps the file, closes it and then copies every tensor: the tier sees the
+    // close before the reads.
+    let tier = PassthroughTier::default();
+    let (a, id_a) = temp_file("mapped-a", 8 * MIB);
+    let (b, id_b) = temp_file("mapped-b", 8 * MIB);
+    residency::drop_page_cache(&a.path, &id_a).expect("drop");
+    residency::drop_page_cache(&b.path, &id_b).expect("drop");
+    assert!(tier.admit(&a.path, &id_a, 12 * MIB));
+    tier.release(&id_a);
+    assert_eq!(tier.held_bytes(), 0, "nothing resident at the close");
+    read_all(&a.path);
+    assert_eq!(cached_bytes(&a.path), 8 * MIB);
+    assert!(tier.admit(&b.path, &id_b, 12 * MIB));
+    assert_eq!(
+        cached_bytes(&a.path),
+        0,
+        "8 + 8 MiB > 12 MiB: the earlier model gave its page cache back"
+    );
+    assert!(tier.is_competing(&id_a));
+    assert_eq!(tier.held_bytes(), 8 * MIB);
+}
+
+#[test]
+fn a_dropped_file_still_mapped_stays_parked_until_unmapped() {
+    let tier = PassthroughTier::default();
+    let (a, id_a) = temp_file("still-mapped", 8 * MIB);
+    read_all(&a.path);
+    assert!(tier.admit(&a.path, &id_a, 64 * MIB));
+    let file = std::fs::File::open(&a.path).expect("open");
+    // SAFETY: the test owns the file and nobody truncates it while it is mapped.
+    let map = unsafe { memmap2::Mmap::map(&file) }.expect("mmap");
+    let touched: u64 = map.iter().step_by(4096).map(|&b| u64::from(b)).sum();
+    assert_eq!(touched, 7 * 2048);
+    tier.release(&id_a);
+    assert_eq!(tier.held_bytes(), 8 * MIB);
+
+    tier.make_room(16 * MIB, 16 * MIB);
+    assert_eq!(cached_bytes(&a.path), 8 * MIB, "mapped pages stay");
+    assert_eq!(tier.held_bytes(), 8 * MIB, "and stay counted");
+    assert_eq!(tier.snapshot().parked_files, 1);
+
+    drop(map);
+    let freed = tier.make_room(16 * MIB, 16 * MIB);
+    assert_eq!(freed, 8 * MIB);
+    assert_eq!(cached_bytes(&a.path), 0);
+    assert_eq!(tier.held_bytes(), 0);
+}
