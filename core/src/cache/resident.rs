@@ -16,7 +16,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::sync::Arc;
 
-use super::{Chunk, ChunkKey};
+use super::{Chunk, ChunkKey, Needed, Ranking, Turn};
 
 /// Chunks of one block of one file version; `block` is `None` for chunks of unknown owner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -117,7 +117,7 @@ impl Resident {
     /// every group once (its distance is asked once per batch; readers moving meanwhile do not
     /// change a decision taken under one hold of the cache lock), then yields chunks in rank
     /// order at `log(groups)` each. See [`VictimQueue`].
-    pub(super) fn victims(&self, recent: u64) -> VictimQueue {
+    pub(super) fn victims(&self, ranking: Ranking) -> VictimQueue {
         let mut heap = BinaryHeap::new();
         for (&group, chunks) in &self.groups {
             let Some((&stamp, key)) = chunks.first_key_value() else {
@@ -132,15 +132,15 @@ impl Resident {
                 // chunks, not the cache's.
                 for (&stamp, key) in chunks {
                     if let Some(entry) = self.chunks.get(key) {
-                        let rank = entry.chunk.rank(recent, stamp);
+                        let rank = entry.chunk.rank(&ranking, stamp);
                         heap.push((rank, Candidate::Chunk(*key)));
                     }
                 }
                 continue;
             }
-            heap.push((entry.chunk.rank(recent, stamp), Candidate::Group(group)));
+            heap.push((entry.chunk.rank(&ranking, stamp), Candidate::Group(group)));
         }
-        VictimQueue { heap, recent }
+        VictimQueue { heap, ranking }
     }
 
     /// Every resident chunk's footprint summed (for invariant checks in tests).
@@ -150,8 +150,9 @@ impl Resident {
     }
 }
 
-/// (idle, distance, older first): the highest is evicted first.
-type Rank = (bool, usize, Reverse<u64>);
+/// (idle, turn, when a waiting file was read, distance, older first): the highest is evicted
+/// first.
+pub(super) type Rank = (bool, Turn, u64, usize, Reverse<u64>);
 
 /// What the eviction queue ranks: a group by its least recently used chunk, or (in a block a
 /// reader is in) one chunk.
@@ -164,7 +165,8 @@ enum Candidate {
 /// Groups by the rank of their least recently used chunk ([`Resident::victims`]).
 ///
 /// The victim is, among the least recently used chunk of each group, the one ranked highest by
-/// `(idle, distance, older)`, where `idle` is `!may_be_in_use(recent)`. Every chunk of a block
+/// `(idle, turn, distance, older)`, where `idle` is `!may_be_in_use(recent)` and `turn` (with
+/// when a waiting file was read) is [`Turn`]. Every chunk of a block
 /// the reader is not in is needed at the same distance; only a group's oldest chunk is asked
 /// whether it may still be in use: in the block a reader just left, the oldest chunk is the one
 /// its stragglers finished with first, so if it is busy the group waits its turn (at worst a
@@ -172,18 +174,18 @@ enum Candidate {
 /// ([`super::Chunk::distance`]: consumed ones go first).
 pub(super) struct VictimQueue {
     heap: BinaryHeap<(Rank, Candidate)>,
-    recent: u64,
+    ranking: Ranking,
 }
 
 impl VictimQueue {
-    /// The next victim, with its idleness and distance; the caller removes it from `resident`
-    /// before asking for the next one.
-    pub(super) fn next(&mut self, resident: &Resident) -> Option<(ChunkKey, bool, usize)> {
+    /// The next victim, with its idleness and when it is needed (turn, distance); the caller
+    /// removes it from `resident` before asking for the next one.
+    pub(super) fn next(&mut self, resident: &Resident) -> Option<(ChunkKey, bool, Needed)> {
         while let Some((rank, candidate)) = self.heap.pop() {
-            let (idle, distance, Reverse(stamp)) = rank;
+            let (idle, turn, read_at, distance, Reverse(stamp)) = rank;
             let group = match candidate {
                 Candidate::Chunk(key) if resident.contains(&key) => {
-                    return Some((key, idle, distance));
+                    return Some((key, idle, (turn, read_at, distance)));
                 }
                 Candidate::Chunk(_) => continue,
                 Candidate::Group(group) => group,
@@ -199,15 +201,17 @@ impl VictimQueue {
                 continue;
             };
             if oldest != stamp {
-                // Its ranked chunk was evicted since: rank its oldest one now.
-                let idle = !entry.chunk.may_be_in_use(self.recent);
-                self.heap
-                    .push(((idle, distance, Reverse(oldest)), Candidate::Group(group)));
+                // Its ranked chunk was evicted since: rank its oldest one now (at the
+                // group's distance).
+                let idle = !entry.chunk.may_be_in_use(self.ranking.recent);
+                let (turn, read_at) = entry.chunk.turn(&self.ranking);
+                let rank = (idle, turn, read_at, distance, Reverse(oldest));
+                self.heap.push((rank, Candidate::Group(group)));
                 continue;
             }
             // Back in the queue: once `key` is evicted, the group's next chunk is ranked.
             self.heap.push((rank, Candidate::Group(group)));
-            return Some((key, idle, distance));
+            return Some((key, idle, (turn, read_at, distance)));
         }
         None
     }

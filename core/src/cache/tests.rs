@@ -544,3 +544,79 @@ fn a_chunk_evicted_as_consumed_is_not_prefetched_again_in_the_same_visit() {
     get_owned(&cache, &fx, 0, Want::Prefetch, &owner(0)).unwrap();
     assert!(cache.is_present(key(0)));
 }
+
+/// A reader's request for chunk `chunk` (block `chunk`) of file version `file`, stood for by
+/// `access`.
+fn read_block(cache: &ChunkCache, fx: &Fixture, file: u64, chunk: u32, access: &Arc<FileAccess>) {
+    access.touch(chunk as usize);
+    let (start, end) = (u64::from(chunk) * CHUNK, u64::from(chunk + 1) * CHUNK);
+    let owner = owned_by(access, chunk as usize);
+    cache
+        .get_or_load(
+            ChunkKey { file, chunk },
+            aligned_footprint(start, end),
+            Want::Read,
+            Some(&owner),
+            || fx.source.read_aligned(start, end),
+        )
+        .unwrap();
+}
+
+fn resident_of(cache: &ChunkCache, file: u64, chunks: u32) -> Vec<u32> {
+    (0..chunks)
+        .filter(|&chunk| cache.is_present(ChunkKey { file, chunk }))
+        .collect()
+}
+
+/// Two models taking turns, together larger than the budget: while one is read, the chunks it
+/// has passed go before any chunk of the other, which is needed as soon as this pass ends.
+/// (Ranked by distance in their own files, the other model's last blocks looked as far away as
+/// this one's passed blocks and went first: see "Across files, by turns" in the module docs.)
+#[test]
+fn a_model_read_in_turn_evicts_what_it_passed_before_the_other_model() {
+    let fx = fixture(4);
+    let cache = ChunkCache::new(6 * CHUNK, Arc::new(Counters::default()));
+    let (a, b) = (
+        Arc::new(FileAccess::new(4, None)),
+        Arc::new(FileAccess::new(4, None)),
+    );
+    for chunk in 0..4 {
+        read_block(&cache, &fx, 1, chunk, &a);
+    }
+    thread::sleep(RECENTLY_READ + Duration::from_millis(20));
+    for chunk in 0..4 {
+        read_block(&cache, &fx, 2, chunk, &b);
+    }
+    assert_eq!(
+        resident_of(&cache, 1, 4),
+        [0, 1, 2, 3],
+        "the waiting model is kept"
+    );
+    let b_resident = resident_of(&cache, 2, 4);
+    assert_eq!(b_resident.len(), 2, "{b_resident:?}");
+    assert!(b_resident.contains(&3), "{b_resident:?}");
+}
+
+/// Of the models waiting for their turn, the one read last is needed last: three models in a
+/// cycle, the third one's reader evicts the second's chunks, not the first's.
+#[test]
+fn of_waiting_models_the_one_read_last_goes_first() {
+    let fx = fixture(2);
+    let cache = ChunkCache::new(5 * CHUNK, Arc::new(Counters::default()));
+    let models: Vec<Arc<FileAccess>> = (0..3).map(|_| Arc::new(FileAccess::new(2, None))).collect();
+    for (file, access) in (1..).zip(&models) {
+        for chunk in 0..2 {
+            read_block(&cache, &fx, file, chunk, access);
+        }
+        thread::sleep(RECENTLY_READ + Duration::from_millis(20));
+    }
+    assert_eq!(
+        resident_of(&cache, 1, 2),
+        [0, 1],
+        "the model needed next is kept"
+    );
+    assert_eq!(
+        resident_of(&cache, 2, 2).len() + resident_of(&cache, 3, 2).len(),
+        3
+    );
+}

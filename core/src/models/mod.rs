@@ -520,6 +520,9 @@ impl ModelFile {
         self.runs.clear();
         self.stream_block.store(usize::MAX, Ordering::Relaxed);
         self.streamed.store(false, Ordering::Relaxed);
+        if let Some(access) = self.access() {
+            access.begin_session();
+        }
     }
 
     /// Whether the request `[offset, end)`, whose data starts in chunk `chunk`, is a probe

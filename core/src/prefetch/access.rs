@@ -45,7 +45,7 @@
 //! [`FileAccess::is_previous`].)
 
 use crate::sync::{lock, read, write, Mutex, MutexGuard, RwLock};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use crate::prefetch::order::{AccessOrder, Touch, TOLERANCE};
 use crate::prefetch::pace::ReaderPace;
@@ -92,6 +92,15 @@ pub struct FileAccess {
     /// Bumped each time the reader enters a block: chunks read in the current visit of the
     /// current block are consumed (see `cache::Chunk::distance`).
     visit: AtomicU64,
+    /// When a reader last asked the cache for a chunk of this file, on the cache's clock: of
+    /// the files waiting for their turn, the one read last is needed last (`cache::Turn`).
+    last_served: AtomicU64,
+    /// When the reader's current session began (the cache's clock): its first request since
+    /// the file was opened by a reader, a new pass began, or a rewind. Files not read since
+    /// then wait for their turn (`cache::Turn`).
+    session_from: AtomicU64,
+    /// A session began and its first request is still to come.
+    session_pending: AtomicBool,
     depth: AtomicUsize,
     /// A reader far behind the front, not yet confirmed as the start of a new pass: the
     /// blocks it entered, in order, the first of which opened it; empty when there is none
@@ -136,6 +145,9 @@ impl FileAccess {
             previous: AtomicUsize::new(NONE),
             epoch: AtomicU64::new(0),
             visit: AtomicU64::new(0),
+            last_served: AtomicU64::new(0),
+            session_from: AtomicU64::new(0),
+            session_pending: AtomicBool::new(true),
             depth: AtomicUsize::new(1),
             candidate: Mutex::new(Vec::new()),
             prefetch_front: AtomicUsize::new(NONE),
@@ -165,6 +177,7 @@ impl FileAccess {
         }
         if new_pass {
             *write(&self.position) = positions(&order);
+            self.begin_session();
         }
         self.visit.fetch_add(1, Ordering::Relaxed);
         self.pace.entered_block();
@@ -226,6 +239,13 @@ impl FileAccess {
         self.current.store(NONE, Ordering::Relaxed);
         self.previous.store(NONE, Ordering::Relaxed);
         self.epoch.fetch_add(1, Ordering::Relaxed);
+        self.begin_session();
+    }
+
+    /// A reader's session of this file begins (opened by a reader, a new pass, a rewind): its
+    /// next request to the cache starts it.
+    pub fn begin_session(&self) {
+        self.session_pending.store(true, Ordering::Relaxed);
     }
 
     /// Up to `count` blocks after `block` in the order. Until an order is learned, not past
@@ -318,6 +338,24 @@ impl FileAccess {
         (distance <= half).then_some(distance)
     }
 
+    /// A reader asked the cache for a chunk of this file at `at` (the cache's clock).
+    pub fn note_served(&self, at: u64) {
+        if self.session_pending.swap(false, Ordering::Relaxed) {
+            self.session_from.store(at, Ordering::Relaxed);
+        }
+        self.last_served.store(at, Ordering::Relaxed);
+    }
+
+    /// When the reader's current session began (the cache's clock; 0: none yet).
+    pub fn session_from(&self) -> u64 {
+        self.session_from.load(Ordering::Relaxed)
+    }
+
+    /// When a reader last asked the cache for a chunk of this file (0: never).
+    pub fn last_served(&self) -> u64 {
+        self.last_served.load(Ordering::Relaxed)
+    }
+
     /// The current visit: bumped each time the reader enters a block.
     pub fn visit(&self) -> u64 {
         self.visit.load(Ordering::Relaxed)
@@ -327,6 +365,17 @@ impl FileAccess {
     pub fn current(&self) -> Option<usize> {
         let current = self.current.load(Ordering::Relaxed);
         (current != NONE).then_some(current)
+    }
+
+    /// Whether `block` comes before the reader's block in the order (false before its first
+    /// touch).
+    pub fn is_behind(&self, block: usize) -> bool {
+        let current = self.current.load(Ordering::Relaxed);
+        let position = read(&self.position);
+        match (position.get(block), position.get(current)) {
+            (Some(to), Some(from)) => to < from,
+            _ => false,
+        }
     }
 
     /// Whether the reader is in `block`.
