@@ -124,13 +124,19 @@ def test_larger_than_budget_and_opt_out_use_the_cache(mount, src):
     assert m2.stats()["passthrough"]["admitted"] == 0
 
 
-def test_page_cache_of_passthrough_files_stays_within_the_budget(mount, src):
-    a = _model(src / "a.safetensors", 4, 4)  # ~200 MiB each
-    b = _model(src / "b.safetensors", 4, 5)
+def _two_models_taking_turns(mount, src, seed: int):
+    """Two ~200 MiB models that each fit a 256 MiB budget but not together, caches dropped, and
+    a mount of them with that budget: (mount, a's bytes, b's bytes, budget)."""
+    a = _model(src / "a.safetensors", 4, seed)
+    b = _model(src / "b.safetensors", 4, seed + 1)
     budget = 256 * MiB
     assert len(a) + len(b) > budget and max(len(a), len(b)) < budget
     drop_caches()
-    m = mount(src, f"{budget // MiB}MiB")
+    return mount(src, f"{budget // MiB}MiB"), a, b, budget
+
+
+def test_page_cache_of_passthrough_files_stays_within_the_budget(mount, src):
+    m, a, b, budget = _two_models_taking_turns(mount, src, 4)
     assert (m.mnt / "a.safetensors").read_bytes() == a
     assert page_cache_bytes(src / "a.safetensors") > len(a) // 2, "a's page cache was kept for a reload"
     assert (m.mnt / "b.safetensors").read_bytes() == b
@@ -171,12 +177,7 @@ def test_a_model_read_through_a_mapping_after_its_close_gives_its_page_cache_bac
     """The reads of a mapping made while the file was open go to the source file after the
     close the mount sees: the next model's admission measures what the first one holds by then
     and gives it back, so the two models' page cache stays within the budget."""
-    a = _model(src / "a.safetensors", 4, 24)  # ~200 MiB each
-    b = _model(src / "b.safetensors", 4, 25)
-    budget = 256 * MiB
-    assert len(a) + len(b) > budget and max(len(a), len(b)) < budget
-    drop_caches()
-    m = mount(src, f"{budget // MiB}MiB")
+    m, a, b, budget = _two_models_taking_turns(mount, src, 24)
     if not _passthrough_available(m):
         pytest.skip("FUSE passthrough unavailable (needs Linux >= 6.9 and root)")
     assert _map_close_then_copy(m.mnt / "a.safetensors") == a
@@ -202,12 +203,7 @@ def test_models_taking_turns_share_the_chunk_cache_and_the_next_one_is_warmed(mo
     cache, and so does the other once dropped in turn (the stats say why); each cycle then
     reads less than both models from disk, and closing one model warms the first blocks of
     the one that followed it."""
-    a = _model(src / "a.safetensors", 4, 14)  # ~200 MiB each
-    b = _model(src / "b.safetensors", 4, 15)
-    budget = 256 * MiB
-    assert len(a) + len(b) > budget and max(len(a), len(b)) < budget
-    drop_caches()
-    m = mount(src, f"{budget // MiB}MiB")
+    m, a, b, budget = _two_models_taking_turns(mount, src, 14)
     if not _passthrough_available(m):
         pytest.skip("FUSE passthrough unavailable (needs Linux >= 6.9 and root)")
     disk = []

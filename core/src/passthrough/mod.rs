@@ -80,7 +80,7 @@ const MAX_PARKED: usize = 1024;
 /// Parked files measured again before each admission or room-making, most recently parked
 /// first. A mapping outlives its file's close only while its loader runs, which is long done
 /// for files parked before the last few models; 64 bounds what an admission costs (one
-/// `open` and `cachestat` each, about 10 µs) however many files are parked.
+/// `open`, `fstat` and `cachestat` each) however many files are parked.
 const REMEASURED_PARKED: usize = 64;
 
 /// The source object a passthrough file is (device and inode, plus the version fields, so a
@@ -359,10 +359,10 @@ impl PassthroughTier {
     fn give_back(&self, dropped: Vec<Parked>) -> u64 {
         let mut given = 0;
         for mut p in dropped {
-            if let Err(e) = residency::drop_page_cache(&p.path, &p.identity) {
+            let left = residency::drop_page_cache(&p.path, &p.identity).unwrap_or_else(|e| {
                 tracing::debug!(file = %p.path.display(), error = %e, "cannot drop a parked file's page cache");
-            }
-            let left = residency::resident_bytes(&p.path, &p.identity).unwrap_or(0);
+                0
+            });
             given += p.resident.saturating_sub(left);
             if left == 0 {
                 continue;

@@ -78,22 +78,23 @@ pub fn cached_pages(_file: &File) -> io::Result<u64> {
     Err(io::ErrorKind::Unsupported.into())
 }
 
-/// Asks the kernel to drop the clean page cache of `path` (version `identity`).
+/// Asks the kernel to drop the clean page cache of `path` (version `identity`); returns the
+/// bytes left, which pages a process still maps are (the kernel skips them).
 #[cfg(target_os = "linux")]
-pub fn drop_page_cache(path: &Path, identity: &SourceIdentity) -> io::Result<()> {
+pub fn drop_page_cache(path: &Path, identity: &SourceIdentity) -> io::Result<u64> {
     let file = open_version(path, identity)?;
     // SAFETY: plain syscall on a descriptor we own.
     let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
     if rc != 0 {
         return Err(io::Error::from_raw_os_error(rc));
     }
-    Ok(())
+    cached_pages(&file).map(|pages| pages * page_size())
 }
 
 /// Only Linux has passthrough, hence parked files, at all.
 #[cfg(not(target_os = "linux"))]
-pub fn drop_page_cache(path: &Path, identity: &SourceIdentity) -> io::Result<()> {
-    open_version(path, identity).map(drop)
+pub fn drop_page_cache(path: &Path, identity: &SourceIdentity) -> io::Result<u64> {
+    open_version(path, identity).map(|_| 0)
 }
 
 #[cfg(unix)]

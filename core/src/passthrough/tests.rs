@@ -217,11 +217,6 @@ fn a_file_parked_twice_by_racing_closes_is_counted_once() {
     assert!(snap.parked_bytes <= 8 * MIB, "{snap:?}");
 }
 
-fn cached_bytes(path: &Path) -> u64 {
-    let file = std::fs::File::open(path).expect("open");
-    residency::cached_pages(&file).expect("cachestat") * 4096
-}
-
 #[test]
 fn a_file_read_after_its_close_is_counted_at_the_next_admission() {
     // A loader that maps the file, closes it and then copies every tensor: the tier sees the
@@ -235,10 +230,13 @@ fn a_file_read_after_its_close_is_counted_at_the_next_admission() {
     tier.release(&id_a);
     assert_eq!(tier.held_bytes(), 0, "nothing resident at the close");
     read_all(&a.path);
-    assert_eq!(cached_bytes(&a.path), 8 * MIB);
+    assert_eq!(
+        residency::resident_bytes(&a.path, &id_a).expect("cachestat"),
+        8 * MIB
+    );
     assert!(tier.admit(&b.path, &id_b, 12 * MIB));
     assert_eq!(
-        cached_bytes(&a.path),
+        residency::resident_bytes(&a.path, &id_a).expect("cachestat"),
         0,
         "8 + 8 MiB > 12 MiB: the earlier model gave its page cache back"
     );
@@ -261,13 +259,20 @@ fn a_dropped_file_still_mapped_stays_parked_until_unmapped() {
     assert_eq!(tier.held_bytes(), 8 * MIB);
 
     tier.make_room(16 * MIB, 16 * MIB);
-    assert_eq!(cached_bytes(&a.path), 8 * MIB, "mapped pages stay");
+    assert_eq!(
+        residency::resident_bytes(&a.path, &id_a).expect("cachestat"),
+        8 * MIB,
+        "mapped pages stay"
+    );
     assert_eq!(tier.held_bytes(), 8 * MIB, "and stay counted");
     assert_eq!(tier.snapshot().parked_files, 1);
 
     drop(map);
     let freed = tier.make_room(16 * MIB, 16 * MIB);
     assert_eq!(freed, 8 * MIB);
-    assert_eq!(cached_bytes(&a.path), 0);
+    assert_eq!(
+        residency::resident_bytes(&a.path, &id_a).expect("cachestat"),
+        0
+    );
     assert_eq!(tier.held_bytes(), 0);
 }
