@@ -407,16 +407,17 @@ def aimdo_tensors(path: Path):
     return mapping, tensors
 
 
-def aimdo_read_chunk(fd: int, dest: memoryview, off: int) -> int:
+def aimdo_read_chunk(fd: int, dest: memoryview, off: int, drop: bool = True) -> int:
     """One chunk of comfy-aimdo's xfer-file reader (ComfyUI's dynamic-VRAM re-read): pread until
-    `dest` is full, then drop the range from the page cache (`mark_cold`: POSIX_FADV_DONTNEED).
-    Returns the bytes read."""
+    `dest` is full, then drop the range from the page cache (`mark_cold`: POSIX_FADV_DONTNEED;
+    not with `drop=False`). Returns the bytes read."""
     done = 0
     while done < len(dest):
         n = os.preadv(fd, [dest[done:]], off + done)
         if n <= 0:
             raise OSError(f"short read at {off + done}")
-        os.posix_fadvise(fd, off + done, n, os.POSIX_FADV_DONTNEED)
+        if drop:
+            os.posix_fadvise(fd, off + done, n, os.POSIX_FADV_DONTNEED)
         done += n
     return done
 
