@@ -39,7 +39,14 @@ PY=.venv/bin/python
 
 # Everything the e2e tests create (mounts included) lives under this root, so a
 # hung or killed pytest can still be cleaned up here.
-TIERFS_TEST_ROOT=$(mktemp -d /tmp/tierfs-tests.XXXXXX)
+# Under /tmp unless /tmp is tmpfs (a fresh Debian 13 mounts it so): the page-cache bounds the
+# tests measure mean nothing for sources that live in RAM, and the memory, passthrough and
+# shard tests fail there. /var/tmp is on disk then (the rule of tests/python/conftest.py).
+TEST_TMP=/tmp
+if [ "$(findmnt -n -o FSTYPE -T /tmp 2>/dev/null)" = tmpfs ]; then
+    TEST_TMP=/var/tmp
+fi
+TIERFS_TEST_ROOT=$(mktemp -d "$TEST_TMP/tierfs-tests.XXXXXX")
 export TIERFS_TEST_ROOT
 export TIERFS_BIN="${TIERFS_BIN:-$REPO/target/release/tierfs}"
 export FAULTFS_BIN="${FAULTFS_BIN:-$REPO/target/release/faultfs}"

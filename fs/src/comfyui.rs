@@ -39,7 +39,7 @@ pub const FOLDERS: &[(&str, &[&str])] = &[
 pub fn run(mountpoint: &Path, name: &str) -> Result<()> {
     let base = absolute(mountpoint)?;
     if !is_tierfs_mount(&base) {
-        eprintln!(
+        say!(
             "tierfs: warning: {} is not a live tierfs mount; folders are looked up in it as it is now",
             base.display()
         );

@@ -82,7 +82,7 @@ fn child(request: &MountRequest, log: &File, status: OwnedFd) -> i32 {
     }
     let mut status = Some(File::from(status));
     let result = mount::serve(request, |mounted| {
-        eprintln!(
+        say!(
             "tierfs: daemon {} mounted {} at {}",
             std::process::id(),
             request.source.display(),
@@ -95,11 +95,11 @@ fn child(request: &MountRequest, log: &File, status: OwnedFd) -> i32 {
     });
     match result {
         Ok(()) => {
-            eprintln!("tierfs: unmounted {}", request.mountpoint.display());
+            say!("tierfs: unmounted {}", request.mountpoint.display());
             0
         }
         Err(e) => {
-            eprintln!("tierfs: error: {e:#}");
+            say!("tierfs: error: {e:#}");
             if let Some(mut pipe) = status.take() {
                 let _ = writeln!(pipe, "error: {e:#}");
             }
@@ -122,7 +122,7 @@ fn parent(request: &MountRequest, pid: libc::pid_t, status: OwnedFd) -> Result<(
         .context("cannot read the daemon's status")?;
     match line.trim_end() {
         "ok" => {
-            eprintln!(
+            say!(
                 "tierfs: daemon {pid} serving {} at {}",
                 request.source.display(),
                 request.mountpoint.display()

@@ -2,6 +2,17 @@
 //! byte-bounded, tensor-aware RAM cache. See README.md and docs/ for the user's view; this file only
 //! parses the command line and dispatches.
 
+/// A line for the user on standard error, like `eprintln!` except that it never panics: a
+/// mount whose standard error is a full disk, or a pipe whose reader went away (the daemon
+/// ignores SIGPIPE), keeps serving and only loses the line, where `eprintln!` would panic on
+/// the failed write and end the mount.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
 mod comfyui;
 mod daemon;
 mod demo;
@@ -152,7 +163,7 @@ fn main() -> ExitCode {
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("tierfs: error: {e:#}");
+            say!("tierfs: error: {e:#}");
             ExitCode::FAILURE
         }
     }
@@ -178,7 +189,7 @@ fn run(command: Command) -> Result<()> {
         } => {
             let budget = ram_cache.unwrap_or_else(|| {
                 let budget = mount::default_budget();
-                eprintln!(
+                say!(
                     "tierfs: RAM cache budget {} (a quarter of RAM; set it with --ram-cache)",
                     format_size(budget)
                 );
@@ -225,8 +236,11 @@ fn run(command: Command) -> Result<()> {
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("TIERFS_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,fuser=error"));
+    // An event that cannot be written is lost, not reported: the report goes through
+    // `eprintln!`, whose panic on the same unwritable stderr would end the mount (see `say!`).
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .log_internal_errors(false)
         .init();
 }

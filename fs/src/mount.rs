@@ -90,7 +90,7 @@ pub fn clamp_budget(budget: u64) -> u64 {
     let (ceiling, what) = probe.ceiling();
     let (budget, note) = budget::clamp_budget(budget, ceiling, what);
     if let Some(note) = note {
-        eprintln!("tierfs: {note}");
+        say!("tierfs: {note}");
     }
     budget
 }
@@ -285,7 +285,7 @@ fn render_metrics(
 /// Runs `tierfs mount` in the foreground until unmounted; SIGINT/SIGTERM unmount.
 pub fn run_foreground(request: &MountRequest) -> Result<()> {
     serve(request, |mounted| {
-        eprintln!(
+        say!(
             "tierfs: mounted {} at {} with a {} RAM cache; stats: {}",
             request.source.display(),
             mounted.mountpoint.display(),
@@ -293,10 +293,10 @@ pub fn run_foreground(request: &MountRequest) -> Result<()> {
             mounted.mountpoint.join(".tierfs/stats").display()
         );
         if let Some(addr) = mounted.metrics_addr() {
-            eprintln!("tierfs: metrics: http://{addr}/metrics");
+            say!("tierfs: metrics: http://{addr}/metrics");
         }
     })?;
-    eprintln!("tierfs: unmounted {}", request.mountpoint.display());
+    say!("tierfs: unmounted {}", request.mountpoint.display());
     Ok(())
 }
 
