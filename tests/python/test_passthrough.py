@@ -7,6 +7,7 @@ What is checked, each through a real mount against the source bytes:
   (the kernel wants one backing id per inode: a second one failed such opens with EIO);
 - the budget holds for the source page cache passthrough fills: a second model that needs the
   room drops the first one's page cache once it is closed, and `drop` drops it too;
+- a SOURCE held in RAM (tmpfs): every model passed through, outside the budget;
 - a model replaced while a passthrough handle is open: the old handle keeps the old bytes, a
   new open gets the new ones;
 - `O_DIRECT` opens (runai-model-streamer's, with io_uring, and plain aligned `pread`s) are
@@ -195,6 +196,41 @@ def test_a_model_read_through_a_mapping_after_its_close_gives_its_page_cache_bac
     assert (f["mode"], f["mode_reason"]) == ("cache", "competes with other models for the budget"), f
     assert page_cache_bytes(src / "b.safetensors") < 4 * MiB
     assert m.stats()["cache"]["used_bytes"] <= m.stats()["cache"]["chunk_budget_bytes"] <= budget
+
+
+@pytest.fixture
+def ram_src(workdir):
+    """A tmpfs of its own as SOURCE (root mounts it), unmounted after the test."""
+    root = workdir / "ramsrc"
+    root.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1G", "tierfs-test", str(root)], check=True)
+    yield root
+    subprocess.run(["umount", "-l", str(root)], capture_output=True)
+
+
+def test_models_held_in_ram_are_passed_through_outside_the_budget(ram_src, mount):
+    """A SOURCE on tmpfs is in RAM already, always resident: every model is passed through,
+    whatever its size and however many take turns, none is counted against the budget (its
+    pages could never be given back), and the chunk cache keeps its whole share."""
+    a = _model(ram_src / "a.safetensors", 4, 31)
+    b = _model(ram_src / "b.safetensors", 4, 32)
+    big = _model(ram_src / "big.safetensors", 7, 33)
+    budget = 256 * MiB
+    assert len(a) + len(b) > budget and len(big) > budget
+    m = mount(ram_src, f"{budget // MiB}MiB")
+    if not _passthrough_available(m):
+        pytest.skip("FUSE passthrough unavailable (needs Linux >= 6.9 and root)")
+    for _ in range(2):
+        assert (m.mnt / "a.safetensors").read_bytes() == a
+        assert _map_close_then_copy(m.mnt / "b.safetensors") == b
+    assert (m.mnt / "big.safetensors").read_bytes() == big
+    for name in ("a.safetensors", "b.safetensors", "big.safetensors"):
+        f = _file_stats(m, name)
+        assert (f["mode"], f["mode_reason"]) == ("passthrough", "its source is held in RAM (tmpfs)"), f
+    st = m.stats()
+    tier = st["passthrough"]
+    assert (tier["open_bytes"], tier["parked_bytes"], tier["competing_files"]) == (0, 0, 0), tier
+    assert st["cache"]["chunk_budget_bytes"] == budget, st["cache"]
 
 
 def test_models_taking_turns_share_the_chunk_cache_and_the_next_one_is_warmed(mount, src):

@@ -231,6 +231,8 @@ pub struct ModelFile {
     shard_of: Option<shards::ShardOf>,
     /// Why a file that looks like a shard is served on its own.
     standalone_reason: Option<String>,
+    /// The source lives on a file system held in RAM ([`SourceFile::is_in_ram`]).
+    in_ram: bool,
 }
 
 /// How an open model file is served, as the stats show it (`files[].mode`).
@@ -265,10 +267,11 @@ enum ModeReason {
     LargerThanRoom,
     Competes,
     IndexCapFull,
+    InRam,
 }
 
 impl ModeReason {
-    const ALL: [ModeReason; 10] = [
+    const ALL: [ModeReason; 11] = [
         ModeReason::NotOpened,
         ModeReason::FitsBudget,
         ModeReason::InodeInPassthrough,
@@ -279,6 +282,7 @@ impl ModeReason {
         ModeReason::LargerThanRoom,
         ModeReason::Competes,
         ModeReason::IndexCapFull,
+        ModeReason::InRam,
     ];
 
     fn text(self) -> Option<&'static str> {
@@ -293,6 +297,7 @@ impl ModeReason {
             ModeReason::LargerThanRoom => "larger than what the budget had left",
             ModeReason::Competes => "competes with other models for the budget",
             ModeReason::IndexCapFull => "the index cap is full of open files' headers",
+            ModeReason::InRam => "its source is held in RAM (tmpfs)",
         })
     }
 
@@ -391,6 +396,7 @@ impl ModelFile {
             pruned: std::sync::atomic::AtomicBool::new(false),
             shard_of,
             standalone_reason,
+            in_ram: source.is_in_ram(),
         };
         Ok((file, source))
     }
@@ -968,13 +974,22 @@ impl ModelStore {
 
     /// Decides how a new open of `file` is served: passthrough if the caller can offer it and
     /// the whole file fits in the budget next to the other passthrough files, else the chunk
-    /// cache. A passthrough open must be closed with [`Self::close_passthrough`].
+    /// cache. A passthrough open must be closed with [`Self::close_passthrough`]. A file held in
+    /// RAM (tmpfs) is passed through whenever the caller can, outside the budget: its pages
+    /// are not the mount's to hold or give back.
     ///
     /// Admission never evicts the chunk cache: the file must fit in what the cache does not use
     /// (`room`). A scan that opens every model file to read its header (ComfyUI's discovery)
     /// must not push out the model being served from the cache, and a file that already has
     /// bytes in the cache (warmed by `prefetch`, or read before) keeps being served from there.
     pub fn choose_mode(&self, file: &ModelFile, passthrough_possible: bool) -> ServeMode {
+        if file.in_ram && passthrough_possible && !file.is_raw() {
+            // Its bytes are in RAM already and always resident: the kernel serves them by
+            // passthrough at memory speed, and the passthrough tier neither reserves nor parks
+            // them (it could never give them back: they would hold the budget for good).
+            file.set_mode(ServeMode::Passthrough, ModeReason::InRam);
+            return ServeMode::Passthrough;
+        }
         let room = self
             .budget()
             .saturating_sub(self.cache.snapshot().used_bytes);
@@ -1021,6 +1036,10 @@ impl ModelStore {
     /// Admits one more passthrough open of `file` whatever its size: for an inode the kernel
     /// already serves by passthrough, which cannot take a cached open next to it.
     pub fn force_passthrough(&self, file: &ModelFile) {
+        if file.in_ram {
+            file.set_mode(ServeMode::Passthrough, ModeReason::InRam);
+            return;
+        }
         self.passthrough
             .admit(file.source.path(), &file.source.identity(), u64::MAX);
         if file.mode() != ServeMode::Passthrough {

@@ -991,3 +991,61 @@ fn a_read_ahead_the_reader_has_passed_by_the_time_it_runs_is_dropped() {
         "read ahead for a block the reader had left"
     );
 }
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_model_held_in_ram_is_passed_through_outside_the_budget() {
+    // /dev/shm is tmpfs on Linux; the control lies in this crate's folder, on disk.
+    let ram = tempfile::tempdir_in("/dev/shm").unwrap();
+    let disk = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+    for dir in [ram.path(), disk.path()] {
+        checkpoint(dir, "m.safetensors", 24 << 20, 41);
+    }
+    let in_ram = |dir: &Path| {
+        crate::source::SourceFile::open(&dir.join("m.safetensors"))
+            .unwrap()
+            .is_in_ram()
+    };
+    assert!(in_ram(ram.path()), "/dev/shm is not tmpfs here");
+    assert!(!in_ram(disk.path()), "the crate's folder is in RAM here");
+
+    let budget = 16 << 20;
+    let store = Arc::new(ModelStore::new(budget, SavedOrders::default()));
+    // Named apart in the mount, as two files of one folder would be.
+    let open = |dir: &Path| {
+        let name = if in_ram(dir) {
+            "ram.safetensors"
+        } else {
+            "disk.safetensors"
+        };
+        store
+            .open_handle(Path::new(name), &dir.join("m.safetensors"))
+            .unwrap()
+    };
+    // Larger than the budget: from disk, the chunk cache serves it.
+    let on_disk = open(disk.path());
+    assert_eq!(store.choose_mode(&on_disk, true), ServeMode::Cache);
+    drop(on_disk);
+    // Held in RAM: passed through, reserving nothing, and nothing parked once closed.
+    let held = open(ram.path());
+    assert_eq!(store.choose_mode(&held, true), ServeMode::Passthrough);
+    let file = Arc::clone(held.file());
+    let reason = store
+        .files_snapshot()
+        .into_iter()
+        .find(|f| f.path == "ram.safetensors")
+        .and_then(|f| f.mode_reason);
+    assert_eq!(reason, Some("its source is held in RAM (tmpfs)"));
+    assert_eq!(store.passthrough_held_bytes(), 0);
+    assert_eq!(store.cache().budget(), budget);
+    store.force_passthrough(&file); // another handle of the same inode: still outside
+    assert_eq!(store.passthrough_held_bytes(), 0);
+    store.close_passthrough(&file);
+    drop(held);
+    let tier = store.passthrough_snapshot();
+    assert_eq!((tier.open_bytes, tier.parked_bytes), (0, 0));
+    assert_eq!(store.cache().budget(), budget);
+    // Without passthrough (an ordinary user) it goes through the chunk cache as before.
+    let held = open(ram.path());
+    assert_eq!(store.choose_mode(&held, false), ServeMode::Cache);
+}

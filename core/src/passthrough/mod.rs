@@ -34,6 +34,12 @@
 //!   may reclaim parked pages under memory pressure, which only makes the figure an
 //!   over-estimate.
 //!
+//! Files on a file system held in RAM (tmpfs, ramfs) never enter the tier: their pages are the
+//! files themselves, always resident, and `DONTNEED` gives none back, so once parked they would
+//! hold the budget for good (two models of a tmpfs folder read through a 256 MiB mount stayed
+//! parked at 392 MiB, and the chunk cache shrank to what was left). The model store passes
+//! them through outside the budget (`ModelStore::choose_mode`).
+//!
 //! One inode of the mount is served in one mode while it has open handles (the kernel cannot mix
 //! cached and passthrough opens of one inode); that stickiness is the adapter's, which knows the
 //! inodes.

@@ -59,6 +59,18 @@ pub(super) fn advise_random(file: &File) {
     fadvise(file, 0, 0, libc::POSIX_FADV_RANDOM);
 }
 
+/// `statfs` magic numbers of the file systems whose files live in RAM (`linux/magic.h`).
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+const RAMFS_MAGIC: i64 = 0x8584_58f6;
+
+/// Whether `file` lives on a file system held in RAM (tmpfs, ramfs): its pages are the file
+/// itself, always resident, and no advice gives them back. Unknown (the call failed): no.
+// `f_type`'s integer type differs between architectures.
+#[allow(clippy::unnecessary_cast)]
+pub(super) fn is_in_ram(file: &File) -> bool {
+    rustix::fs::fstatfs(file).is_ok_and(|s| matches!(s.f_type as i64, TMPFS_MAGIC | RAMFS_MAGIC))
+}
+
 /// Opens `path` with `O_DIRECT` (also what cuFile requires of the descriptors it registers).
 pub fn open_direct(path: &Path) -> io::Result<File> {
     OpenOptions::new()

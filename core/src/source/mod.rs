@@ -314,6 +314,8 @@ pub struct SourceFile {
     direct_works: AtomicBool,
     identity: SourceIdentity,
     wrap: Option<ReadWrapper>,
+    /// On a file system held in RAM (tmpfs, ramfs): see [`SourceFile::is_in_ram`].
+    in_ram: bool,
 }
 
 impl std::fmt::Debug for SourceFile {
@@ -364,6 +366,7 @@ impl SourceFile {
                 path: path.to_owned(),
             });
         }
+        let in_ram = platform::is_in_ram(&file);
         let advice = Arc::new(file);
         let identity = SourceIdentity::of_file(&advice).map_err(open_err)?;
         let buffered: Arc<dyn ReadAt> = match wrap {
@@ -378,7 +381,15 @@ impl SourceFile {
             direct_works: AtomicBool::new(true),
             identity,
             wrap: wrap.cloned(),
+            in_ram,
         })
+    }
+
+    /// Whether the file lives on a file system held in RAM (tmpfs, ramfs): its bytes are in
+    /// memory already, always resident, and `POSIX_FADV_DONTNEED` cannot give them back, so
+    /// neither tier has anything to hold for it.
+    pub fn is_in_ram(&self) -> bool {
+        self.in_ram
     }
 
     /// The `O_DIRECT` twin, opened at the first call (`None` where it cannot be).

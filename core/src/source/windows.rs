@@ -127,6 +127,11 @@ pub(super) fn canonical_path(_file: &File) -> io::Result<std::path::PathBuf> {
 /// Nothing to advise on Windows: reads of chunk-sized ranges are what the cache does.
 pub(super) fn advise_random(_file: &File) {}
 
+/// RAM disks on Windows are block devices with a page cache of their own: no.
+pub(super) fn is_in_ram(_file: &File) -> bool {
+    false
+}
+
 /// The unbuffered twin of `path`'s open version `identity`, opened by path and checked to be
 /// that very file (`None` where it cannot be).
 pub(super) fn reopen_direct(_open: &File, path: &Path, identity: &SourceIdentity) -> Option<File> {
