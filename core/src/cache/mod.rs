@@ -25,8 +25,8 @@
 //!   readers) wait for nothing: each is ranked by its own reader, as within one file. Ranked
 //!   by distance alone, models that take turns evicted each other's kept blocks (the waiting
 //!   model's last blocks looked as far off as the active one's passed blocks) and a workflow
-//!   read 1.10–1.26 × (models − budget) per cycle; by turns 1.01–1.07 × in 22 of 24 cases,
-//!   1.13 at most (`tests/bench/workflow.py`). What a reader's request records for it (the
+//!   read 1.10–1.26 × (models − budget) per cycle; by turns 1.01–1.09 × in 22 of 24 cases,
+//!   1.12 at most (`tests/bench/workflow-results.md`). What a reader's request records for it (the
 //!   active file, when it was served) costs nothing measurable: warm 1 MiB reads ran 1.006×
 //!   (one reader) and 1.031× (four) the speed of a build without it (`tests/bench/ops_overhead.py
 //!   --baseline`).

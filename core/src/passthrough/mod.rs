@@ -56,7 +56,7 @@
 //! file's page cache and never sees an open one's reads. The chunk cache shares the budget
 //! between them by the rule it uses within one model (the chunk needed soonest stays).
 //! `tests/bench/workflow.py` (`workflow-results.md`, `workflow-results-no-competition.md`):
-//! 2.3–2.6 × (models − budget) read per cycle without the rule, 1.01–1.13 × with it. The first
+//! 2.3–2.6 × (models − budget) read per cycle without the rule, 1.01–1.12 × with it. The first
 //! switch is still passthrough's: a user who moves on to another model for good keeps
 //! passthrough's speed for it.
 //!
