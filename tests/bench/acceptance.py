@@ -38,7 +38,8 @@ baseline s / tierfs s, so above 1 means faster through the mount):
    then a sleep of --compute-factor x block bytes / raw slow rate): blocks of ~200 MB with a 1 GiB
    budget and of ~50 MB with a 2 GiB budget, slow source.  Stall % (read time outside the
    warm-up groups / pass time) vs the same pass served from tierfs's RAM (budget > file, primed,
-   caches not dropped): <= 5 points above.
+   caches not dropped): <= 5 points above.  `--part3-sources slow,fast` measures it on the fast
+   source too (the compute then follows the fast source's raw rate).
 4. Memory, counted fully (sampled every 50 ms): daemon anonymous RSS + every shmem/memfd/tmpfs
    file the daemon holds open or mapped (allocated blocks, counted once) + the mounted file's page
    cache (cachestat) + the growth of the source file's page cache.  Peak <= 1.1 x budget + 64 MiB
@@ -983,69 +984,79 @@ class Run:
         return 100 * sum(g["read_s"] for g in r["groups"][WARMUP_GROUPS:]) / r["total_s"]
 
     def part3(self) -> None:
-        print("part 3: streaming with compute, slow source", flush=True)
-        for key in ("p3_big", "p3_small"):
-            self.drop_all()
-            dim, ffn, blocks, budget = SIZES[key][self.q]
-            f = self.model(key)
-            size = f.stat().st_size
-            self.slow(True)
-            tput = sources.cold_read_gbs(f) * 1e9
-            plan, groups = self.plan(f, key, self.args.compute_factor / tput)
-            block = sum(e - s for s, e in groups[WARMUP_GROUPS]["ranges"])
-            k = lambda case: f"p3 {key} {case}"  # noqa: E731
-            for _ in range(self.args.reps):
+        for source in self.args.part3_sources.split(","):
+            if source not in ("slow", "fast"):
+                raise SystemExit(f"--part3-sources: unknown source {source!r}")
+            print(f"part 3: streaming with compute, {source} source", flush=True)
+            for key in ("p3_big", "p3_small"):
+                self.part3_case(key, source)
+
+    def part3_case(self, key: str, source: str) -> None:
+        """Part 3 for the model `key` on the `source` ("slow" or "fast")."""
+        self.drop_all()
+        dim, ffn, blocks, budget = SIZES[key][self.q]
+        f = self.model(key)
+        size = f.stat().st_size
+        self.slow(source == "slow")
+        tput = sources.cold_read_gbs(f) * 1e9
+        plan, groups = self.plan(f, key, self.args.compute_factor / tput)
+        block = sum(e - s for s, e in groups[WARMUP_GROUPS]["ranges"])
+        # the slow source's keys are the ones the results have always had
+        tag = key if source == "slow" else f"{key} fast"
+        on = "" if source == "slow" else "fast source, "
+        k = lambda case: f"p3 {tag} {case}"  # noqa: E731
+        for _ in range(self.args.reps):
+            sources.drop_caches()
+            self.rec(k("source cold stall %"), self.stall(bench.run_reader(plan, f)), "%")
+            m = self.mount(budget)
+            try:
                 sources.drop_caches()
-                self.rec(k("source cold stall %"), self.stall(bench.run_reader(plan, f)), "%")
-                m = self.mount(budget)
-                try:
-                    sources.drop_caches()
-                    r = bench.run_reader(plan, m.mnt / f.name)
-                    self.rec(k("mount cold stall %"), self.stall(r), "%")
-                    self.note_modes(k("mount cold stall %"), m, f.name)
-                finally:
-                    m.close()
-                m = self.mount(size + 256 * MiB)
-                try:
-                    # primed, and caches NOT dropped: a file that fits may be served by passthrough,
-                    # whose RAM is the page cache (drop_caches would make this pass cold)
-                    bench.read_pass(m.mnt / f.name, MiB)
-                    cg0 = self.thr.read_bytes()
-                    r = bench.run_reader(plan, m.mnt / f.name)
-                    if self.thr.read_bytes() > cg0:
-                        self.details.append(f"- part 3, {f.name}: the pass from RAM read "
-                                            f"{(self.thr.read_bytes() - cg0) / MiB:.0f} MiB from disk")
-                    self.note_modes(k("mount RAM stall %"), m, f.name)
-                    self.rec(k("mount RAM stall %"), self.stall(r), "%")
-                finally:
-                    m.close()
-                # the pass from RAM served the way the cold pass is (the chunk cache), so that the
-                # stall the disk adds is told apart from what the serving mode costs
-                m = self.mount(size + 256 * MiB, extra=("--no-model-passthrough",))
-                try:
-                    bench.read_pass(m.mnt / f.name, MiB)
-                    r = bench.run_reader(plan, m.mnt / f.name)
-                    self.note_modes(k("mount RAM cache-mode stall %"), m, f.name)
-                    self.rec(k("mount RAM cache-mode stall %"), self.stall(r), "%")
-                finally:
-                    m.close()
-            cold, ram, src = self.med(k("mount cold stall %")), self.med(k("mount RAM stall %")), \
-                self.med(k("source cold stall %"))
-            self.row(3, f"blocks ~{block / 1e6:.0f} MB, budget {budget / GiB:g} GiB: stall % cold − stall % from "
-                        f"RAM (points; tierfs = cold %, baseline = RAM %)", f"{cold:.1f} %", f"{ram:.1f} %",
-                     cold - ram, "<=", GOAL_STALL_PP, f"≤ {GOAL_STALL_PP:g} pp", mode_key=k("mount cold stall %"))
-            ram_cache = self.med(k("mount RAM cache-mode stall %"))
-            self.row(3, f"blocks ~{block / 1e6:.0f} MB: stall % cold − stall % from RAM in the chunk cache, "
-                        f"the cold pass's mode (report: the stall the disk adds)", f"{cold:.1f} %",
-                     f"{ram_cache:.1f} %", cold - ram_cache, "<=", None, "report",
-                     mode_key=k("mount RAM cache-mode stall %"))
-            self.row(3, f"blocks ~{block / 1e6:.0f} MB: stall % of the plain file read cold (report)",
-                     f"{cold:.1f} %", f"{src:.1f} %", cold - src, "<=", None, "report")
-            self.details.append(f"- part 3, {f.name}: {size / GiB:.2f} GiB, {len(groups)} groups, block "
-                                f"{block / 1e6:.0f} MB, budget {budget / MiB:.0f} MiB; slow raw {tput / 1e9:.2f} GB/s, "
-                                f"compute {self.args.compute_factor} x block disk time; warm-up groups not counted: "
-                                f"{', '.join(g['name'] for g in groups[:WARMUP_GROUPS])}")
-            self.drop_all()
+                r = bench.run_reader(plan, m.mnt / f.name)
+                self.rec(k("mount cold stall %"), self.stall(r), "%")
+                self.note_modes(k("mount cold stall %"), m, f.name)
+            finally:
+                m.close()
+            m = self.mount(size + 256 * MiB)
+            try:
+                # primed, and caches NOT dropped: a file that fits may be served by passthrough,
+                # whose RAM is the page cache (drop_caches would make this pass cold)
+                bench.read_pass(m.mnt / f.name, MiB)
+                cg0 = self.thr.read_bytes()
+                r = bench.run_reader(plan, m.mnt / f.name)
+                if self.thr.read_bytes() > cg0:
+                    self.details.append(f"- part 3, {f.name}: the pass from RAM read "
+                                        f"{(self.thr.read_bytes() - cg0) / MiB:.0f} MiB from disk")
+                self.note_modes(k("mount RAM stall %"), m, f.name)
+                self.rec(k("mount RAM stall %"), self.stall(r), "%")
+            finally:
+                m.close()
+            # the pass from RAM served the way the cold pass is (the chunk cache), so that the
+            # stall the disk adds is told apart from what the serving mode costs
+            m = self.mount(size + 256 * MiB, extra=("--no-model-passthrough",))
+            try:
+                bench.read_pass(m.mnt / f.name, MiB)
+                r = bench.run_reader(plan, m.mnt / f.name)
+                self.note_modes(k("mount RAM cache-mode stall %"), m, f.name)
+                self.rec(k("mount RAM cache-mode stall %"), self.stall(r), "%")
+            finally:
+                m.close()
+        cold, ram, src = self.med(k("mount cold stall %")), self.med(k("mount RAM stall %")), \
+            self.med(k("source cold stall %"))
+        self.row(3, f"{on}blocks ~{block / 1e6:.0f} MB, budget {budget / GiB:g} GiB: stall % cold − stall % from "
+                    f"RAM (points; tierfs = cold %, baseline = RAM %)", f"{cold:.1f} %", f"{ram:.1f} %",
+                 cold - ram, "<=", GOAL_STALL_PP, f"≤ {GOAL_STALL_PP:g} pp", mode_key=k("mount cold stall %"))
+        ram_cache = self.med(k("mount RAM cache-mode stall %"))
+        self.row(3, f"{on}blocks ~{block / 1e6:.0f} MB: stall % cold − stall % from RAM in the chunk cache, "
+                    f"the cold pass's mode (report: the stall the disk adds)", f"{cold:.1f} %",
+                 f"{ram_cache:.1f} %", cold - ram_cache, "<=", None, "report",
+                 mode_key=k("mount RAM cache-mode stall %"))
+        self.row(3, f"{on}blocks ~{block / 1e6:.0f} MB: stall % of the plain file read cold (report)",
+                 f"{cold:.1f} %", f"{src:.1f} %", cold - src, "<=", None, "report")
+        self.details.append(f"- part 3, {f.name}: {size / GiB:.2f} GiB, {len(groups)} groups, block "
+                            f"{block / 1e6:.0f} MB, budget {budget / MiB:.0f} MiB; {source} raw {tput / 1e9:.2f} GB/s, "
+                            f"compute {self.args.compute_factor} x block disk time; warm-up groups not counted: "
+                            f"{', '.join(g['name'] for g in groups[:WARMUP_GROUPS])}")
+        self.drop_all()
 
     # -- part 4
     def part4(self) -> None:
@@ -1288,6 +1299,7 @@ def main() -> int:
          "gguf", "sharded", "comfy_checkpoint"]))
     ap.add_argument("--slow-bps", type=int, default=SLOW_BPS)
     ap.add_argument("--compute-factor", type=float, default=1.35, help="part 3 compute / block disk time")
+    ap.add_argument("--part3-sources", default="slow", help="part 3 on these sources: slow, fast or slow,fast")
     ap.add_argument("--data", default="/var/tmp/tierfs-bench-data", help="generated models, kept and reused")
     ap.add_argument("--out", help="results (default tests/bench/acceptance-results.md + .json for a full run)")
     ap.add_argument("--prepare", action="store_true", help="only generate the models in --data (no root needed)")
