@@ -12,7 +12,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
-use tierfs_core::index::blocks::{self, OTHER_BLOCK};
+use tierfs_core::index::blocks;
 use tierfs_core::index::{BlockInfo, Format, TensorIndex};
 use tierfs_core::size::format_size;
 
@@ -95,11 +95,7 @@ fn shard_index(path: &Path) -> Result<TensorIndex> {
 }
 
 fn print_table(path: &Path, model: &Sharded) {
-    let blocks = model
-        .blocks
-        .iter()
-        .filter(|b| b.name != OTHER_BLOCK)
-        .count();
+    let blocks = model.blocks.iter().filter(|b| b.family.is_some()).count();
     println!(
         "{}: {} shards, {} blocks (+ non-block tensors)",
         path.display(),

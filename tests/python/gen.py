@@ -150,6 +150,51 @@ def checkpoint_specs(scale: int = 1) -> list[Spec]:
     return sorted(s)
 
 
+def sd15_full_specs(scale: int = 1) -> list[Spec]:
+    """:func:`checkpoint_specs` with the tensors of each model that belong to no block, as a real
+    SD1.5 checkpoint has them: the UNet's `time_embed` and `out`, the VAE's convolutions around
+    its stages, its `mid` stages and `quant_conv`s, the text encoder's position embedding, final
+    norm and `logit_scale`. In name order."""
+    c, v, m = "cond_stage_model.transformer.text_model", "first_stage_model", "model.diffusion_model"
+    w, ch, top = 768 // scale, 128 // scale, 512 // scale
+    base, t = 320 // scale, 1280 // scale
+    s = checkpoint_specs(scale)
+    s += [("cond_stage_model.logit_scale", "F16", ()),
+          (f"{c}.embeddings.position_embedding.weight", "F16", (77, w)),
+          (f"{c}.final_layer_norm.weight", "F16", (w,)), (f"{c}.final_layer_norm.bias", "F16", (w,))]
+    for part in ("encoder", "decoder"):
+        s += [(f"{v}.{part}.conv_in.weight", "F32", (ch if part == "encoder" else top, 3 if part == "encoder" else 4, 3, 3)),
+              (f"{v}.{part}.conv_out.weight", "F32", (8 if part == "encoder" else 3, ch, 3, 3)),
+              (f"{v}.{part}.norm_out.weight", "F32", (ch,))]
+        for blk in ("block_1", "block_2"):
+            s += [(f"{v}.{part}.mid.{blk}.conv{k}.weight", "F32", (top, top, 3, 3)) for k in (1, 2)]
+        s += [(f"{v}.{part}.mid.attn_1.{n}.weight", "F32", (top, top, 1, 1)) for n in ("q", "k", "v", "proj_out")]
+    s += [(f"{v}.quant_conv.weight", "F32", (8, 8, 1, 1)), (f"{v}.post_quant_conv.weight", "F32", (4, 4, 1, 1))]
+    s += [(f"{m}.time_embed.0.weight", "F16", (t, base)), (f"{m}.time_embed.2.weight", "F16", (t, t)),
+          (f"{m}.input_blocks.0.0.weight", "F16", (base, 4, 3, 3)),
+          (f"{m}.out.0.weight", "F16", (base,)), (f"{m}.out.2.weight", "F16", (4, base, 3, 3))]
+    return sorted(s)
+
+
+# The order of a UNet's modules, which `load_state_dict` follows, by the name after its prefix.
+_UNET_MODULES = ("time_embed", "input_blocks", "middle_block", "output_blocks", "out")
+
+
+def comfy_checkpoint_order(path: Path) -> list[tuple[str, int, int]]:
+    """[(name, abs_start, abs_end)] of an all-in-one checkpoint in the order ComfyUI's
+    `load_state_dict_guess_config` copies them into its modules: the UNet's (`time_embed`
+    first, `out` last), then the VAE's, then the text encoder's, each model's tensors in module
+    order (numbers compared as numbers)."""
+    def key(t: tuple[str, int, int]) -> tuple:
+        name = t[0]
+        rank = next((r for prefix, r in _CHECKPOINT_RANK.items() if name.startswith(prefix)), 3)
+        rest = name.split(".")[2] if rank == 0 and name.count(".") >= 2 else ""
+        module = _UNET_MODULES.index(rest) if rest in _UNET_MODULES else 0
+        natural = tuple((0, int(x)) if x.isdigit() else (1, x) for x in re.split(r"(\d+)", name) if x)
+        return rank, module, natural
+    return sorted(tensor_ranges(path), key=key)
+
+
 _CHECKPOINT_RANK = {"model.diffusion_model.": 0, "first_stage_model.": 1, "cond_stage_model.": 2}
 
 

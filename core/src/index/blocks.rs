@@ -21,6 +21,8 @@
 //! | `down_blocks` / `mid_block` / `up_blocks` | yes / **no** / yes | diffusers UNet, VAE |
 //! | `layers` | yes | CLIP, Llama-style text encoders |
 //! | `encoder.block` / `decoder.block` | yes | T5 |
+//! | `encoder.down` / `encoder.mid` / `decoder.mid` / `decoder.up` | yes / **no** / **no** / yes | LDM VAE (SD1.5 and SDXL checkpoints' `first_stage_model`, Flux's `ae`) |
+//! | `resblocks` | yes | OpenCLIP text encoders (SDXL's second one) |
 //! | `h` | yes | GPT-2 |
 //! | `blk` | yes | llama.cpp-family GGUF files (`blk.N.attn_q.weight`) |
 //!
@@ -30,6 +32,23 @@
 //! to `down_blocks.1`, because the inner transformer block is part of the outer down block.
 //! A family word not followed by a number (`blocks.weight`, `layers.x.weight`) does not match and the
 //! scan continues; names that match nowhere form the non-block group `(other)`.
+//!
+//! # Several models in one file
+//!
+//! An all-in-one checkpoint holds several models side by side: SD1.5's UNet
+//! (`model.diffusion_model.`), text encoder (`cond_stage_model.`) and VAE (`first_stage_model.`).
+//! Their non-block tensors are used at different times (the UNet's `time_embed` with its first
+//! block, the text encoder's 75 MB token embedding when the prompt is encoded), so they are not
+//! one group: where the families' prefixes start with two or more different first segments
+//! (the *sub-models*), each sub-model's non-block tensors form their own group,
+//! `<first segment>.(other)` (`cond_stage_model.(other)`), and the rest stay in `(other)`. A
+//! file of one model keeps the single `(other)`. Why: a loader entering a block has the rest of
+//! that block read ahead, and with one `(other)` of 237 MiB (the token embedding, the whole VAE
+//! and the UNet's embeddings, spread over the file), ComfyUI's load of an SD1.5 checkpoint
+//! touching the UNet's `time_embed` had the VAE and the token embedding read ahead of the UNet's
+//! blocks, to be evicted before their turn through a budget an eighth of the file: 14 % of the
+//! checkpoint read for nothing, 1.31× the file read from disk (a real ComfyUI server,
+//! `tests/bench/comfyui_server.py`).
 //!
 //! Block numbers must be canonical decimal `u32`s (no sign, no leading zeros except `0` itself), so
 //! that the display name `family.number` is exactly the prefix that appears in the tensor names and
@@ -46,11 +65,13 @@
 //! order a forward pass visits the blocks:
 //!
 //! 1. the non-block group `(other)` first (embeddings, time/text projections are used before the
-//!    first block), only if it has tensors;
+//!    first block), only if it has tensors; a sub-model's own `(other)` group comes right before
+//!    that sub-model's first family;
 //! 2. families ordered by a known rank within their group —
 //!    `input_blocks` < `middle_block` < `output_blocks`; `double_blocks` < `single_blocks`;
 //!    `transformer_blocks` < `single_transformer_blocks`; `down_blocks` < `mid_block` < `up_blocks`;
-//!    `encoder.block` < `decoder.block` — where a group is positioned at the first appearance (in
+//!    `encoder.block` < `decoder.block`; `encoder.down` < `encoder.mid` < `decoder.mid` <
+//!    `decoder.up` — where a group is positioned at the first appearance (in
 //!    file offset order) of any of its members, and only families with the same prefix form a group;
 //! 3. all other families by first appearance in the file;
 //! 4. within a family, by block number ascending (numerically, so `blocks.2` < `blocks.10`, unlike
@@ -97,6 +118,16 @@ pub enum FamilyKind {
     EncoderBlock,
     /// `decoder.block.N`
     DecoderBlock,
+    /// `encoder.down.N` (LDM VAE)
+    EncoderDown,
+    /// `encoder.mid` (LDM VAE, no number)
+    EncoderMid,
+    /// `decoder.mid` (LDM VAE, no number)
+    DecoderMid,
+    /// `decoder.up.N` (LDM VAE)
+    DecoderUp,
+    /// `resblocks.N` (OpenCLIP)
+    Resblocks,
     /// `h.N`
     H,
     /// `blk.N` (GGUF)
@@ -105,7 +136,7 @@ pub enum FamilyKind {
 
 impl FamilyKind {
     /// Single-segment family words and their kinds.
-    const WORDS: [(&'static str, FamilyKind); 14] = [
+    const WORDS: [(&'static str, FamilyKind); 15] = [
         ("blocks", FamilyKind::Blocks),
         ("transformer_blocks", FamilyKind::TransformerBlocks),
         (
@@ -123,6 +154,19 @@ impl FamilyKind {
         ("up_blocks", FamilyKind::UpBlocks),
         ("h", FamilyKind::H),
         ("blk", FamilyKind::Blk),
+        ("resblocks", FamilyKind::Resblocks),
+    ];
+
+    /// Families of two segments, the first of which is `encoder` or `decoder`: T5's blocks and
+    /// the LDM VAE's stages. Matched only after that word, so a bare `block`, `down`, `mid` or
+    /// `up` elsewhere is no family.
+    const AFTER_CODER: [(&'static str, &'static str, FamilyKind); 6] = [
+        ("encoder", "block", FamilyKind::EncoderBlock),
+        ("decoder", "block", FamilyKind::DecoderBlock),
+        ("encoder", "down", FamilyKind::EncoderDown),
+        ("encoder", "mid", FamilyKind::EncoderMid),
+        ("decoder", "mid", FamilyKind::DecoderMid),
+        ("decoder", "up", FamilyKind::DecoderUp),
     ];
 
     /// The family word(s) as they appear in tensor names.
@@ -130,6 +174,10 @@ impl FamilyKind {
         match self {
             FamilyKind::EncoderBlock => "encoder.block",
             FamilyKind::DecoderBlock => "decoder.block",
+            FamilyKind::EncoderDown => "encoder.down",
+            FamilyKind::EncoderMid => "encoder.mid",
+            FamilyKind::DecoderMid => "decoder.mid",
+            FamilyKind::DecoderUp => "decoder.up",
             other => Self::WORDS
                 .iter()
                 .find(|(_, kind)| *kind == other)
@@ -139,7 +187,13 @@ impl FamilyKind {
 
     /// Whether blocks of this family carry a number.
     pub fn numbered(self) -> bool {
-        !matches!(self, FamilyKind::MiddleBlock | FamilyKind::MidBlock)
+        !matches!(
+            self,
+            FamilyKind::MiddleBlock
+                | FamilyKind::MidBlock
+                | FamilyKind::EncoderMid
+                | FamilyKind::DecoderMid
+        )
     }
 
     /// `(group, rank)` for families whose relative order is known (see the module docs).
@@ -158,19 +212,23 @@ impl FamilyKind {
             UpBlocks => Some((3, 2)),
             EncoderBlock => Some((4, 0)),
             DecoderBlock => Some((4, 1)),
-            Blocks | Layers | H | Blk => None,
+            EncoderDown => Some((5, 0)),
+            EncoderMid => Some((5, 1)),
+            DecoderMid => Some((5, 2)),
+            DecoderUp => Some((5, 3)),
+            Blocks | Layers | H | Blk | Resblocks => None,
         }
     }
 
     /// The kind of the family ending at `segments[i]`, if that segment is a family word.
     fn at(segments: &[&str], i: usize) -> Option<FamilyKind> {
         let seg = *segments.get(i)?;
-        if seg == "block" {
-            return match i.checked_sub(1).and_then(|p| segments.get(p)) {
-                Some(&"encoder") => Some(FamilyKind::EncoderBlock),
-                Some(&"decoder") => Some(FamilyKind::DecoderBlock),
-                _ => None,
-            };
+        if Self::AFTER_CODER.iter().any(|(_, word, _)| *word == seg) {
+            let before = i.checked_sub(1).and_then(|p| segments.get(p))?;
+            return Self::AFTER_CODER
+                .iter()
+                .find(|(coder, word, _)| coder == before && *word == seg)
+                .map(|(_, _, kind)| *kind);
         }
         Self::WORDS
             .iter()
@@ -258,6 +316,21 @@ struct Family {
     prefix: String,
 }
 
+/// What a tensor is grouped under: a block, or a non-block group (of a sub-model, where the
+/// file holds several: see "Several models in one file" in the module docs).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Group {
+    /// The non-block tensors of the sub-model whose names start with this segment, or, for
+    /// `None`, those of no sub-model (or of the file's one model).
+    Other(Option<String>),
+    Block(BlockKey),
+}
+
+/// The first `.`-separated segment of `name`.
+fn first_segment(name: &str) -> &str {
+    name.split('.').next().unwrap_or("")
+}
+
 /// Groups tensors, given as `(name, byte length)` in file offset order, into blocks.
 pub fn group<'a, I>(tensors: I) -> Grouping
 where
@@ -274,10 +347,33 @@ where
                 prefix: k.prefix().to_string(),
             });
         }
-        keys.push((key, bytes));
+        keys.push((name, key, bytes));
     }
+    // Sub-models: the first segments of the families' prefixes, where there are several.
+    let mut submodels: Vec<&str> = families
+        .values()
+        .map(|f| first_segment(&f.prefix))
+        .filter(|seg| !seg.is_empty())
+        .collect();
+    submodels.sort_unstable();
+    submodels.dedup();
+    let several = submodels.len() >= 2;
+    let groups: Vec<(Group, u64)> = keys
+        .into_iter()
+        .map(|(name, key, bytes)| {
+            let group = match key {
+                Some(k) => Group::Block(k),
+                None => {
+                    let seg = first_segment(name);
+                    let own = several && submodels.binary_search(&seg).is_ok();
+                    Group::Other(own.then(|| seg.to_string()))
+                }
+            };
+            (group, bytes)
+        })
+        .collect();
     let order = family_order(&families);
-    assemble(&keys, &order)
+    assemble(&groups, &order, &families)
 }
 
 /// Family names in default model order.
@@ -304,28 +400,47 @@ fn family_order(families: &HashMap<String, Family>) -> Vec<String> {
 }
 
 /// Builds the ordered block list and the per-tensor assignment.
-fn assemble(keys: &[(Option<BlockKey>, u64)], family_order: &[String]) -> Grouping {
+fn assemble(
+    keys: &[(Group, u64)],
+    family_order: &[String],
+    families: &HashMap<String, Family>,
+) -> Grouping {
     let rank: HashMap<&str, usize> = family_order
         .iter()
         .enumerate()
         .map(|(i, f)| (f.as_str(), i))
         .collect();
-    // Sort key of a block: non-block group first, then family rank, then number.
-    let block_sort = |k: &Option<BlockKey>| {
-        k.as_ref().map(|k| {
+    // A sub-model's non-block group goes right before its first family.
+    let mut submodel_rank: HashMap<&str, usize> = HashMap::new();
+    for (name, fam) in families {
+        let r = rank.get(name.as_str()).copied().unwrap_or(usize::MAX);
+        let entry = submodel_rank.entry(first_segment(&fam.prefix)).or_insert(r);
+        *entry = (*entry).min(r);
+    }
+    // Sort key of a group: the non-block group of no sub-model first, then by family rank, a
+    // sub-model's non-block group before its families, blocks by number.
+    let group_sort = |g: &Group| match g {
+        Group::Other(None) => (0, 0, None),
+        Group::Other(Some(seg)) => {
+            let r = submodel_rank
+                .get(seg.as_str())
+                .copied()
+                .unwrap_or(usize::MAX);
+            (r.saturating_add(1), 0, None)
+        }
+        Group::Block(k) => {
             let r = rank.get(k.family.as_str()).copied().unwrap_or(usize::MAX);
-            (r, k.number)
-        })
+            (r.saturating_add(1), 1, k.number)
+        }
     };
-    let mut distinct: Vec<&Option<BlockKey>> = keys.iter().map(|(k, _)| k).collect();
-    distinct.sort_by_key(|k| block_sort(k));
+    let mut distinct: Vec<&Group> = keys.iter().map(|(g, _)| g).collect();
+    distinct.sort_by_key(|g| group_sort(g));
     distinct.dedup();
-    let index: HashMap<&Option<BlockKey>, usize> =
-        distinct.iter().enumerate().map(|(i, k)| (*k, i)).collect();
-    let mut blocks: Vec<BlockInfo> = distinct.iter().map(|k| empty_block(k)).collect();
+    let index: HashMap<&Group, usize> = distinct.iter().enumerate().map(|(i, g)| (*g, i)).collect();
+    let mut blocks: Vec<BlockInfo> = distinct.iter().map(|g| empty_block(g)).collect();
     let mut assignment = Vec::with_capacity(keys.len());
-    for (key, bytes) in keys {
-        let b = index.get(key).copied().unwrap_or(0);
+    for (group, bytes) in keys {
+        let b = index.get(group).copied().unwrap_or(0);
         if let Some(block) = blocks.get_mut(b) {
             block.tensors += 1;
             block.bytes = block.bytes.saturating_add(*bytes);
@@ -335,22 +450,18 @@ fn assemble(keys: &[(Option<BlockKey>, u64)], family_order: &[String]) -> Groupi
     Grouping { blocks, assignment }
 }
 
-fn empty_block(key: &Option<BlockKey>) -> BlockInfo {
-    match key {
-        Some(k) => BlockInfo {
-            name: k.name(),
-            family: Some(k.family.clone()),
-            number: k.number,
-            tensors: 0,
-            bytes: 0,
-        },
-        None => BlockInfo {
-            name: OTHER_BLOCK.to_string(),
-            family: None,
-            number: None,
-            tensors: 0,
-            bytes: 0,
-        },
+fn empty_block(group: &Group) -> BlockInfo {
+    let (name, family, number) = match group {
+        Group::Block(k) => (k.name(), Some(k.family.clone()), k.number),
+        Group::Other(None) => (OTHER_BLOCK.to_string(), None, None),
+        Group::Other(Some(seg)) => (format!("{seg}.{OTHER_BLOCK}"), None, None),
+    };
+    BlockInfo {
+        name,
+        family,
+        number,
+        tensors: 0,
+        bytes: 0,
     }
 }
 
@@ -548,6 +659,97 @@ mod tests {
         // Same family word under different prefixes: different groups.
         let got = names_of(&["b.single_blocks.0.w", "a.double_blocks.0.w"]);
         assert_eq!(got, ["b.single_blocks.0", "a.double_blocks.0"]);
+    }
+
+    #[test]
+    fn ldm_vae_stages_and_openclip_blocks() {
+        let table: &[(&str, Option<&str>)] = &[
+            (
+                "first_stage_model.encoder.down.2.block.1.conv1.weight",
+                Some("first_stage_model.encoder.down.2"),
+            ),
+            (
+                "first_stage_model.encoder.mid.attn_1.q.weight",
+                Some("first_stage_model.encoder.mid"),
+            ),
+            (
+                "first_stage_model.decoder.mid.block_2.conv2.weight",
+                Some("first_stage_model.decoder.mid"),
+            ),
+            ("decoder.up.3.upsample.conv.weight", Some("decoder.up.3")),
+            ("first_stage_model.quant_conv.weight", None),
+            ("first_stage_model.decoder.conv_in.weight", None),
+            // The stage words mean nothing outside an encoder or decoder.
+            ("mid.block_1.w", None),
+            ("down.0.w", None),
+            ("transformer.up.0.w", None),
+            // SDXL's second text encoder (OpenCLIP).
+            (
+                "conditioner.embedders.1.model.transformer.resblocks.31.mlp.c_fc.weight",
+                Some("conditioner.embedders.1.model.transformer.resblocks.31"),
+            ),
+        ];
+        for (name, want) in table {
+            assert_eq!(display(name).as_deref(), *want, "{name}");
+        }
+        let got = names_of(&[
+            "decoder.up.0.w",
+            "decoder.mid.w",
+            "encoder.mid.w",
+            "encoder.down.1.w",
+            "encoder.down.0.w",
+        ]);
+        assert_eq!(
+            got,
+            [
+                "encoder.down.0",
+                "encoder.down.1",
+                "encoder.mid",
+                "decoder.mid",
+                "decoder.up.0"
+            ]
+        );
+    }
+
+    #[test]
+    fn an_all_in_one_checkpoint_has_one_non_block_group_per_sub_model() {
+        // SD1.5's layout, in name order as writers store it.
+        let got = names_of(&[
+            "cond_stage_model.logit_scale",
+            "cond_stage_model.transformer.text_model.embeddings.token_embedding.weight",
+            "cond_stage_model.transformer.text_model.encoder.layers.0.w",
+            "cond_stage_model.transformer.text_model.final_layer_norm.weight",
+            "first_stage_model.decoder.conv_in.weight",
+            "first_stage_model.decoder.up.0.w",
+            "first_stage_model.encoder.down.0.w",
+            "first_stage_model.quant_conv.weight",
+            "model.diffusion_model.input_blocks.0.0.weight",
+            "model.diffusion_model.out.2.weight",
+            "model.diffusion_model.time_embed.0.weight",
+            "model_ema.decay",
+        ]);
+        assert_eq!(
+            got,
+            [
+                "(other)",
+                "cond_stage_model.(other)",
+                "cond_stage_model.transformer.text_model.encoder.layers.0",
+                "first_stage_model.(other)",
+                "first_stage_model.encoder.down.0",
+                "first_stage_model.decoder.up.0",
+                "model.(other)",
+                "model.diffusion_model.input_blocks.0",
+            ]
+        );
+        // One model (prefixed or not) keeps the single non-block group.
+        let got = names_of(&[
+            "model.diffusion_model.blocks.0.w",
+            "model.diffusion_model.head.w",
+            "model.diffusion_model.patch_embedding.w",
+        ]);
+        assert_eq!(got, ["(other)", "model.diffusion_model.blocks.0"]);
+        let got = names_of(&["img_in.w", "double_blocks.0.w", "final_layer.w"]);
+        assert_eq!(got, ["(other)", "double_blocks.0"]);
     }
 
     #[test]

@@ -188,12 +188,14 @@ impl TensorInfo {
     }
 }
 
-/// A transformer block, or the non-block group `(other)`; see [`blocks`].
+/// A transformer block, or a non-block group (`(other)`, or a sub-model's own such as
+/// `cond_stage_model.(other)` in an all-in-one checkpoint); see [`blocks`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct BlockInfo {
-    /// Display name, e.g. `model.diffusion_model.double_blocks.3`, or `(other)`.
+    /// Display name, e.g. `model.diffusion_model.double_blocks.3`, `(other)` or
+    /// `first_stage_model.(other)`.
     pub name: String,
-    /// Family, e.g. `model.diffusion_model.double_blocks`; `None` for `(other)`.
+    /// Family, e.g. `model.diffusion_model.double_blocks`; `None` for a non-block group.
     pub family: Option<String>,
     /// Block number; `None` for `(other)` and unnumbered blocks (`middle_block`, `mid_block`).
     pub number: Option<u32>,
