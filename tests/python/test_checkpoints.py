@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -24,11 +25,12 @@ pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="module")
-def checkpoint() -> Path:
+def checkpoint():
     d = fresh_dir("checkpoint")
     path = d / "sd15_all_in_one.safetensors"
     gen.write_streaming(path, gen.sd15_full_specs(), seed=2617)
-    return path
+    yield path
+    shutil.rmtree(d, ignore_errors=True)  # 1.4 GB: not kept for the rest of the session
 
 
 def comfy_load(path: Path, source: Path) -> int:
@@ -57,7 +59,8 @@ def comfy_load(path: Path, source: Path) -> int:
 def test_an_all_in_one_checkpoint_is_read_about_once_through_an_eighth(mount, checkpoint):
     size = checkpoint.stat().st_size
     budget = size // 8
-    src = fresh_dir("src")
+    src = checkpoint.parent / "src"  # removed with the checkpoint, after the mount is gone
+    src.mkdir()
     os.link(checkpoint, src / checkpoint.name)
     state = fresh_dir("state")
     m = mount(src, f"{budget // MiB}MiB", ("--no-model-passthrough", "--state-dir", str(state)))
