@@ -994,7 +994,7 @@ class Run:
     def part3_case(self, key: str, source: str) -> None:
         """Part 3 for the model `key` on the `source` ("slow" or "fast")."""
         self.drop_all()
-        dim, ffn, blocks, budget = SIZES[key][self.q]
+        budget = SIZES[key][self.q][3]
         f = self.model(key)
         size = f.stat().st_size
         self.slow(source == "slow")

@@ -208,10 +208,17 @@ class FolioTrace:
         self.ino = f"{st.st_ino:x}"
         self.orders: dict[int, int] = {}
         self.lost = 0
+        self.mounted = False
+        self.buffer_kb = ""
 
     def __enter__(self) -> "FolioTrace":
         if not FOLIO_EVENT.exists():
-            subprocess.run(["mount", "-t", "tracefs", "nodev", str(TRACING)], capture_output=True, timeout=30)
+            subprocess.run(["mount", "-t", "tracefs", "nodev", str(TRACING)], check=True, capture_output=True,
+                           timeout=30)
+            self.mounted = True
+        # 16 MiB per CPU holds the ~65 000 records of 256 MiB read in 4 KiB folios.
+        # "N" or, before the buffers were first used, "N (expanded: M)": M is what they will be.
+        self.buffer_kb = (TRACING / "buffer_size_kb").read_text().replace(")", "").split()[-1]
         (TRACING / "buffer_size_kb").write_text("16384\n")
         (TRACING / "trace").write_text("")
         (FOLIO_EVENT / "enable").write_text("1\n")
@@ -221,6 +228,9 @@ class FolioTrace:
         (FOLIO_EVENT / "enable").write_text("0\n")
         text = (TRACING / "trace").read_text(errors="replace")
         (TRACING / "trace").write_text("")
+        (TRACING / "buffer_size_kb").write_text(f"{self.buffer_kb}\n")
+        if self.mounted:
+            subprocess.run(["umount", str(TRACING)], capture_output=True, timeout=30)
         for line in text.splitlines():
             if line.startswith("# entries-in-buffer/entries-written:"):
                 shown, written = line.split(":", 1)[1].split()[0].split("/")

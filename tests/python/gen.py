@@ -176,39 +176,26 @@ def sd15_full_specs(scale: int = 1) -> list[Spec]:
     return sorted(s)
 
 
+_CHECKPOINT_RANK = {"model.diffusion_model.": 0, "first_stage_model.": 1, "cond_stage_model.": 2}
+
 # The order of a UNet's modules, which `load_state_dict` follows, by the name after its prefix.
 _UNET_MODULES = ("time_embed", "input_blocks", "middle_block", "output_blocks", "out")
 
 
-def comfy_checkpoint_order(path: Path) -> list[tuple[str, int, int]]:
-    """[(name, abs_start, abs_end)] of an all-in-one checkpoint in the order ComfyUI's
-    `load_state_dict_guess_config` copies them into its modules: the UNet's (`time_embed`
-    first, `out` last), then the VAE's, then the text encoder's, each model's tensors in module
-    order (numbers compared as numbers)."""
-    def key(t: tuple[str, int, int]) -> tuple:
-        name = t[0]
-        rank = next((r for prefix, r in _CHECKPOINT_RANK.items() if name.startswith(prefix)), 3)
-        rest = name.split(".")[2] if rank == 0 and name.count(".") >= 2 else ""
-        module = _UNET_MODULES.index(rest) if rest in _UNET_MODULES else 0
-        natural = tuple((0, int(x)) if x.isdigit() else (1, x) for x in re.split(r"(\d+)", name) if x)
-        return rank, module, natural
-    return sorted(tensor_ranges(path), key=key)
-
-
-_CHECKPOINT_RANK = {"model.diffusion_model.": 0, "first_stage_model.": 1, "cond_stage_model.": 2}
-
-
 def checkpoint_order(path: Path) -> list[tuple[str, int, int]]:
     """[(name, abs_start, abs_end)] of an all-in-one checkpoint in the order ComfyUI's
-    `load_checkpoint_guess_config` copies them: the UNet, then the VAE, then the text encoder,
-    each in its modules' order (numbers compared as numbers; the VAE's encoder before its
-    decoder)."""
+    `load_checkpoint_guess_config` copies them: the UNet (`time_embed` first, then its blocks,
+    `out` last), then the VAE (its encoder before its decoder), then the text encoder, each in
+    its modules' order (numbers compared as numbers)."""
     def key(t: tuple[str, int, int]) -> tuple:
         name = t[0]
         rank = next((r for prefix, r in _CHECKPOINT_RANK.items() if name.startswith(prefix)), 3)
         part = 1 if ".decoder." in name else 0
+        segments = name.split(".")
+        unet_module = segments[2] if rank == 0 and len(segments) > 2 else ""
+        module = _UNET_MODULES.index(unet_module) if unet_module in _UNET_MODULES else 0
         natural = tuple((0, int(x)) if x.isdigit() else (1, x) for x in re.split(r"(\d+)", name) if x)
-        return rank, part, natural
+        return rank, part, module, natural
     return sorted(tensor_ranges(path), key=key)
 
 

@@ -4,7 +4,7 @@ The file has SD1.5's layout (`gen.sd15_full_specs`: tensors in name order, each 
 non-block tensors with it), 1.4 GB. The loader maps it and does what
 `load_state_dict_guess_config` does: a first touch of every tensor in name order (safetensors'
 `get_tensor`), then every tensor copied in module order, UNet first (`time_embed`, the blocks,
-`out`), then the VAE, then the text encoder (`gen.comfy_checkpoint_order`). Every byte copied is
+`out`), then the VAE, then the text encoder (`gen.checkpoint_order`). Every byte copied is
 compared with the source. Through a budget an eighth of the file, the load must read about the
 file once: entering one model's embeddings must not read the other models ahead.
 """
@@ -36,7 +36,7 @@ def checkpoint():
 def comfy_load(path: Path, source: Path) -> int:
     """Touch every tensor in name order, then copy each in ComfyUI's module order; returns the
     bytes copied. Raises on any byte that differs from `source`."""
-    order = gen.comfy_checkpoint_order(source)
+    order = gen.checkpoint_order(source)
     copied = 0
     with open(path, "rb") as f, open(source, "rb") as ref:
         mm = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)

@@ -35,36 +35,22 @@ BUDGET = 768 * MiB
 FLOOR = 256 * MiB  # the default floor for a 768 MiB budget (max(256 MiB, budget / 8))
 REL = "dit_big.safetensors"
 
-# Touches `size` bytes of fresh anonymous memory in 16 MiB steps, prints "touched", holds
-# the memory for `hold` seconds, exits 0. With `grow` it keeps touching until `size` (exit 3
-# if it gets there: the OOM killer should have stopped it first).
+# Touches `size` bytes of fresh anonymous memory in 16 MiB steps, prints "touched N given_back G",
+# holds the memory for `hold` seconds, exits 0. Modes:
+# - "hold": as above;
+# - "grow": keeps touching until `size` (exit 3 if it gets there: the OOM killer should have
+#   stopped it first);
+# - "until CHECK_FROM STATS WANT": past CHECK_FROM bytes it reads the mount's stats after each
+#   step and stops once the daemon has given back WANT bytes, so it pushes the machine exactly
+#   as far as it takes, whatever else the kernel finds to reclaim on the way. System-wide, so
+#   with oom_score_adj 1000: if the machine runs out anyway, the kernel kills the hog, never
+#   another program of the machine.
 HOG = r"""
-import ctypes, mmap, sys, time
-size, hold, grow = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "grow"
-adj = sys.argv[4]
-if adj:
-    open("/proc/self/oom_score_adj", "w").write(adj)
-m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-buf = (ctypes.c_char * size).from_buffer(m)
-addr = ctypes.addressof(buf)
-step = 16 << 20
-for off in range(0, size, step):
-    ctypes.memset(addr + off, 1, min(step, size - off))
-if grow:
-    sys.exit(3)
-print("touched", flush=True)
-time.sleep(hold)
-"""
-
-
-# Touches fresh anonymous memory in 16 MiB steps up to `size` bytes, as HOG does, but past
-# `check_from` bytes it reads the mount's stats after each step and stops once the daemon has
-# given back `want` bytes: it pushes the machine exactly as far as it takes, whatever else the
-# kernel finds to reclaim on the way. Prints "touched N given_back G", holds `hold` seconds.
-HOG_UNTIL_GIVEN_BACK = r"""
 import ctypes, json, mmap, sys, time
-size, check_from, stats, want, hold = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
-open("/proc/self/oom_score_adj", "w").write("1000")
+size, hold, mode = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+if mode == "until":
+    check_from, stats, want = int(sys.argv[4]), sys.argv[5], int(sys.argv[6])
+    open("/proc/self/oom_score_adj", "w").write("1000")
 m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 buf = (ctypes.c_char * size).from_buffer(m)
 addr = ctypes.addressof(buf)
@@ -74,11 +60,13 @@ for off in range(0, size, step):
     n = min(step, size - off)
     ctypes.memset(addr + off, 1, n)
     touched = off + n
-    if touched >= check_from:
+    if mode == "until" and touched >= check_from:
         with open(stats, "rb") as f:
             given = json.loads(f.read())["budget"]["given_back_bytes"]
         if given >= want:
             break
+if mode == "grow":
+    sys.exit(3)
 print("touched", touched, "given_back", given, flush=True)
 time.sleep(hold)
 """
@@ -160,8 +148,10 @@ class MemCgroup:
         raise AssertionError(f"cannot remove cgroup {self.dir}")
 
 
-def start_hog(size: int, hold: float = 1.0, grow: bool = False, adj: str = "", cgroup=None):
-    args = [sys.executable, "-c", HOG, str(size), str(hold), "grow" if grow else "hold", adj]
+def start_hog(size: int, hold: float = 1.0, grow: bool = False, cgroup=None, until=None):
+    """HOG in a child process; `until` = (check_from, stats path, want) for its "until" mode."""
+    mode = "until" if until else "grow" if grow else "hold"
+    args = [sys.executable, "-c", HOG, str(size), str(hold), mode, *(str(x) for x in until or ())]
     extra = cgroup.spawn_args() if cgroup else {}
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **extra)
 
@@ -299,9 +289,7 @@ def test_system_wide_allocation_takes_memory_from_the_cache(mount, tree):
     available = mem_available()
     want = BUDGET // 4
     size = available + BUDGET
-    args = [str(size), str(available - BUDGET // 4), str(m.mnt / ".tierfs" / "stats"), str(want), "1.0"]
-    hog = subprocess.Popen([sys.executable, "-c", HOG_UNTIL_GIVEN_BACK, *args],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    hog = start_hog(size, until=(available - BUDGET // 4, m.mnt / ".tierfs" / "stats", want))
     try:
         out, err = hog.communicate(timeout=180)
     finally:
