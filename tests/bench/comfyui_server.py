@@ -26,7 +26,8 @@ servers in turn: one pointed at the plain folder, one at a fresh mount of it (it
    again, the page cache and tierfs's cache as the first load left them.
 
 Per prompt: its time (submit to done), the device bytes read (the block device's own count),
-and for the mount tierfs's prefetch wasted. Every image is compared with the plain folder's.
+and for the mount tierfs's prefetch wasted and its exact, uncached reads of first touches
+(`disk.probe_bytes`). Every image is compared with the plain folder's.
 Writes tests/bench/comfyui-server-results.md. Needs root.
 """
 
@@ -178,8 +179,10 @@ class Server:
         raise RuntimeError(f"prompt not done within {timeout} s; log {self.log_path}")
 
     def free(self) -> None:
-        """Unloads the models and resets ComfyUI's caches (its `/free` endpoint), and waits until
-        the server has done it (the next prompt would otherwise find the model loaded)."""
+        """Unloads the models and resets ComfyUI's caches (its `/free` endpoint), then waits a
+        second: the server acts on it in its prompt worker's next turn, and says nothing when it
+        has. Every reload measured so far read the checkpoint again (its disk bytes, or its time
+        from the page cache against a prompt without a load), so the wait has been enough."""
         self._post("/free", {"unload_models": True, "free_memory": True})
         time.sleep(1.0)
 
@@ -234,10 +237,12 @@ def one_server(args, disk, root: Path, side: str, budget: int, size: int) -> dic
                 if mount:
                     s1 = mount.stats()
                     row["wasted"] = (s1["prefetch"]["wasted_bytes"] - s0["prefetch"]["wasted_bytes"]) / size
+                    row["probes"] = (s1["disk"]["probe_bytes"] - s0["disk"]["probe_bytes"]) / size
                     row["modes"] = sorted({f.get("mode") for f in s1.get("files", []) if f.get("path", "").endswith(CKPT)})
                 out[case] = row
                 print(f"  {side:5} {case:6} {elapsed:6.2f} s  disk/file {row['disk']:.3f}"
-                      + (f"  wasted {row['wasted']:.3f} {row['modes']}" if mount else ""), flush=True)
+                      + (f"  wasted {row['wasted']:.3f}  probes {row['probes']:.3f} {row['modes']}" if mount else ""),
+                      flush=True)
             return out
         finally:
             server.close()
@@ -266,11 +271,13 @@ def render(args, rows: list[dict], size: int, raw: dict, cmd: str, version: str)
            "- sources: " + ", ".join(f"{k} {v:.2f} GB/s" for k, v in raw.items())
            + f"; median of {args.reps} repetitions, each a fresh server (and a fresh mount)",
            "- cold: caches dropped, first prompt; reload: `POST /free` (models unloaded, caches reset), "
-           "then the same prompt; disk / file: the block device's own count of bytes read during the prompt",
+           "then the same prompt; disk / file: the block device's own count of bytes read during the prompt; "
+           "first touches: what tierfs read exactly and uncached for reads that were no stream (`disk.probe_bytes`: "
+           "ComfyUI's first touch of every tensor), part of the disk bytes",
            "",
            "| source | budget | case | plain s | mount s | plain / mount | plain disk / file | mount disk / file "
-           "| wasted / file | mode | images identical |",
-           "|---|---|---|---:|---:|---:|---:|---:|---:|---|---|"]
+           "| wasted / file | first touches / file | mode | images identical |",
+           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in rows:
         for case in ("cold", "reload"):
             p = [x[case] for x in r["plain"]]
@@ -279,7 +286,8 @@ def render(args, rows: list[dict], size: int, raw: dict, cmd: str, version: str)
             same = len({x["image"] for x in p + m}) == 1
             out.append(f"| {r['source']} | {r['budget']} | {case} | {ps:.2f} | {ms:.2f} | {ps / ms:.2f} | "
                        f"{max(x['disk'] for x in p):.3f} | {max(x['disk'] for x in m):.3f} | "
-                       f"{max(x['wasted'] for x in m):.3f} | {', '.join(m[0]['modes'])} | {'yes' if same else 'NO'} |")
+                       f"{max(x['wasted'] for x in m):.3f} | {max(x['probes'] for x in m):.3f} | "
+                       f"{', '.join(m[0]['modes'])} | {'yes' if same else 'NO'} |")
     out += ["", f"Goal for ComfyUI's own load of an all-in-one checkpoint through an eighth of it: cold disk / "
             f"file ≤ {GOAL_DISK_COLD}.", "", "Every pass:", ""]
     for r in rows:

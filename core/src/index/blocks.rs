@@ -46,9 +46,10 @@
 //! that block read ahead, and with one `(other)` of 237 MiB (the token embedding, the whole VAE
 //! and the UNet's embeddings, spread over the file), ComfyUI's load of an SD1.5 checkpoint
 //! touching the UNet's `time_embed` had the VAE and the token embedding read ahead of the UNet's
-//! blocks, to be evicted before their turn through a budget an eighth of the file: 14 % of the
-//! checkpoint read for nothing, 1.31× the file read from disk (a real ComfyUI server,
-//! `tests/bench/comfyui_server.py`).
+//! blocks, to be evicted before their turn through a budget an eighth of the file: 13–15 % of the
+//! checkpoint read for nothing, 1.29–1.32× the file read from disk, against 1.11–1.12× with a
+//! group per model (a real ComfyUI server, `tests/bench/comfyui_server.py`;
+//! `comfyui-server-results-one-other-group.md` and `comfyui-server-results.md`).
 //!
 //! Block numbers must be canonical decimal `u32`s (no sign, no leading zeros except `0` itself), so
 //! that the display name `family.number` is exactly the prefix that appears in the tensor names and
