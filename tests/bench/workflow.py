@@ -122,6 +122,7 @@ class Case:
         self.models = make_models(run.disk.mnt, run.data, files)
         self.total = sum(m.stat().st_size for m in self.models)
         self.excess = max(1, self.total - self.budget)
+        self.file_figures = FileFigures()
 
     def cycles(self, loader: acceptance.LoaderProc, paths: list[Path], label: str,
                mount: bench.Mount | None = None) -> dict:
@@ -138,6 +139,8 @@ class Case:
                 s0 = file_stall(mount, p.name) if mount else 0.0
                 per.append(loader.load(p))
                 stall.append(file_stall(mount, p.name) - s0 if mount else 0.0)
+                if mount and self.run.args.file_stats:
+                    self.file_figures.show(mount, p.name)
             stalls.append(stall)
             times.append(sum(per))
             disks.append(self.run.dev.read_bytes() - d0)
@@ -295,6 +298,26 @@ def render(rows: list[dict], cmd: str, elapsed: float, note: str, model_mib: int
     return "\n".join(lines) + "\n"
 
 
+class FileFigures:
+    """--file-stats: after each load through the mount, every model's mode, what the chunk cache
+    holds of it, and what was read of it from the disk and served from resident chunks since the
+    previous load (the daemon's per-file figures): where a cycle's disk bytes went."""
+
+    def __init__(self):
+        self.last: dict = {}
+
+    def show(self, mount: bench.Mount, loaded: str) -> None:
+        print(f"      after loading {loaded}:", flush=True)
+        for f in mount.stats().get("files") or []:
+            if not isinstance(f, dict) or not f.get("path"):
+                continue
+            before = self.last.get(f["path"], {})
+            grew = {k: (f.get(k) or 0) - (before.get(k) or 0) for k in ("disk_read_bytes", "hit_bytes")}
+            print(f"        {f['path']:<26} {f.get('mode') or '-':<11} cached {(f.get('cached_bytes') or 0) / MiB:5.0f} MiB, "
+                  f"disk +{grew['disk_read_bytes'] / MiB:4.0f} MiB, hits +{grew['hit_bytes'] / MiB:4.0f} MiB", flush=True)
+            self.last[f["path"]] = f
+
+
 def file_stall(mount: bench.Mount, name: str) -> float:
     """`start_stall_seconds` of the mounted file `name` (0 before its first open): the time its
     readers waited for the disk in the first block of its order."""
@@ -325,6 +348,8 @@ def main() -> int:
     ap.add_argument("--tierfs", type=Path, default=REPO / "target" / "release" / "tierfs")
     ap.add_argument("--data", default="/var/tmp/tierfs-bench-data")
     ap.add_argument("--out", help="results file (markdown; .json beside it)")
+    ap.add_argument("--file-stats", action="store_true",
+                    help="after each load through the mount, print each model's figures from the mount's stats")
     ap.add_argument("--render", type=Path, help="only render the rows of a results .json again")
     args = ap.parse_args()
     if args.render:
