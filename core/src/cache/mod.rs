@@ -25,8 +25,8 @@
 //!   readers) wait for nothing: each is ranked by its own reader, as within one file. Ranked
 //!   by distance alone, models that take turns evicted each other's kept blocks (the waiting
 //!   model's last blocks looked as far off as the active one's passed blocks) and a workflow
-//!   read 1.10–1.26 × (models − budget) per cycle; by turns 1.01–1.09 × in 22 of 24 cases,
-//!   1.12 at most (`tests/bench/workflow-results.md`). A prefetch may take a waiting file's
+//!   read 1.10–1.26 × (models − budget) per cycle; by turns 1.01–1.09 × in all 24 cases
+//!   (`tests/bench/workflow-results.md`; 1.12 at most in earlier runs). A prefetch may take a waiting file's
 //!   room: sparing the files that took their turn since the reader's previous one (read-ahead
 //!   taking only the reader's passed chunks) cut the text encoder + DiT case from 1.11–1.12 to
 //!   1.05–1.08 on the 1 GB/s source (the text encoder no longer grows into the cache one lead
