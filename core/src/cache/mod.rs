@@ -26,16 +26,16 @@
 //!   by distance alone, models that take turns evicted each other's kept blocks (the waiting
 //!   model's last blocks looked as far off as the active one's passed blocks) and a workflow
 //!   read 1.10–1.26 × (models − budget) per cycle; by turns 1.01–1.09 × in all 24 cases
-//!   (`tests/bench/workflow-results.md`; 1.12 at most in earlier runs). A prefetch may take a waiting file's
-//!   room: sparing the files that took their turn since the reader's previous one (read-ahead
-//!   taking only the reader's passed chunks) cut the text encoder + DiT case from 1.11–1.12 to
-//!   1.05–1.08 on the 1 GB/s source (the text encoder no longer grows into the cache one lead
-//!   a cycle, each move read twice) but took three models read with `safe_open` from 1.03 to
-//!   1.12–1.14 on both sources (`tests/bench/workflow-results-prefetch-spares-turns.md`).
-//!   What a reader's request records for it (the
-//!   active file, when it was served) costs nothing measurable: warm 1 MiB reads ran 1.006×
-//!   (one reader) and 1.031× (four) the speed of a build without it (`tests/bench/ops_overhead.py
-//!   --baseline`).
+//!   (`tests/bench/workflow-results.md`; other runs up to 1.12 in single cases, once 1.16).
+//!   A prefetch may take a waiting file's room: sparing the files that took their turn since
+//!   the reader's previous one (read-ahead taking only the reader's passed chunks) cut the
+//!   text encoder + DiT case from 1.11–1.12 to 1.05–1.08 on the 1 GB/s source (the text
+//!   encoder no longer grows into the cache one lead a cycle, each move read twice) but took
+//!   three models read with `safe_open` from 1.03 to 1.12–1.14 on both sources
+//!   (`tests/bench/workflow-results-prefetch-spares-turns.md`). What a reader's request
+//!   records for it (the active file, when it was served) costs nothing measurable: warm 1 MiB
+//!   reads ran 1.006× (one reader) and 1.031× (four) the speed of a build without it
+//!   (`tests/bench/ops_overhead.py --baseline`).
 //! - **Single flight**: a miss registers the chunk as loading; every other thread asking for it
 //!   waits for that one read instead of issuing its own, so a chunk is read from disk once no
 //!   matter how many readers (or the prefetcher) want it.
