@@ -326,10 +326,7 @@ def main() -> int:
     try:
         with guest_memory.SteadyMemory(), sources.RamDisk(size + 512 * MiB, root) as disk:
             throttle = sources.Throttle(disk.majmin)
-            models = disk.mnt / "models" / "checkpoints"
-            models.mkdir(parents=True)
-            subprocess.run(["cp", str(stored), str(models / CKPT)], check=True)
-            os.sync()
+            models = disk.put(stored, f"models/checkpoints/{CKPT}").parent
             for source in args.sources.split(","):
                 throttle.set(int(args.slow_bps) if source == "slow" else 0)
                 raw[source] = sources.cold_read_gbs(models / CKPT)

@@ -351,9 +351,7 @@ def main() -> int:
         # to its host, a pass that gets memory back from the host pays a fault per page, and the
         # plain file's cold read of this model ranged over 2.2-4.5 GB/s in one run without it.
         with guest_memory.SteadyMemory() as steady, sources.RamDisk(model.stat().st_size + 512 * MiB, root) as disk:
-            f = disk.mnt / model.name
-            subprocess.run(["cp", str(model), str(f)], check=True)
-            os.sync()
+            f = disk.put(model)
             raw = max(sources.cold_read_gbs(f) for _ in range(2))
             print(f"source: {raw:.2f} GB/s cold read on {disk.kind}; memory: {steady.note}", flush=True)
             folios = measure_folios(args, disk, root, f) if args.folio_mib else []

@@ -175,11 +175,7 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="tierfs-hints.", dir="/var/tmp"))
     try:
         with guest_memory.SteadyMemory(), sources.RamDisk(model.stat().st_size + 512 * MiB, root) as disk:
-            f = disk.mnt / model.name
-            with open(model, "rb") as src, open(f, "wb") as dst:
-                while chunk := src.read(64 * MiB):
-                    dst.write(chunk)
-            os.sync()
+            f = disk.put(model)
             raw = max(sources.cold_read_gbs(f) for _ in range(2))
             m = bench.Mount(disk.mnt, root, model.stat().st_size * 2)
             try:

@@ -83,6 +83,14 @@ class RamDisk:
         st = os.stat(self.dev)
         self.majmin = f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
 
+    def put(self, src: Path, rel: str | None = None) -> Path:
+        """Copies `src` to `rel` (default: its name) on the device, written out; returns the copy."""
+        dst = self.mnt / (rel or src.name)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dst)
+        os.sync()
+        return dst
+
     def _attach(self) -> None:
         if (ZRAM_CONTROL / "hot_add").exists():
             try:

@@ -87,7 +87,7 @@ def scenario(name: str, unit: int) -> tuple[list[tuple[str, int]], int]:
     raise SystemExit(f"unknown scenario {name}")
 
 
-def make_models(disk: Path, data: Path, files: list[tuple[str, int]]) -> list[Path]:
+def make_models(disk: sources.RamDisk, data: Path, files: list[tuple[str, int]]) -> list[Path]:
     """The scenario's models on the RAM device (generated once into `data`, copied)."""
     out = []
     for i, (name, size) in enumerate(files):
@@ -95,13 +95,7 @@ def make_models(disk: Path, data: Path, files: list[tuple[str, int]]) -> list[Pa
         if not stored.exists():
             print(f"generating {stored} ...", flush=True)
             gen.make_big_dit(stored, size, seed=2700 + i, sort_names=True)
-        dst = disk / name
-        if not dst.exists():
-            with open(stored, "rb") as src, open(dst, "wb") as d:
-                while chunk := src.read(64 * MiB):
-                    d.write(chunk)
-        out.append(dst)
-    os.sync()
+        out.append(disk.mnt / name if (disk.mnt / name).exists() else disk.put(stored, name))
     return out
 
 
@@ -119,7 +113,7 @@ class Case:
     def __init__(self, run: "Run", name: str, source: str):
         self.run, self.name, self.source = run, name, source
         files, self.budget = scenario(name, run.unit)
-        self.models = make_models(run.disk.mnt, run.data, files)
+        self.models = make_models(run.disk, run.data, files)
         self.total = sum(m.stat().st_size for m in self.models)
         self.excess = max(1, self.total - self.budget)
         self.file_figures = FileFigures()
