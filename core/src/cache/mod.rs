@@ -9,12 +9,19 @@
 //!   future by its file's reader ([`FileAccess::distance`]: blocks just behind the reader come
 //!   last in cyclic order), ties and chunks of unknown files going least-recently-used first
 //!   ([`resident`] keeps the chunks grouped by block, so finding the victim is one step per
-//!   resident block, not per chunk). For a reader making
-//!   repeated passes over a file larger than the budget, this is Belady's rule for a cyclic
-//!   pattern: the blocks at the start of the order stay resident, the rest streams through, and
-//!   each pass reads about (file − budget) from disk instead of the whole file, which is what
-//!   LRU would do. A prefetch may only evict chunks needed later than the one it brings in, so
-//!   read-ahead never pushes out what the reader needs sooner.
+//!   resident block, not per chunk). For a reader making repeated passes over a file larger
+//!   than the budget, this is Belady's rule for a cyclic pattern: each pass reads about
+//!   (file − budget) from disk instead of the whole file, which is what LRU would do. What
+//!   stays is not a fixed head of the order: the block just passed is needed a whole pass
+//!   later, so it goes before the last blocks of the current pass, and each pass gives up a
+//!   little of what the previous one kept near its start for its own last blocks. The kept set
+//!   moves backwards through the order (about two blocks of 33 per pass in
+//!   `models::tests::repeated_passes_read_only_what_does_not_fit_and_keep_most_of_one_set`,
+//!   1.05 × (file − budget) read every pass), so a residency strip shows partly kept blocks
+//!   where a fixed head would show whole ones. Pinning a head would read the same bytes per
+//!   pass and evict what the current pass still needs for what only the next one does. A
+//!   prefetch may only evict chunks needed later than the one it brings in, so read-ahead never
+//!   pushes out what the reader needs sooner.
 //! - **Across files, by turns** ([`Turn`]): distances are counted in each file's own blocks, so
 //!   they say nothing of which of two files is needed first. The file a reader asked for last
 //!   is *active*; a file nobody has read since the active reader's session began (its open,

@@ -264,12 +264,23 @@ fn resident_blocks(store: &ModelStore, file: &ModelFile) -> Vec<usize> {
         .filter(|&c| file.chunk_present(store.cache(), c))
         .map(|c| plan.get(c).unwrap().block)
         .collect();
+    blocks.sort_unstable();
     blocks.dedup();
     blocks
 }
 
+/// Repeated passes over a file twice the budget read only what does not fit, pass after pass.
+///
+/// What stays resident is not a fixed head of the order: eviction is Belady's rule, and on a
+/// cycle the block needed furthest off is the one the reader just passed (needed again a whole
+/// pass later), so each pass gives up a little of what the previous pass kept near its start
+/// and keeps its own last blocks instead. The kept set moves backwards through the order by
+/// about the prefetch window per pass (two blocks of 33 here, traced over twelve passes) while
+/// every pass reads the same (data − budget). The test therefore asserts the bytes of eight
+/// passes (the set has moved by half the budget by then) and that consecutive passes keep
+/// most of one set, not which blocks it holds.
 #[test]
-fn repeated_passes_keep_a_stable_resident_set_and_read_only_the_rest() {
+fn repeated_passes_read_only_what_does_not_fit_and_keep_most_of_one_set() {
     let budget = 32 << 20;
     let (_dir, bytes, store, file) = opened(64 << 20, budget, 5);
     let blocks = file.plan().map(|_| file.access().unwrap().order()).unwrap();
@@ -278,32 +289,25 @@ fn repeated_passes_keep_a_stable_resident_set_and_read_only_the_rest() {
             Layout::Indexed { index, .. } => index.header_bytes,
             Layout::Raw { .. } => unreachable!(),
         };
-    let mut resident = Vec::new();
-    for pass in 0..4 {
+    let mut previous: Vec<usize> = Vec::new();
+    for pass in 0..8 {
         let disk = block_pass(&store, &file, &bytes, &blocks);
         store.wait_prefetch_idle(); // prefetches queued by this pass are done
         assert!(store.cache().snapshot().used_bytes <= budget);
+        let resident = resident_blocks(&store, &file);
         if pass >= 1 {
             // LRU would read the whole file again; order-aware eviction reads what does not fit.
             let bound = (data - budget) as f64 * 1.15;
             assert!((disk as f64) <= bound, "pass {pass}: {disk} bytes from disk, bound {bound:.0} (data {data}, budget {budget})");
+            let kept = resident.iter().filter(|b| previous.contains(b)).count();
+            assert!(
+                kept * 2 >= resident.len(),
+                "pass {pass}: resident sets {previous:?} vs {resident:?}"
+            );
         }
-        resident.push(resident_blocks(&store, &file));
+        previous = resident;
     }
     assert!(file.access().unwrap().learned().0, "a pass was learned");
-    // The blocks needed first in each pass stay resident from one pass to the next.
-    let stable: Vec<usize> = resident[2]
-        .iter()
-        .filter(|b| resident[3].contains(b))
-        .copied()
-        .collect();
-    assert!(
-        stable.len() * 2 >= resident[3].len(),
-        "resident sets {:?} vs {:?}",
-        resident[2],
-        resident[3]
-    );
-    assert!(stable.contains(&blocks[1]), "early blocks stay: {stable:?}");
 }
 
 #[test]
