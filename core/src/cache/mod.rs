@@ -17,11 +17,11 @@
 //!   little of what the previous one kept near its start for its own last blocks. The kept set
 //!   moves backwards through the order (about two blocks of 33 per pass in
 //!   `models::tests::repeated_passes_read_only_what_does_not_fit_and_keep_most_of_one_set`,
-//!   1.05 × (file − budget) read every pass), so a residency strip shows partly kept blocks
-//!   where a fixed head would show whole ones. Pinning a head would read the same bytes per
-//!   pass and evict what the current pass still needs for what only the next one does. A
-//!   prefetch may only evict chunks needed later than the one it brings in, so read-ahead never
-//!   pushes out what the reader needs sooner.
+//!   1.05–1.11 × (file − budget) read every pass), so a residency strip shows partly kept
+//!   blocks where a fixed head would show whole ones. Pinning a head would at best read the
+//!   same bytes per pass, and it would evict what the current pass still needs for what only
+//!   the next one does. A prefetch may only evict chunks needed later than the one it brings
+//!   in, so read-ahead never pushes out what the reader needs sooner.
 //! - **Across files, by turns** ([`Turn`]): distances are counted in each file's own blocks, so
 //!   they say nothing of which of two files is needed first. The file a reader asked for last
 //!   is *active*; a file nobody has read since the active reader's session began (its open,
