@@ -27,6 +27,11 @@ if [ ${#missing[@]} -gt 0 ]; then
     exit 1
 fi
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
+# mingw-w64's linker leaves empty cc* files in the temporary directory (42 per link of the core
+# tests): give the builds a directory of their own and remove it when the checks end.
+TMPDIR=$(mktemp -d "${TMPDIR:-/tmp}/tierfs-windows.XXXXXX")
+export TMPDIR
+trap 'rm -rf "$TMPDIR"' EXIT
 
 step "cargo test -p tierfs-core --target $T --no-run"
 timeout 900 cargo test -p tierfs-core --target "$T" --no-run
