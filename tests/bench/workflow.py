@@ -264,7 +264,7 @@ def summarize(rows: list[dict]) -> list[dict]:
 
 
 def render(rows: list[dict], cmd: str, elapsed: float, note: str, model_mib: int, cycles: int) -> str:
-    lines = [f"# Model-switching workflows: disk and time per cycle", "",
+    lines = ["# Model-switching workflows: disk and time per cycle", "",
              f"`{cmd}` ({elapsed / 60:.0f} min; {note})", "",
              f"Models of {model_mib} MiB (scenario `big_small`: 0.4 and 1.6 x the budget); "
              f"{cycles} cycles, caches dropped before the first; figures from the steady cycles "

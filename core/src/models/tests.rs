@@ -271,15 +271,12 @@ fn resident_blocks(store: &ModelStore, file: &ModelFile) -> Vec<usize> {
 
 /// Repeated passes over a file twice the budget read only what does not fit, pass after pass.
 ///
-/// What stays resident is not a fixed head of the order: eviction is Belady's rule, and on a
-/// cycle the block needed furthest off is the one the reader just passed (needed again a whole
-/// pass later), so each pass gives up a little of what the previous pass kept near its start
-/// and keeps its own last blocks instead. The kept set moves backwards through the order,
-/// about two blocks of 33 per pass here (traced over twelve passes: `{0–13, 31, 32}` after
-/// the first, `{0, 17–30, 32}` after the eighth), while every pass reads the same
-/// 1.05–1.11 × (data − budget). The test therefore asserts the bytes of eight passes (by then
-/// the set has moved past most of what the first pass kept) and that consecutive passes keep
-/// most of one set, not which blocks it holds.
+/// What stays resident is not a fixed head of the order but a set that moves backwards through
+/// it (see the eviction docs in `crate::cache`): here about two blocks of 33 per pass, traced
+/// over twelve passes (`{0–13, 31, 32}` after the first, `{0, 17–30, 32}` after the eighth),
+/// while every pass read 1.05–1.11 × (data − budget). So the test asserts the bytes of eight
+/// passes (by then the set has moved past most of what the first pass kept) and that
+/// consecutive passes keep most of one set, not which blocks it holds.
 #[test]
 fn repeated_passes_read_only_what_does_not_fit_and_keep_most_of_one_set() {
     let budget = 32 << 20;
