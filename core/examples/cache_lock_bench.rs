@@ -21,7 +21,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use tierfs_core::cache::{ChunkCache, ChunkKey, ChunkMarks, ChunkOwner, Want};
-use tierfs_core::prefetch::access::FileAccess;
+use tierfs_core::reader::ReaderTracker;
 use tierfs_core::source::{AlignedBytes, SourceError};
 use tierfs_core::stats::Counters;
 
@@ -81,7 +81,7 @@ fn fill(cache: &ChunkCache, marks: &[Arc<ChunkMarks>], touched: u64) -> std::io:
     let ones = vec![1u8; CHUNK as usize];
     let mut filled = 0;
     for (file, marks) in (1..=FILES).zip(marks) {
-        let access = Arc::new(FileAccess::new(BLOCKS, None));
+        let access = Arc::new(ReaderTracker::new(BLOCKS, None));
         for block in 0..BLOCKS {
             let owner = ChunkOwner {
                 access: Arc::clone(&access),

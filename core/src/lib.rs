@@ -8,6 +8,8 @@
 //! - [`source`]: reading source files without filling the page cache (`O_DIRECT`).
 //! - [`budget`]: the budget governor: shrinking the cache under memory pressure.
 //! - [`cache`]: the mount-wide, byte-bounded chunk cache and the tensor-aligned chunk plan.
+//! - [`reader`]: how each file is being read (block order, reader position, pace), which the
+//!   cache and prefetch both consult.
 //! - [`prefetch`]: background read-ahead.
 //! - [`models`]: model file versions and the read path that ties the above together.
 //! - [`kernel_cache`]: keeping the mounted files' kernel page cache bounded.
@@ -40,6 +42,7 @@ pub mod kernel_cache;
 pub mod models;
 pub mod passthrough;
 pub mod prefetch;
+pub mod reader;
 pub mod size;
 pub mod source;
 pub mod stats;

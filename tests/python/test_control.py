@@ -334,7 +334,7 @@ def test_prefetch_follows_learned_order(mount, ctl_source):
         r.run_pass(order, compute_s=0.0)
         # The next pass starts. A touch far behind the reader is only taken as a new pass once
         # the reader goes on from there (a straggling thread looks the same at first; see
-        # "Restarts" in core/src/prefetch/access.rs), so the finished pass is learned when the
+        # "Restarts" in core/src/reader/tracker.rs), so the finished pass is learned when the
         # second block of the next one is entered: `pre`'s small tensors may all be read as
         # probes, which touch no block.
         r.read(model.pre)

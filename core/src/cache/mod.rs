@@ -6,7 +6,7 @@
 //!   read, which reserve their bytes before the read starts, so the cache never holds more than
 //!   the budget, not even transiently.
 //! - **Eviction is order-aware**: the victim is the chunk whose block is needed furthest in the
-//!   future by its file's reader ([`FileAccess::distance`]: blocks just behind the reader come
+//!   future by its file's reader ([`ReaderTracker::distance`]: blocks just behind the reader come
 //!   last in cyclic order), ties and chunks of unknown files going least-recently-used first
 //!   ([`resident`] keeps the chunks grouped by block, so finding the victim is one step per
 //!   resident block, not per chunk). For a reader making repeated passes over a file larger
@@ -71,7 +71,7 @@
 //! 1. `ChunkCache::state`: budget, `used`/`in_flight` accounting, the resident set and the
 //!    single-flight table. Held only for bookkeeping: never during a disk read, a wait for a
 //!    read, or an unmap. `ChunkCache::room` waits on it.
-//! 2. Under it, read locks of [`FileAccess`] (its block positions, for eviction distance).
+//! 2. Under it, read locks of [`ReaderTracker`] (its block positions, for eviction distance).
 //!
 //! `Loading::result` (one per read in flight) is never taken with `state` held: a waiter takes
 //! it after releasing `state`, and the loader publishes its result after releasing `state`. The
@@ -99,7 +99,7 @@ pub use marks::ChunkMarks;
 use resident::{Resident, VictimQueue};
 use served::Served;
 
-use crate::prefetch::access::FileAccess;
+use crate::reader::ReaderTracker;
 use crate::source::{self, AlignedBytes, SourceError};
 use crate::stats::{CacheSnapshot, Counters};
 use crate::sync::{lock, wait, Condvar, Mutex, MutexGuard};
@@ -176,7 +176,7 @@ pub enum ChunkState {
 /// file's chunk marks.
 #[derive(Debug, Clone)]
 pub struct ChunkOwner {
-    pub access: Arc<FileAccess>,
+    pub access: Arc<ReaderTracker>,
     pub block: usize,
     /// The marks of the chunk's file version, which the cache keeps up to date.
     pub marks: Arc<ChunkMarks>,
@@ -207,7 +207,7 @@ enum Turn {
 type Needed = (Turn, u64, usize);
 
 /// What one batch of evictions ranks chunks by: the recency guard's instant and the active
-/// reader's file (its [`FileAccess`] by address; 0: none yet).
+/// reader's file (its [`ReaderTracker`] by address; 0: none yet).
 #[derive(Debug, Clone, Copy)]
 struct Ranking {
     recent: u64,
@@ -234,7 +234,7 @@ pub struct Chunk {
     owner: Option<ChunkOwner>,
     /// When a reader last got it ([`ChunkCache::now`]), for the recency guard.
     last_read: AtomicU64,
-    /// The owner's visit ([`FileAccess::visit`]) in which a reader last got it: a chunk of the
+    /// The owner's visit ([`ReaderTracker::visit`]) in which a reader last got it: a chunk of the
     /// current block read in the current visit has been consumed (see [`Chunk::distance`]).
     read_visit: AtomicU64,
     /// Which of its bytes readers were served in the owner's latest visit ([`served`]).
@@ -364,7 +364,7 @@ impl Chunk {
                 .finished(self.read_visit.load(Ordering::Relaxed), self.len())
     }
 
-    fn file_counters(&self) -> Option<&crate::prefetch::access::FileCounters> {
+    fn file_counters(&self) -> Option<&crate::reader::FileCounters> {
         self.owner.as_ref().map(|o| &o.access.counters)
     }
 }
@@ -459,7 +459,7 @@ pub struct ChunkCache {
     counters: Arc<Counters>,
     /// Origin of the cache's clock ([`Self::now`]).
     started: Instant,
-    /// The [`FileAccess`] (by address) of the file a reader asked for last, and when its
+    /// The [`ReaderTracker`] (by address) of the file a reader asked for last, and when its
     /// reader's session began ([`Ranking`]).
     active: AtomicUsize,
     active_since: AtomicU64,

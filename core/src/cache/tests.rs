@@ -347,7 +347,7 @@ fn a_panicking_read_wakes_its_waiters_and_returns_its_reservation() {
 }
 
 /// The owner of a chunk of `block` of the file `access` stands for.
-fn owned_by(access: &Arc<FileAccess>, block: usize) -> ChunkOwner {
+fn owned_by(access: &Arc<ReaderTracker>, block: usize) -> ChunkOwner {
     ChunkOwner {
         access: Arc::clone(access),
         block,
@@ -362,7 +362,7 @@ fn owned_by(access: &Arc<FileAccess>, block: usize) -> ChunkOwner {
 fn chunk_marks_follow_the_cache_without_its_lock() {
     let fx = Arc::new(fixture(4));
     let cache = Arc::new(ChunkCache::new(4 * CHUNK, Arc::new(Counters::default())));
-    let access = Arc::new(FileAccess::new(2, None));
+    let access = Arc::new(ReaderTracker::new(2, None));
     let marks = Arc::new(ChunkMarks::new(4));
     let owner = ChunkOwner {
         access,
@@ -434,7 +434,7 @@ fn get_owned(
 fn consumed_chunks_of_the_current_block_go_first() {
     let fx = fixture(4);
     let cache = ChunkCache::new(3 * CHUNK, Arc::new(Counters::default()));
-    let access = Arc::new(FileAccess::new(2, None));
+    let access = Arc::new(ReaderTracker::new(2, None));
     let owner = |block| owned_by(&access, block);
     access.touch(0);
     get_owned(&cache, &fx, 0, Want::Read, &owner(0)).unwrap();
@@ -462,7 +462,7 @@ fn consumed_chunks_of_the_current_block_go_first() {
 fn unread_chunks_of_the_current_block_are_kept_from_prefetch() {
     let fx = fixture(4);
     let cache = ChunkCache::new(3 * CHUNK, Arc::new(Counters::default()));
-    let access = Arc::new(FileAccess::new(2, None));
+    let access = Arc::new(ReaderTracker::new(2, None));
     let owner = |block| owned_by(&access, block);
     access.touch(0);
     for chunk in 0..3 {
@@ -483,7 +483,7 @@ fn unread_chunks_of_the_current_block_are_kept_from_prefetch() {
 fn finished_chunks_of_the_current_block_go_first_at_once() {
     let fx = fixture(4);
     let cache = ChunkCache::new(3 * CHUNK, Arc::new(Counters::default()));
-    let access = Arc::new(FileAccess::new(3, None));
+    let access = Arc::new(ReaderTracker::new(3, None));
     let owner = |block| owned_by(&access, block);
     access.touch(0);
     let (whole, _) = get_owned(&cache, &fx, 0, Want::Read, &owner(0)).unwrap();
@@ -510,7 +510,7 @@ fn finished_chunks_of_the_current_block_go_first_at_once() {
 fn a_chunk_evicted_as_consumed_is_not_prefetched_again_in_the_same_visit() {
     let fx = fixture(4);
     let cache = ChunkCache::new(3 * CHUNK, Arc::new(Counters::default()));
-    let access = Arc::new(FileAccess::new(2, None));
+    let access = Arc::new(ReaderTracker::new(2, None));
     let owner = |block| owned_by(&access, block);
     access.touch(0);
     for chunk in 0..2 {
@@ -547,7 +547,13 @@ fn a_chunk_evicted_as_consumed_is_not_prefetched_again_in_the_same_visit() {
 
 /// A reader's request for chunk `chunk` (block `chunk`) of file version `file`, stood for by
 /// `access`.
-fn read_block(cache: &ChunkCache, fx: &Fixture, file: u64, chunk: u32, access: &Arc<FileAccess>) {
+fn read_block(
+    cache: &ChunkCache,
+    fx: &Fixture,
+    file: u64,
+    chunk: u32,
+    access: &Arc<ReaderTracker>,
+) {
     access.touch(chunk as usize);
     let (start, end) = (u64::from(chunk) * CHUNK, u64::from(chunk + 1) * CHUNK);
     let owner = owned_by(access, chunk as usize);
@@ -577,8 +583,8 @@ fn a_model_read_in_turn_evicts_what_it_passed_before_the_other_model() {
     let fx = fixture(4);
     let cache = ChunkCache::new(6 * CHUNK, Arc::new(Counters::default()));
     let (a, b) = (
-        Arc::new(FileAccess::new(4, None)),
-        Arc::new(FileAccess::new(4, None)),
+        Arc::new(ReaderTracker::new(4, None)),
+        Arc::new(ReaderTracker::new(4, None)),
     );
     for chunk in 0..4 {
         read_block(&cache, &fx, 1, chunk, &a);
@@ -603,7 +609,9 @@ fn a_model_read_in_turn_evicts_what_it_passed_before_the_other_model() {
 fn of_waiting_models_the_one_read_last_goes_first() {
     let fx = fixture(2);
     let cache = ChunkCache::new(5 * CHUNK, Arc::new(Counters::default()));
-    let models: Vec<Arc<FileAccess>> = (0..3).map(|_| Arc::new(FileAccess::new(2, None))).collect();
+    let models: Vec<Arc<ReaderTracker>> = (0..3)
+        .map(|_| Arc::new(ReaderTracker::new(2, None)))
+        .collect();
     for (file, access) in (1..).zip(&models) {
         for chunk in 0..2 {
             read_block(&cache, &fx, file, chunk, access);

@@ -49,10 +49,10 @@ use crate::cache::{
 };
 use crate::index::{Format, IndexError, TensorIndex};
 use crate::passthrough::{PassthroughSnapshot, PassthroughTier};
-use crate::prefetch::access::FileCounters;
-use crate::prefetch::access::{FileAccess, Step};
 use crate::prefetch::saved::SavedOrders;
 use crate::prefetch::{Executor, PrefetchTarget, Prefetcher};
+use crate::reader::FileCounters;
+use crate::reader::{ReaderTracker, Step};
 use crate::source::slot::SourceSlot;
 use crate::source::{
     aligned_footprint, AlignedBytes, PathAccess, PlainPaths, ReadWrapper, SourceError, SourceFile,
@@ -206,7 +206,7 @@ pub struct ModelFile {
     /// Where each chunk of the plan is, kept by the cache (none for a raw file).
     marks: Arc<ChunkMarks>,
     /// How readers walk the file's blocks (well-formed files only).
-    access: Option<Arc<FileAccess>>,
+    access: Option<Arc<ReaderTracker>>,
     /// Key of the file's learned order in [`SavedOrders`] (a shard's is its model's).
     order_key: String,
     /// The file's own key (its path and version), under which the model file that follows it
@@ -365,9 +365,9 @@ impl ModelFile {
         let access = match (&layout, &shard_of) {
             (Layout::Indexed { .. }, Some(of)) => {
                 order_key = of.model.order_key().to_owned();
-                Some(Arc::clone(of.model.access()))
+                Some(Arc::clone(of.model.tracker()))
             }
-            (Layout::Indexed { index, .. }, None) => Some(Arc::new(FileAccess::new(
+            (Layout::Indexed { index, .. }, None) => Some(Arc::new(ReaderTracker::new(
                 index.blocks.len(),
                 saved.get(&order_key),
             ))),
@@ -415,7 +415,7 @@ impl ModelFile {
     }
 
     /// The file's access state (learned order, reader position), for a well-formed file.
-    pub fn access(&self) -> Option<&Arc<FileAccess>> {
+    pub fn tracker(&self) -> Option<&Arc<ReaderTracker>> {
         self.access.as_ref()
     }
 
@@ -526,7 +526,7 @@ impl ModelFile {
         self.runs.clear();
         self.stream_block.store(usize::MAX, Ordering::Relaxed);
         self.streamed.store(false, Ordering::Relaxed);
-        if let Some(access) = self.access() {
+        if let Some(access) = self.tracker() {
             access.begin_session();
         }
     }
@@ -537,7 +537,7 @@ impl ModelFile {
     /// of a reader streaming that block, or a reader following a learned order, are no probes).
     fn is_probe(&self, chunk: usize, offset: u64, end: u64, readahead: bool) -> bool {
         let run_before = self.runs.record(offset, end);
-        let (Some(access), Some(span)) = (self.access(), self.plan().and_then(|p| p.get(chunk)))
+        let (Some(access), Some(span)) = (self.tracker(), self.plan().and_then(|p| p.get(chunk)))
         else {
             return false;
         };
@@ -572,7 +572,7 @@ impl ModelFile {
     /// the first [`SPILL_BYTES`]. Only readahead is judged so ([`ModelStore::read_readahead`]):
     /// a `read()` past a block's end is the reader's own and goes on into that block.
     fn is_spill(&self, chunk: usize, offset: u64) -> bool {
-        let (Some(access), Some(plan)) = (self.access(), self.plan()) else {
+        let (Some(access), Some(plan)) = (self.tracker(), self.plan()) else {
             return false;
         };
         let Some(span) = plan.get(chunk) else {
@@ -685,7 +685,7 @@ impl ModelFile {
 }
 
 impl PrefetchTarget for ModelFile {
-    fn access(&self) -> Option<&Arc<FileAccess>> {
+    fn tracker(&self) -> Option<&Arc<ReaderTracker>> {
         self.access.as_ref()
     }
 
@@ -862,7 +862,7 @@ impl ModelStore {
     /// order is saved then, as when a new pass ends one.
     pub fn warm(&self, file: &Arc<ModelFile>) {
         self.prefetcher.warm(file);
-        if let Some(access) = file.access().filter(|a| a.learned().0) {
+        if let Some(access) = file.tracker().filter(|a| a.learned().0) {
             self.saved.put(file.order_key.clone(), access.saved_order());
         }
     }
@@ -1301,7 +1301,7 @@ impl ModelStore {
             .fetch_chunk(&self.cache, chunk, Want::Read)?
             .ok_or(ReadError::NoChunk)?;
         let stop = end.min(span.end);
-        if let Some(access) = file.access() {
+        if let Some(access) = file.tracker() {
             access.pace.read_done();
             let served = match outcome {
                 Outcome::Hit => &access.counters.hit_bytes,
@@ -1461,7 +1461,7 @@ impl ModelStore {
 
     /// Records that a reader touched `block`, and prefetches what follows when it entered it.
     fn touch(&self, file: &Arc<ModelFile>, block: usize) {
-        let Some(access) = file.access() else { return };
+        let Some(access) = file.tracker() else { return };
         if let Step::Entered {
             predicted,
             new_pass,

@@ -236,9 +236,12 @@ fn shards_form_one_model_with_one_access_state_and_block_numbering() {
         .iter()
         .map(|(n, _)| open(&store, dir.path(), n))
         .collect();
-    let access = files[0].access().unwrap();
+    let access = files[0].tracker().unwrap();
     for f in &files {
-        assert!(Arc::ptr_eq(f.access().unwrap(), access), "one access state");
+        assert!(
+            Arc::ptr_eq(f.tracker().unwrap(), access),
+            "one access state"
+        );
         assert!(f.shard_of.is_some());
     }
     // (other) + 6 transformer blocks over the model.
@@ -288,7 +291,7 @@ fn the_learned_order_spans_the_shards_and_is_saved_under_the_model() {
         }
     }
     let file = open(&store, dir.path(), &shards[0].0);
-    let access = file.access().unwrap();
+    let access = file.tracker().unwrap();
     assert!(access.learned().0);
     let order = access.order();
     let position = |b: usize| order.iter().position(|&x| x == b).unwrap();
@@ -310,7 +313,7 @@ fn the_learned_order_spans_the_shards_and_is_saved_under_the_model() {
         .saved
         .put(model.order_key().to_owned(), access.saved_order());
     let file = open(&again, dir.path(), &shards[1].0);
-    assert_eq!(file.access().unwrap().order(), order);
+    assert_eq!(file.tracker().unwrap().order(), order);
 }
 
 #[test]
@@ -367,7 +370,7 @@ fn eviction_distance_runs_over_the_whole_model() {
         .map(|(n, _)| open(&store, dir.path(), n))
         .collect();
     // The reader is in transformer_blocks.1 (model block 2, the end of shard 1).
-    let access = files[0].access().unwrap();
+    let access = files[0].tracker().unwrap();
     for b in 0..=2 {
         access.touch(b);
     }
@@ -427,8 +430,8 @@ fn a_changed_shard_forms_the_model_again() {
     let first_new = open(&store, dir.path(), &shards[0].0);
     assert_ne!(first_new.generation(), first.generation(), "re-indexed");
     assert!(Arc::ptr_eq(
-        first_new.access().unwrap(),
-        second_new.access().unwrap()
+        first_new.tracker().unwrap(),
+        second_new.tracker().unwrap()
     ));
     assert_eq!(store.models_snapshot().len(), 1);
 }

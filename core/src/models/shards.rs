@@ -17,7 +17,7 @@
 //! [`crate::index::blocks::group`]), so a transformer block split over two shards is one block.
 //! Every shard's chunk plan is renumbered into these model blocks
 //! ([`crate::cache::plan::ChunkPlan::renumbered`]) and every shard shares the model's one
-//! [`FileAccess`]. From that single change follow:
+//! [`ReaderTracker`]. From that single change follow:
 //! - one learned order over the shards, saved under the model's key, not a shard's;
 //! - prefetch that crosses shards: the next block in the model's order may live in another
 //!   shard, and [`ModelStore::entered_block`] hands the prefetcher that shard's file, opening
@@ -67,8 +67,8 @@ use serde::Serialize;
 use super::{Layout, ModelFile, ModelStore};
 use crate::index::blocks;
 use crate::index::{Format, TensorIndex};
-use crate::prefetch::access::FileAccess;
 use crate::prefetch::saved::SavedOrders;
+use crate::reader::ReaderTracker;
 use crate::source::{PathAccess, SourceIdentity};
 use crate::stats::residency;
 use crate::stats::{Counters, FileSnapshot, PrefetchSnapshot};
@@ -118,7 +118,7 @@ pub struct ShardedModel {
     shards: Vec<Shard>,
     /// `holders[b]`: the shards holding tensors of model block `b`.
     holders: Vec<Vec<usize>>,
-    access: Arc<FileAccess>,
+    access: Arc<ReaderTracker>,
     order_key: String,
     size: u64,
     superseded: AtomicBool,
@@ -148,7 +148,7 @@ impl ShardedModel {
         self.holders.get(block).map_or(&[], Vec::as_slice)
     }
 
-    pub fn access(&self) -> &Arc<FileAccess> {
+    pub fn tracker(&self) -> &Arc<ReaderTracker> {
         &self.access
     }
 }
@@ -511,7 +511,7 @@ fn form(
     }
     let size = shards.iter().map(|s| s.identity.size).sum();
     let order_key = order_key(&dir_abs.join(&found.name), &shards);
-    let access = Arc::new(FileAccess::new(holders.len(), saved.get(&order_key)));
+    let access = Arc::new(ReaderTracker::new(holders.len(), saved.get(&order_key)));
     Ok(ShardedModel {
         name: dir_rel.join(&found.name).to_string_lossy().into_owned(),
         by: found.by,

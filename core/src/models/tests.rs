@@ -281,7 +281,10 @@ fn resident_blocks(store: &ModelStore, file: &ModelFile) -> Vec<usize> {
 fn repeated_passes_read_only_what_does_not_fit_and_keep_most_of_one_set() {
     let budget = 32 << 20;
     let (_dir, bytes, store, file) = opened(64 << 20, budget, 5);
-    let blocks = file.plan().map(|_| file.access().unwrap().order()).unwrap();
+    let blocks = file
+        .plan()
+        .map(|_| file.tracker().unwrap().order())
+        .unwrap();
     let data = (bytes.len() as u64)
         - match file.layout() {
             Layout::Indexed { index, .. } => index.header_bytes,
@@ -305,7 +308,7 @@ fn repeated_passes_read_only_what_does_not_fit_and_keep_most_of_one_set() {
         }
         previous = resident;
     }
-    assert!(file.access().unwrap().learned().0, "a pass was learned");
+    assert!(file.tracker().unwrap().learned().0, "a pass was learned");
 }
 
 #[test]
@@ -320,7 +323,7 @@ fn a_jump_cancels_queued_block_prefetches() {
             &dir.path().join("m.safetensors"),
         )
         .unwrap();
-    let access = file.access().unwrap();
+    let access = file.tracker().unwrap();
     let plan = file.plan().unwrap();
     let before_jump = access.epoch();
     access.touch(3);
@@ -635,7 +638,7 @@ fn a_reader_that_does_not_compute_keeps_the_ordinary_lead() {
 fn a_warm_keeps_the_first_blocks_of_the_order_whatever_the_reader_left_behind() {
     let (_dir, bytes, exec, store, file) = opened_manual(64 << 20, 16 << 20, 9);
     let reader = (&store, &*exec, &file, &bytes[..]);
-    let access = file.access().unwrap();
+    let access = file.tracker().unwrap();
     let mut order: Vec<usize> = access.order();
     order.reverse(); // any order but the default one
     for &block in order.iter().chain(&order[..2]) {
@@ -748,7 +751,7 @@ fn direct_reads_of_a_file_larger_than_the_cache_are_exact_and_uncached() {
 /// ending just before it, with at least 1.5 MiB of chunk on either side of the boundary.
 fn boundary_to_a_block_not_next(file: &ModelFile) -> usize {
     let plan = file.plan().unwrap();
-    let access = file.access().unwrap();
+    let access = file.tracker().unwrap();
     (1..plan.len())
         .find(|&c| {
             let (a, b) = (plan.get(c - 1).unwrap(), plan.get(c).unwrap());
@@ -863,7 +866,7 @@ fn closing_a_model_warms_the_head_of_the_one_that_followed_it() {
     store.drop_cached();
     drop(a);
     exec.run_pending();
-    let order = b_file.access().unwrap().order();
+    let order = b_file.tracker().unwrap().order();
     let first = b_file.plan().unwrap().block_chunks(order[0])[0];
     assert!(
         b_file.chunk_present(store.cache(), first),
@@ -968,7 +971,7 @@ fn the_chunk_cache_keeps_the_floor_next_to_a_passthrough_file() {
 fn a_read_ahead_the_reader_has_passed_by_the_time_it_runs_is_dropped() {
     let (_dir, bytes, exec, store, file) = opened_manual(96 << 20, 64 << 20, 1);
     let plan = file.plan().unwrap();
-    let access = file.access().unwrap().clone();
+    let access = file.tracker().unwrap().clone();
     // A chunk whose next chunk in the file is read ahead: in the same block or the next one.
     let (chunk, block) = (0..plan.len() - 1)
         .map(|c| (c, plan.get(c).unwrap().block))

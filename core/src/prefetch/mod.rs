@@ -1,14 +1,14 @@
 //! Reading ahead of readers, in the background.
 //!
 //! Two policies feed one worker pool:
-//! - **Block order.** When a reader enters a block ([`access::FileAccess::touch`]), the rest of
+//! - **Block order.** When a reader enters a block ([`crate::reader::ReaderTracker::touch`]), the rest of
 //!   that block is queued, and if the reader arrived where the file's order predicted, the next
 //!   `depth` blocks in that order too (learned order once a pass was seen, else the default
-//!   model order from the names; see [`order`]). A block's tensors may be spread over several
+//!   model order from the names; see [`crate::reader::order`]). A block's tensors may be spread over several
 //!   regions of the file; its chunks are fetched wherever they are. A jump (an unpredicted
 //!   block) bumps the file's epoch, and the workers drop block prefetches queued under an
 //!   older one, so the disk is not kept busy with blocks nobody will read soon. For a reader
-//!   that computes between blocks ([`pace`]) the lead may be one whole block however large, and
+//!   that computes between blocks ([`crate::reader::pace`]) the lead may be one whole block however large, and
 //!   its blocks ahead are read by a second, lower-priority pool once the reader pauses, so the
 //!   source is read during the reader's compute.
 //! - **Sequential.** After each read, the next chunks in *file* order (up to [`READAHEAD_BYTES`],
@@ -30,10 +30,7 @@
 //! injected ([`Prefetcher::with_executor`]): tests use a [`ManualExecutor`] and run queued
 //! prefetches at the step they choose, so no sleep decides what a test sees.
 
-pub mod access;
 pub mod executor;
-pub mod order;
-pub mod pace;
 pub mod saved;
 
 use std::collections::HashSet;
@@ -42,14 +39,14 @@ use std::sync::Arc;
 
 use crate::cache::plan::ChunkPlan;
 use crate::cache::{CacheError, ChunkCache, ChunkKey};
+use crate::reader::ReaderTracker;
 use crate::sync::{lock, Mutex};
-use access::FileAccess;
 pub use executor::{Executor, ManualExecutor, WorkerPool};
 
 /// What the prefetcher needs of a file (implemented by `models::ModelFile`).
 pub trait PrefetchTarget: Send + Sync + 'static {
     /// How readers walk the file's blocks (well-formed files only).
-    fn access(&self) -> Option<&Arc<FileAccess>>;
+    fn tracker(&self) -> Option<&Arc<ReaderTracker>>;
     /// The file's chunks (well-formed files only).
     fn plan(&self) -> Option<&ChunkPlan>;
     /// The cache key of chunk `chunk`.
@@ -98,14 +95,14 @@ const WORKERS: usize = 4;
 const QUEUE_DEPTH: usize = 1024;
 
 /// Nice value of the background pool, which reads the blocks ahead of a reader that computes
-/// between blocks ([`pace`]): below the threads that serve requests, so that on a small machine
+/// between blocks ([`crate::reader::pace`]): below the threads that serve requests, so that on a small machine
 /// the reader's requests get the CPU first and those reads use the CPU the reader leaves.
 ///
 /// Reading the source costs CPU where it is a RAM-backed device (the benchmark's zram copies
 /// every page in the reading thread) and on a small machine: on 2 cores, the prefetch of the
 /// next 210 MB block ran while the reader read the current one, and that read took 44 ms against
 /// 31 ms with nothing prefetching (tests/bench/acceptance.py part 3). With the lead deferred to the
-/// reader's pauses ([`pace::ReaderPace::wait_until_paused`]), 3 passes each, same session: 53 MB
+/// reader's pauses ([`crate::reader::pace::ReaderPace::wait_until_paused`]), 3 passes each, same session: 53 MB
 /// blocks 3.2 points above the pass from RAM at nice 10 against 5.1 at nice 0 (210 MB blocks:
 /// 3.1 and 1.5, within the run-to-run spread).
 ///
@@ -172,7 +169,7 @@ impl Prefetcher {
         F: PrefetchTarget,
         H: Fn(usize) -> Vec<Arc<F>>,
     {
-        let Some(access) = file.access() else {
+        let Some(access) = file.tracker() else {
             return;
         };
         let block_chunks = |f: &Arc<F>, b: usize| -> Vec<usize> {
@@ -213,7 +210,7 @@ impl Prefetcher {
         //   tests/python/test_prefetch.py::test_repeated_passes_read_only_the_excess[shuffled]
         //   read 417–422 MiB against its 416.6 MiB bound (1.15 × (file − budget)).
         // - It does not when the next block is over an eighth of the budget and the reader
-        //   computes between blocks ([`pace`]). With the current block counted, the one-block
+        //   computes between blocks ([`crate::reader::pace`]). With the current block counted, the one-block
         //   lead was used up by the block the reader is in, the next block was never queued,
         //   and each block was read on demand: acceptance benchmark part 3 (210 MB blocks, 1 GiB budget,
         //   compute 1.35× the block's disk time) stalled 23.4 points above the pass from RAM.
@@ -288,7 +285,7 @@ impl Prefetcher {
         let ahead = ReadAhead {
             block: span.block,
             next_block: file
-                .access()
+                .tracker()
                 .and_then(|a| a.next_blocks(span.block, 1).first().copied()),
             bytes: READAHEAD_BYTES.min(self.cache.budget() / 4),
         };
@@ -317,7 +314,7 @@ impl Prefetcher {
     }
 
     /// Queues every block of `file`, in its order, until the budget's worth is queued. The
-    /// next reader is expected at the start of the order ([`FileAccess::rewind`]).
+    /// next reader is expected at the start of the order ([`ReaderTracker::rewind`]).
     pub fn warm<F: PrefetchTarget>(&self, file: &Arc<F>) {
         self.warm_head(file, self.cache.budget());
     }
@@ -325,7 +322,7 @@ impl Prefetcher {
     /// [`Self::warm`] of the first `bytes` of the order only (the first chunk whatever its
     /// size).
     pub fn warm_head<F: PrefetchTarget>(&self, file: &Arc<F>, bytes: u64) {
-        let (Some(access), Some(plan)) = (file.access(), file.plan()) else {
+        let (Some(access), Some(plan)) = (file.tracker(), file.plan()) else {
             return;
         };
         access.rewind();
@@ -409,7 +406,7 @@ fn run(
 }
 
 /// Whether a prefetch of `chunk` is no longer worth reading: the reader has just left the
-/// chunk's block, which is then needed only in its next pass ([`FileAccess::is_just_behind`]),
+/// chunk's block, which is then needed only in its next pass ([`ReaderTracker::is_just_behind`]),
 /// or, for a block prefetch queued under `epoch`, the reader jumped since. Workers starved of
 /// CPU ran such prefetches after the reader had left the block: the chunk came in as the block
 /// needed last and was evicted unread
@@ -419,7 +416,7 @@ fn run(
 /// the first chunk of `k + 1`, and a worker loaded it with the reader eight blocks further on
 /// (traced in the same test's failures).
 fn stale(file: &dyn PrefetchTarget, chunk: usize, epoch: Option<u64>) -> bool {
-    let Some(access) = file.access() else {
+    let Some(access) = file.tracker() else {
         return false;
     };
     let passed = file
@@ -431,10 +428,11 @@ fn stale(file: &dyn PrefetchTarget, chunk: usize, epoch: Option<u64>) -> bool {
 
 /// For a reader that computes between blocks, waits (a bounded time) until it pauses before
 /// reading a chunk of a block *ahead* of it: that read then overlaps the reader's compute, not its
-/// reading (see [`pace::ReaderPace::wait_until_paused`]). Chunks of the block the reader is in
+/// reading (see [`crate::reader::pace::ReaderPace::wait_until_paused`]). Chunks of the block the reader is in
 /// are never held back.
 fn defer_lead_while_reading(file: &dyn PrefetchTarget, chunk: usize) {
-    let (Some(access), Some(span)) = (file.access(), file.plan().and_then(|p| p.get(chunk))) else {
+    let (Some(access), Some(span)) = (file.tracker(), file.plan().and_then(|p| p.get(chunk)))
+    else {
         return;
     };
     if access.pace.computing() && !access.is_current(span.block) {

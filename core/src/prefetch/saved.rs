@@ -3,7 +3,7 @@
 //!
 //! Orders are keyed by the source file's canonical path, size and modification time: a file
 //! replaced or rewritten starts fresh, and an order whose block count no longer
-//! matches the file is ignored when loaded ([`crate::prefetch::access::FileAccess::new`]). The
+//! matches the file is ignored when loaded ([`crate::reader::ReaderTracker::new`]). The
 //! file holds one short list of numbers per model, and, per model file, the model file opened
 //! after it last time ([`NextModel`], `crate::models` "sequence"), under the key
 //! `then|` + the file's key.
@@ -32,7 +32,7 @@ use std::thread::JoinHandle;
 
 use serde::{Deserialize, Serialize};
 
-use crate::prefetch::order::AccessOrder;
+use crate::reader::order::BlockOrder;
 use crate::source::SourceIdentity;
 use crate::sync::{lock, wait, Condvar, Mutex};
 
@@ -49,7 +49,7 @@ const NEXT_PREFIX: &str = "then|";
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(untagged)]
 enum Entry {
-    Order(AccessOrder),
+    Order(BlockOrder),
     Next(NextModel),
 }
 
@@ -142,7 +142,7 @@ impl SavedOrders {
         )
     }
 
-    pub fn get(&self, key: &str) -> Option<AccessOrder> {
+    pub fn get(&self, key: &str) -> Option<BlockOrder> {
         match lock(&self.shared.orders).get(key) {
             Some(Entry::Order(order)) => Some(order.clone()),
             _ => None,
@@ -150,7 +150,7 @@ impl SavedOrders {
     }
 
     /// Records a learned order; the background writer saves it soon after.
-    pub fn put(&self, key: String, order: AccessOrder) {
+    pub fn put(&self, key: String, order: BlockOrder) {
         self.insert(key, Entry::Order(order));
     }
 
@@ -317,7 +317,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state/orders.json");
         let saved = SavedOrders::load(Some(path.clone()));
-        let mut order = AccessOrder::new(8);
+        let mut order = BlockOrder::new(8);
         for block in [3, 2, 1, 0, 4, 5, 6, 7, 3] {
             order.touch(block);
         }
@@ -333,8 +333,8 @@ mod tests {
         assert!(SavedOrders::load(Some(path)).get("m|1").is_none());
     }
 
-    fn learned(first: usize) -> AccessOrder {
-        let mut order = AccessOrder::new(4);
+    fn learned(first: usize) -> BlockOrder {
+        let mut order = BlockOrder::new(4);
         for block in [first, 0, 1, 2, 3, first] {
             order.touch(block);
         }

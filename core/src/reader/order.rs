@@ -3,7 +3,7 @@
 //! Diffusion models are read block by block in *module* order, once at load and again on every
 //! sampling step. That order is neither file order (writers sort names, so `blocks.10` comes
 //! before `blocks.2`) nor always the numeric one (a UNet runs input, middle, then output blocks;
-//! Flux runs its double blocks before its single blocks). [`AccessOrder`] watches which blocks
+//! Flux runs its double blocks before its single blocks). [`BlockOrder`] watches which blocks
 //! readers touch and learns the order of one pass, so prefetch can fetch the block that comes
 //! next and eviction can drop the block needed furthest in the future.
 //!
@@ -54,7 +54,7 @@
 //!
 //! **Robustness.** A reader repeating one order learns the same order on every pass; a reader
 //! that changes order is learned after one full pass in the new order. Indexes out of range are
-//! ignored. [`AccessOrder`] serializes as `{"order": [...], "learned_len": n}`, the pass in
+//! ignored. [`BlockOrder`] serializes as `{"order": [...], "learned_len": n}`, the pass in
 //! progress is not saved, and deserializing checks that `order` is a permutation.
 
 use serde::{Deserialize, Serialize};
@@ -83,7 +83,7 @@ const ABSENT: usize = usize::MAX;
 /// Learned order of blocks for one file.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(try_from = "Saved", into = "Saved")]
-pub struct AccessOrder {
+pub struct BlockOrder {
     /// The order prefetch follows: a permutation of `0..blocks`.
     order: Vec<usize>,
     /// `rank[block]`: the position of `block` in `order`.
@@ -98,7 +98,7 @@ pub struct AccessOrder {
     prev_tail: Vec<usize>,
 }
 
-/// What a touch meant, as returned by [`AccessOrder::touch`].
+/// What a touch meant, as returned by [`BlockOrder::touch`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Touch {
     /// The first touch of the block in this pass, at `position` in the pass's order.
@@ -111,16 +111,16 @@ pub enum Touch {
     NewPass,
 }
 
-impl AccessOrder {
+impl BlockOrder {
     /// An order over `blocks` blocks: the default order `0..blocks` until a pass is learned.
-    pub fn new(blocks: usize) -> AccessOrder {
-        AccessOrder::with_order((0..blocks).collect(), 0)
+    pub fn new(blocks: usize) -> BlockOrder {
+        BlockOrder::with_order((0..blocks).collect(), 0)
     }
 
     /// `order` must be a permutation of `0..order.len()`.
-    fn with_order(order: Vec<usize>, learned_len: usize) -> AccessOrder {
+    fn with_order(order: Vec<usize>, learned_len: usize) -> BlockOrder {
         let blocks = order.len();
-        let mut this = AccessOrder {
+        let mut this = BlockOrder {
             order: Vec::new(),
             rank: vec![0; blocks],
             learned_len,
@@ -281,8 +281,8 @@ struct Saved {
     learned_len: usize,
 }
 
-impl From<AccessOrder> for Saved {
-    fn from(order: AccessOrder) -> Saved {
+impl From<BlockOrder> for Saved {
+    fn from(order: BlockOrder) -> Saved {
         Saved {
             order: order.order,
             learned_len: order.learned_len,
@@ -295,10 +295,10 @@ impl From<AccessOrder> for Saved {
 #[error("invalid access order: {0}")]
 pub struct InvalidOrder(&'static str);
 
-impl TryFrom<Saved> for AccessOrder {
+impl TryFrom<Saved> for BlockOrder {
     type Error = InvalidOrder;
 
-    fn try_from(saved: Saved) -> Result<AccessOrder, InvalidOrder> {
+    fn try_from(saved: Saved) -> Result<BlockOrder, InvalidOrder> {
         let blocks = saved.order.len();
         if saved.learned_len > blocks {
             return Err(InvalidOrder("learned_len exceeds the number of blocks"));
@@ -310,7 +310,7 @@ impl TryFrom<Saved> for AccessOrder {
                 _ => return Err(InvalidOrder("order is not a permutation")),
             }
         }
-        Ok(AccessOrder::with_order(saved.order, saved.learned_len))
+        Ok(BlockOrder::with_order(saved.order, saved.learned_len))
     }
 }
 
@@ -320,12 +320,12 @@ mod tests {
     use proptest::prelude::*;
 
     /// Touches every block of `order` once, in order; returns what the touches returned.
-    fn pass(learner: &mut AccessOrder, order: &[usize]) -> Vec<Touch> {
+    fn pass(learner: &mut BlockOrder, order: &[usize]) -> Vec<Touch> {
         order.iter().map(|&block| learner.touch(block)).collect()
     }
 
     /// Three passes of `order`; the third touch of `order[0]` ends the second pass.
-    fn learn(learner: &mut AccessOrder, order: &[usize]) {
+    fn learn(learner: &mut BlockOrder, order: &[usize]) {
         pass(learner, order);
         pass(learner, order);
         learner.touch(order[0]);
@@ -351,7 +351,7 @@ mod tests {
 
     #[test]
     fn default_order_until_a_pass_is_learned() {
-        let mut learner = AccessOrder::new(5);
+        let mut learner = BlockOrder::new(5);
         assert_eq!(learner.order(), &[0, 1, 2, 3, 4]);
         assert!(!learner.is_learned());
         assert_eq!(learner.learned_len(), 0);
@@ -367,7 +367,7 @@ mod tests {
     #[test]
     fn first_touches_make_the_pass_and_a_jump_back_ends_it() {
         let truth = name_sorted_model();
-        let mut learner = AccessOrder::new(truth.len());
+        let mut learner = BlockOrder::new(truth.len());
         let touches = pass(&mut learner, &truth);
         for (position, touch) in touches.into_iter().enumerate() {
             assert_eq!(touch, Touch::FirstInPass { position });
@@ -381,7 +381,7 @@ mod tests {
     #[test]
     fn repeating_the_same_order_is_stable() {
         let truth = name_sorted_model();
-        let mut learner = AccessOrder::new(truth.len());
+        let mut learner = BlockOrder::new(truth.len());
         for _ in 0..5 {
             pass(&mut learner, &truth);
             if learner.is_learned() {
@@ -393,7 +393,7 @@ mod tests {
 
     #[test]
     fn interleaved_touches_near_a_boundary_keep_block_order() {
-        let mut learner = AccessOrder::new(10);
+        let mut learner = BlockOrder::new(10);
         let touches = [0, 1, 0, 1, 2, 1, 3, 2, 3, 4, 2, 5, 4, 6, 5, 7, 8, 6, 9, 8];
         let firsts = touches
             .iter()
@@ -407,7 +407,7 @@ mod tests {
 
     #[test]
     fn touches_within_the_tolerance_are_not_a_new_pass() {
-        let mut learner = AccessOrder::new(20);
+        let mut learner = BlockOrder::new(20);
         pass(&mut learner, &(0..12).collect::<Vec<_>>());
         assert_eq!(learner.touch(11 - TOLERANCE), Touch::Again);
         assert_eq!(learner.touch(10 - TOLERANCE), Touch::NewPass);
@@ -416,7 +416,7 @@ mod tests {
     #[test]
     fn a_short_pass_does_not_replace_a_learned_order() {
         let truth = name_sorted_model();
-        let mut learner = AccessOrder::new(truth.len());
+        let mut learner = BlockOrder::new(truth.len());
         learn(&mut learner, &truth);
         // The reader reads 10 blocks, then jumps back.
         pass(&mut learner, &truth[1..10]);
@@ -433,7 +433,7 @@ mod tests {
 
     #[test]
     fn half_the_blocks_is_enough_to_learn() {
-        let mut learner = AccessOrder::new(12);
+        let mut learner = BlockOrder::new(12);
         pass(&mut learner, &[5, 4, 3, 2, 1, 0]);
         assert_eq!(learner.touch(5), Touch::NewPass);
         assert_eq!(learner.order(), &[5, 6, 7, 8, 9, 10, 11, 4, 3, 2, 1, 0]);
@@ -443,7 +443,7 @@ mod tests {
     #[test]
     fn other_touched_at_start_and_end_does_not_break_learning() {
         let truth = name_sorted_model();
-        let mut learner = AccessOrder::new(truth.len());
+        let mut learner = BlockOrder::new(truth.len());
         let mut new_passes = 0;
         for _ in 0..3 {
             for &block in truth.iter().chain([&0]) {
@@ -464,7 +464,7 @@ mod tests {
             .chain([25])
             .chain(13..=24)
             .collect();
-        let mut learner = AccessOrder::new(26);
+        let mut learner = BlockOrder::new(26);
         learn(&mut learner, &(0..26).collect::<Vec<_>>());
         assert_eq!(learner.order(), (0..26).collect::<Vec<_>>());
         pass(&mut learner, &unet[1..]);
@@ -475,7 +475,7 @@ mod tests {
     #[test]
     fn skipped_blocks_keep_their_relative_place() {
         let truth = name_sorted_model();
-        let mut learner = AccessOrder::new(truth.len());
+        let mut learner = BlockOrder::new(truth.len());
         learn(&mut learner, &truth);
         // Blocks 10..13 of the order stay in VRAM this pass.
         let skipping: Vec<usize> = truth[..10].iter().chain(&truth[13..]).copied().collect();
@@ -495,7 +495,7 @@ mod tests {
 
     #[test]
     fn stragglers_of_the_previous_pass_are_not_learned_first() {
-        let mut learner = AccessOrder::new(10);
+        let mut learner = BlockOrder::new(10);
         pass(&mut learner, &(0..10).collect::<Vec<_>>());
         assert_eq!(learner.touch(0), Touch::NewPass);
         assert_eq!(learner.touch(9), Touch::Again, "a thread finishing block 9");
@@ -508,7 +508,7 @@ mod tests {
 
     #[test]
     fn every_block_of_a_small_file_is_entered_again_in_the_next_pass() {
-        let mut learner = AccessOrder::new(6);
+        let mut learner = BlockOrder::new(6);
         pass(&mut learner, &(0..6).collect::<Vec<_>>());
         assert_eq!(learner.touch(0), Touch::NewPass);
         for block in 1..6 {
@@ -522,13 +522,13 @@ mod tests {
 
     #[test]
     fn out_of_range_blocks_are_ignored() {
-        let mut learner = AccessOrder::new(3);
+        let mut learner = BlockOrder::new(3);
         assert_eq!(learner.touch(3), Touch::Again);
         assert_eq!(learner.touch(usize::MAX), Touch::Again);
         assert_eq!(learner.next_after(3, 2), Vec::<usize>::new());
         assert_eq!(learner.distance(0, 3), usize::MAX);
         assert_eq!(learner.distance(usize::MAX, 0), usize::MAX);
-        let mut empty = AccessOrder::new(0);
+        let mut empty = BlockOrder::new(0);
         assert_eq!(empty.touch(0), Touch::Again);
         assert!(empty.order().is_empty());
         assert!(empty.next_after(0, 4).is_empty());
@@ -536,7 +536,7 @@ mod tests {
 
     #[test]
     fn next_after_wraps_around() {
-        let mut learner = AccessOrder::new(6);
+        let mut learner = BlockOrder::new(6);
         learn(&mut learner, &[3, 1, 4, 0, 5, 2]);
         assert_eq!(learner.next_after(3, 2), &[1, 4]);
         assert_eq!(learner.next_after(5, 3), &[2, 3, 1]);
@@ -547,7 +547,7 @@ mod tests {
 
     #[test]
     fn distance_is_cyclic_positions_ahead() {
-        let mut learner = AccessOrder::new(6);
+        let mut learner = BlockOrder::new(6);
         learn(&mut learner, &[3, 1, 4, 0, 5, 2]);
         assert_eq!(learner.distance(4, 4), 0);
         assert_eq!(learner.distance(4, 0), 1);
@@ -563,11 +563,11 @@ mod tests {
 
     #[test]
     fn serializes_the_learned_order_only() {
-        let mut learner = AccessOrder::new(6);
+        let mut learner = BlockOrder::new(6);
         learn(&mut learner, &[2, 0, 5, 3, 1, 4]);
         let json = serde_json::to_string(&learner).unwrap();
         assert_eq!(json, r#"{"order":[2,0,5,3,1,4],"learned_len":6}"#);
-        let mut back: AccessOrder = serde_json::from_str(&json).unwrap();
+        let mut back: BlockOrder = serde_json::from_str(&json).unwrap();
         assert_eq!(back.order(), learner.order());
         assert!(back.is_learned());
         assert_eq!(back.distance(2, 1), 4);
@@ -582,7 +582,7 @@ mod tests {
             r#"{"order":[0,1],"learned_len":3}"#,
             r#"{"order":[0,1]}"#,
         ] {
-            assert!(serde_json::from_str::<AccessOrder>(json).is_err(), "{json}");
+            assert!(serde_json::from_str::<BlockOrder>(json).is_err(), "{json}");
         }
     }
 
@@ -639,7 +639,7 @@ mod tests {
         }
         let touches = interleave(&segments, &mut Rng(seed));
         let returns = touches.windows(3).filter(|w| w[0] == w[2] && w[0] != w[1]);
-        let (mut learner, mut new_passes, mut stragglers) = (AccessOrder::new(truth.len()), 0, 0);
+        let (mut learner, mut new_passes, mut stragglers) = (BlockOrder::new(truth.len()), 0, 0);
         for &block in &touches {
             if learner.touch(block) == Touch::NewPass {
                 new_passes += 1;
@@ -673,7 +673,7 @@ mod tests {
             blocks in 0usize..50,
             touches in proptest::collection::vec(0usize..60, 0..1500),
         ) {
-            let mut learner = AccessOrder::new(blocks);
+            let mut learner = BlockOrder::new(blocks);
             for block in touches {
                 learner.touch(block);
                 prop_assert!(is_permutation(learner.order(), blocks));
@@ -685,7 +685,7 @@ mod tests {
                 }
             }
             let json = serde_json::to_string(&learner).unwrap();
-            let back: AccessOrder = serde_json::from_str(&json).unwrap();
+            let back: BlockOrder = serde_json::from_str(&json).unwrap();
             prop_assert_eq!(back.order(), learner.order());
         }
     }

@@ -1,7 +1,7 @@
 //! What tierfs knows about how one file version is being read: its learned block order, the
 //! block the reader is in, and per-file prefetch figures.
 //!
-//! [`FileAccess`] is shared by the read path (which reports every block a reader touches), the
+//! [`ReaderTracker`] is shared by the read path (which reports every block a reader touches), the
 //! prefetcher (which asks which blocks come next, and drops queued work after a jump) and the
 //! cache (which asks how soon a chunk's block is needed again, to evict the one needed furthest
 //! in the future).
@@ -42,13 +42,13 @@
 //! **Distance** (for eviction) is how many blocks ahead of the reader's current block a block
 //! comes in cyclic order: the block the reader just left is needed last. (Its chunks that
 //! straggling threads are still reading are protected by the cache's recency guard, which asks
-//! [`FileAccess::is_previous`].)
+//! [`ReaderTracker::is_previous`].)
 
 use crate::sync::{lock, read, write, Mutex, MutexGuard, RwLock};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-use crate::prefetch::order::{AccessOrder, Touch, TOLERANCE};
-use crate::prefetch::pace::ReaderPace;
+use crate::reader::order::{BlockOrder, Touch, TOLERANCE};
+use crate::reader::pace::ReaderPace;
 
 /// Most blocks fetched ahead of the reader. Every block held ahead is a block less of the
 /// resident set that repeated passes keep (and so one more block read per pass), so depth only
@@ -59,7 +59,7 @@ pub const MAX_DEPTH: usize = 2;
 /// No block entered yet.
 const NONE: usize = usize::MAX;
 
-/// What a touch far behind the reader means ([`FileAccess::touch`]).
+/// What a touch far behind the reader means ([`ReaderTracker::touch`]).
 enum Restart {
     /// Not far behind.
     No,
@@ -81,8 +81,8 @@ pub enum Step {
 
 /// Access state of one file version.
 #[derive(Debug)]
-pub struct FileAccess {
-    order: Mutex<AccessOrder>,
+pub struct ReaderTracker {
+    order: Mutex<BlockOrder>,
     /// `position[block]` in the order, readable without the order's lock (eviction scans it).
     position: RwLock<Vec<usize>>,
     current: AtomicUsize,
@@ -107,7 +107,7 @@ pub struct FileAccess {
     /// (taken under `order`'s lock).
     candidate: Mutex<Vec<usize>>,
     /// The block furthest ahead of the reader that prefetch read into (`NONE`: none yet), for
-    /// the stats ([`FileAccess::prefetch_front`]).
+    /// the stats ([`ReaderTracker::prefetch_front`]).
     prefetch_front: AtomicUsize,
     /// Whether the reader computes between blocks (see [`ReaderPace`]).
     pub pace: ReaderPace,
@@ -131,14 +131,14 @@ pub struct FileCounters {
     pub disk_read_bytes: AtomicU64,
 }
 
-impl FileAccess {
+impl ReaderTracker {
     /// Access state for a file of `blocks` blocks, starting from a saved order when one fits.
-    pub fn new(blocks: usize, saved: Option<AccessOrder>) -> FileAccess {
+    pub fn new(blocks: usize, saved: Option<BlockOrder>) -> ReaderTracker {
         let order = saved
             .filter(|o| o.blocks() == blocks)
-            .unwrap_or_else(|| AccessOrder::new(blocks));
+            .unwrap_or_else(|| BlockOrder::new(blocks));
         let position = positions(&order);
-        FileAccess {
+        ReaderTracker {
             order: Mutex::new(order),
             position: RwLock::new(position),
             current: AtomicUsize::new(NONE),
@@ -196,7 +196,7 @@ impl FileAccess {
 
     /// Whether a touch of `block` far behind the reader's newest block (which the order would
     /// take as the start of a new pass) is one: see "Restarts" in the module docs.
-    fn restart(&self, order: &AccessOrder, block: usize) -> Restart {
+    fn restart(&self, order: &BlockOrder, block: usize) -> Restart {
         let mut entered = lock(&self.candidate);
         let Some(lag) = order.lag(block).filter(|&lag| lag > TOLERANCE) else {
             entered.clear();
@@ -417,18 +417,18 @@ impl FileAccess {
     }
 
     /// A copy of the order, for saving across remounts.
-    pub fn saved_order(&self) -> AccessOrder {
+    pub fn saved_order(&self) -> BlockOrder {
         self.lock().clone()
     }
 
-    fn lock(&self) -> MutexGuard<'_, AccessOrder> {
+    fn lock(&self) -> MutexGuard<'_, BlockOrder> {
         lock(&self.order)
     }
 }
 
 /// How many blocks a candidate must go on past its first before it is taken as a new pass:
 /// one at the end of a pass, more than [`TOLERANCE`] in its middle (see "Restarts").
-fn confirming_advances(order: &AccessOrder) -> usize {
+fn confirming_advances(order: &BlockOrder) -> usize {
     let pass_blocks = if order.is_learned() {
         order.learned_len()
     } else {
@@ -441,7 +441,7 @@ fn confirming_advances(order: &AccessOrder) -> usize {
     }
 }
 
-fn positions(order: &AccessOrder) -> Vec<usize> {
+fn positions(order: &BlockOrder) -> Vec<usize> {
     let mut position = vec![0; order.blocks()];
     for (at, &block) in order.order().iter().enumerate() {
         if let Some(slot) = position.get_mut(block) {
@@ -457,7 +457,7 @@ mod tests {
 
     #[test]
     fn numeric_reader_is_predicted_and_a_jump_bumps_the_epoch() {
-        let access = FileAccess::new(10, None);
+        let access = ReaderTracker::new(10, None);
         let entered = |predicted| Step::Entered {
             predicted,
             new_pass: false,
@@ -474,7 +474,7 @@ mod tests {
 
     #[test]
     fn the_prefetch_front_is_the_furthest_block_ahead_and_goes_once_the_reader_passes_it() {
-        let access = FileAccess::new(10, None);
+        let access = ReaderTracker::new(10, None);
         access.touch(0);
         access.touch(1);
         assert_eq!(access.prefetch_front(), None);
@@ -492,7 +492,7 @@ mod tests {
 
     #[test]
     fn distance_is_cyclic_from_the_current_block() {
-        let access = FileAccess::new(10, None);
+        let access = ReaderTracker::new(10, None);
         assert_eq!(
             access.distance(7),
             0,
@@ -510,7 +510,7 @@ mod tests {
 
     #[test]
     fn a_rewind_ends_the_pass_and_forgets_the_reader() {
-        let access = FileAccess::new(10, None);
+        let access = ReaderTracker::new(10, None);
         for block in [0, 9, 8, 7, 6, 5, 4, 3, 2, 1] {
             access.touch(block);
         }
@@ -530,7 +530,7 @@ mod tests {
     }
 
     /// Touches every block of `0..blocks` once, in order: a full pass.
-    fn pass(access: &FileAccess, blocks: usize) {
+    fn pass(access: &ReaderTracker, blocks: usize) {
         for block in 0..blocks {
             access.touch(block);
         }
@@ -538,7 +538,7 @@ mod tests {
 
     #[test]
     fn stragglers_mid_pass_do_not_move_the_reader() {
-        let access = FileAccess::new(20, None);
+        let access = ReaderTracker::new(20, None);
         pass(&access, 20);
         for block in 0..12 {
             access.touch(block); // the second pass, at block 11
@@ -563,7 +563,7 @@ mod tests {
 
     #[test]
     fn a_restart_at_the_end_of_a_pass_is_taken_at_its_second_block() {
-        let access = FileAccess::new(20, None);
+        let access = ReaderTracker::new(20, None);
         pass(&access, 20);
         assert_eq!(access.touch(0), Step::Stay, "not yet: maybe a straggler");
         assert_eq!(
@@ -578,7 +578,7 @@ mod tests {
 
     #[test]
     fn a_restart_mid_pass_is_taken_once_it_went_on_past_the_tolerance() {
-        let access = FileAccess::new(20, None);
+        let access = ReaderTracker::new(20, None);
         for block in 0..12 {
             access.touch(block); // a first pass that stops at block 11
         }
@@ -600,7 +600,7 @@ mod tests {
 
     #[test]
     fn a_touch_near_the_front_drops_the_candidate() {
-        let access = FileAccess::new(20, None);
+        let access = ReaderTracker::new(20, None);
         pass(&access, 20);
         for block in 0..12 {
             access.touch(block);
@@ -616,7 +616,7 @@ mod tests {
 
     #[test]
     fn depth_grows_to_a_bound() {
-        let access = FileAccess::new(4, None);
+        let access = ReaderTracker::new(4, None);
         for _ in 0..10 {
             access.deepen();
         }
