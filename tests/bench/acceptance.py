@@ -62,7 +62,7 @@ the VM's free page reporting is turned off for the run, so that a pass's speed d
 which memory the host took back; restored at the end).  Generated
 models are kept in --data and copied onto the RAM device for each part.  When tierfs's stats list
 files with a `mode`, each row shows the mode the file was served in.  Writes
-tests/bench/acceptance-results.md and .json (or --out) with the command, date, machine, binary hash
+tests/bench/results/acceptance/full-run.md and .json (or --out) with the command, date, machine, binary hash
 and load averages.  A benchmark reports; it asserts nothing.  Needs root.
 """
 
@@ -1301,7 +1301,7 @@ def main() -> int:
     ap.add_argument("--compute-factor", type=float, default=1.35, help="part 3 compute / block disk time")
     ap.add_argument("--part3-sources", default="slow", help="part 3 on these sources: slow, fast or slow,fast")
     ap.add_argument("--data", default="/var/tmp/tierfs-bench-data", help="generated models, kept and reused")
-    ap.add_argument("--out", help="results (default tests/bench/acceptance-results.md + .json for a full run)")
+    ap.add_argument("--out", help="results (default tests/bench/results/acceptance/full-run.md + .json for a full run)")
     ap.add_argument("--prepare", action="store_true", help="only generate the models in --data (no root needed)")
     args = ap.parse_args()
     if args.one:
@@ -1328,7 +1328,7 @@ def main() -> int:
         raise SystemExit(f"{args.tierfs} missing: cargo build --release -p tierfs")
     args.tierfs = args.tierfs.resolve()
     full = args.only == [1, 2, 3, 4, 5] and not args.loaders
-    out = Path(args.out) if args.out else (HERE / "acceptance-results.md" if full else None)
+    out = Path(args.out) if args.out else (HERE / "results" / "acceptance" / "full-run.md" if full else None)
 
     def on_signal(signum, _frame):
         raise KeyboardInterrupt(f"signal {signum}")

@@ -28,7 +28,7 @@ servers in turn: one pointed at the plain folder, one at a fresh mount of it (it
 Per prompt: its time (submit to done), the device bytes read (the block device's own count),
 and for the mount tierfs's prefetch wasted and its exact, uncached reads of first touches
 (`disk.probe_bytes`). Every image is compared with the plain folder's.
-Writes tests/bench/comfyui-server-results.md. Needs root.
+Writes tests/bench/results/comfyui_server/sd15-checkpoint.md. Needs root.
 """
 
 from __future__ import annotations
@@ -309,7 +309,7 @@ def main() -> int:
     ap.add_argument("--tierfs", type=Path, default=REPO / "target" / "release" / "tierfs")
     ap.add_argument("--data", type=Path, default=Path("/var/tmp/tierfs-bench-data"))
     ap.add_argument("--slow-bps", type=float, default=1e9)
-    ap.add_argument("--out", type=Path, default=HERE / "comfyui-server-results.md")
+    ap.add_argument("--out", type=Path, default=HERE / "results" / "comfyui_server" / "sd15-checkpoint.md")
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("needs root (RAM-backed source, drop_caches, mounts)")

@@ -20,7 +20,7 @@ the reply into the reader's pages).
 Variants: `default`; `max-pages-N` raises the kernel's `fs.fuse.max_pages_limit` to N pages
 for that mount (the daemon asks for 4096: 16 MiB requests; the kernel's default limit is 256:
 1 MiB) and restores it; `readahead-SIZE` mounts with `--readahead SIZE` (the size of the
-requests an `mmap` reader's faults send). Writes tests/bench/data-path-results.md. Needs root.
+requests an `mmap` reader's faults send). Writes tests/bench/results/data_path/all-loaders.md. Needs root.
 
 Beside the loaders, the size of the pages each path puts in the page cache: the first
 --folio-mib of the file is read through a mapping (one byte per 4 KiB page), from the plain file
@@ -336,7 +336,7 @@ def main() -> int:
                     help="MiB of the file whose page-cache folios are counted (0: skip)")
     ap.add_argument("--tierfs", type=Path, default=REPO / "target" / "release" / "tierfs")
     ap.add_argument("--data", type=Path, default=Path("/var/tmp/tierfs-bench-data"))
-    ap.add_argument("--out", type=Path, default=HERE / "data-path-results.md")
+    ap.add_argument("--out", type=Path, default=HERE / "results" / "data_path" / "all-loaders.md")
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("needs root (RAM-backed source, drop_caches, mounts)")

@@ -60,7 +60,7 @@ the source and mount passes of a loader run back to back, so drift on the shared
 both.  Mount stats after the passes (disk bytes, hits, misses, invalidated page cache) are
 recorded with the results.
 
-Writes tests/bench/loader-results.md (command, date, machine, binary, table, all passes) for a
+Writes tests/bench/results/loaders/loaders-1-5.md (command, date, machine, binary, table, all passes) for a
 full run, or --out.  Reuses read_patterns.py's helpers (mounts torn down on every exit path, the binary
 copied at the start, machine facts).  Needs root (drop_caches, mount).
 """
@@ -495,7 +495,7 @@ def main() -> int:
     ap.add_argument("--budget", default="3GiB", help="--ram-cache of the cold/warm mounts (>= the file)")
     ap.add_argument("--small-budget", default="512MiB", help="--ram-cache of the budget < file row (0: skip)")
     ap.add_argument("--data", default=os.environ.get("TIERFS_BENCH_DATA", "/tmp/tierfs-bench-data"))
-    ap.add_argument("--out", help="results file (default: tests/bench/loader-results.md for a full run)")
+    ap.add_argument("--out", help="results file (default: tests/bench/results/loaders/loaders-1-5.md for a full run)")
     args = ap.parse_args()
     if args.one:
         one_pass(int(args.one[0]), Path(args.one[1]), args.cgroup)
@@ -508,7 +508,7 @@ def main() -> int:
     if os.geteuid() != 0:
         raise SystemExit("loaders.py needs root (drop_caches, mount)")
     full = args.loaders == [1, 2, 3, 4, 5, 6, 7, 8, 9] and args.reps >= 3
-    out = args.out or (str(HERE / "loader-results.md") if full else None)
+    out = args.out or (str(HERE / "results" / "loaders" / "loaders-1-5.md") if full else None)
 
     def on_signal(signum, _frame):
         raise KeyboardInterrupt(f"signal {signum}")

@@ -9,7 +9,7 @@ recorder, e.g. the parent commit's; `--tierfs`: this one), both with a budget la
 file, primes both caches, then reads the whole file through each mount in turn, alternating
 A/B per round (so drift of the machine hits both alike), with 1 MiB `read()` calls from 1 and
 from 4 reader threads. Prints the median GB/s of each and the ratio new/baseline; writes the
-table to tests/bench/ops-overhead-results.md. The baseline is measured in the same run.
+table to tests/bench/results/ops_overhead/ops-overhead.md. The baseline is measured in the same run.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def main() -> None:
     ap.add_argument("--size-mib", type=int, default=512)
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--readers", default="1,4")
-    ap.add_argument("--out", type=Path, default=REPO / "tests" / "bench" / "ops-overhead-results.md")
+    ap.add_argument("--out", type=Path, default=REPO / "tests" / "bench" / "results" / "ops_overhead" / "ops-overhead.md")
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="tierfs-ops-bench.", dir="/var/tmp") as tmp:

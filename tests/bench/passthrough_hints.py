@@ -21,7 +21,7 @@ the cases alternate in one process:
    source file with `POSIX_FADV_WILLNEED` in 64 MiB steps (what the daemon could do for a
    passthrough file, whose whole size the budget reserves anyway).
 
-Writes tests/bench/passthrough-hints-results.md. Needs root.
+Writes tests/bench/results/passthrough_hints/hints.md. Needs root.
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def main() -> int:
     ap.add_argument("--loaders", default=",".join(LOADERS))
     ap.add_argument("--tierfs", type=Path, default=REPO / "target" / "release" / "tierfs")
     ap.add_argument("--data", type=Path, default=Path("/var/tmp/tierfs-bench-data"))
-    ap.add_argument("--out", type=Path, default=HERE / "passthrough-hints-results.md")
+    ap.add_argument("--out", type=Path, default=HERE / "results" / "passthrough_hints" / "hints.md")
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("needs root (RAM-backed source, drop_caches, mounts)")

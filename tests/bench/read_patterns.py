@@ -59,7 +59,7 @@ order, and nothing is written to the system's state dir.  The binary is copied a
 is recorded.  The machine may be shared: load averages at start and end are recorded.
 
 Prints the table (with PASS/FAIL vs each goal - a benchmark reports, it does not assert)
-and, for a full run (or with --out), writes tests/bench/read-patterns-results.md: command, date, machine,
+and, for a full run (or with --out), writes tests/bench/results/read_patterns/read-patterns.md: command, date, machine,
 binary, table, per-row details, all passes.  Generated checkpoints are kept in --data and
 reused.  Needs root (drop_caches, mount, cgroups).  Mounts and cgroups are removed on every
 exit path, Ctrl-C included.
@@ -911,7 +911,7 @@ def main() -> int:
     ap.add_argument("--reps4", type=int, default=2, help="row 4 repetitions (each: baseline passes, then tierfs passes)")
     ap.add_argument("--data", default=os.environ.get("TIERFS_BENCH_DATA", "/tmp/tierfs-bench-data"),
                     help="where generated checkpoints are kept (reused across runs)")
-    ap.add_argument("--out", help="results file (default: tests/bench/read-patterns-results.md for a full run, none otherwise)")
+    ap.add_argument("--out", help="results file (default: tests/bench/results/read_patterns/read-patterns.md for a full run, none otherwise)")
     args = ap.parse_args()
     rows = sorted({int(x) for x in args.rows.split(",") if x.strip()})
     if not set(rows) <= {1, 2, 3, 4}:
@@ -920,7 +920,7 @@ def main() -> int:
         raise SystemExit("read_patterns.py needs root (drop_caches, mount, cgroups)")
     if not os.access(TIERFS, os.X_OK):
         raise SystemExit(f"{TIERFS} missing: cargo build --release -p tierfs")
-    out = args.out or (str(HERE / "read-patterns-results.md") if rows == [1, 2, 3, 4] else None)
+    out = args.out or (str(HERE / "results" / "read_patterns" / "read-patterns.md") if rows == [1, 2, 3, 4] else None)
 
     def on_signal(signum, _frame):
         raise KeyboardInterrupt(f"signal {signum}")
@@ -979,7 +979,7 @@ def main() -> int:
         "# Read patterns benchmark results (`tests/bench/read_patterns.py`)",
         "",
         "(The acceptance benchmark: loaders on a fast and a throttled slow source: `sudo .venv/bin/python",
-        "tests/bench/acceptance.py [--quick]`, results in tests/bench/acceptance-results.md.)",
+        "tests/bench/acceptance.py [--quick]`, results in tests/bench/results/acceptance/full-run.md.)",
         "",
         f"- command: `{cmd.strip()}` (rows {','.join(map(str, rows))}; {elapsed:.0f} s)",
         f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",

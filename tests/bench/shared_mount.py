@@ -16,7 +16,7 @@ Workloads: `opens` = open + 4 KiB header read + close of one model file, repeate
 `warm read` = a 256 MiB model read twice with 1 MiB reads, the second pass timed (all cached).
 Prints ratios against the baseline, the daemon's own mean time per `open` request (from its
 stats: free of the reader process's noise, which moves opens/s by ±5 % from run to run), and
-writes tests/bench/shared-mount-results.md.
+writes tests/bench/results/shared_mount/access-rule-cost.md.
 
 `--compare OTHER_TIERFS` also runs every row with another build (say, the one before a change),
 alternating the two builds `--reps` times, and prints this build's median over the other's:
@@ -194,7 +194,7 @@ def main() -> None:
     print(text)
     command = "sudo .venv/bin/python tests/bench/shared_mount.py" + (
         f" --compare {args.compare} --reps {args.reps}" if args.compare else "")
-    (HERE / "shared-mount-results.md").write_text(
+    (HERE / "results" / "shared_mount" / "access-rule-cost.md").write_text(
         "# Shared-mount access rule: cost (tests/bench/shared_mount.py)\n\n"
         f"Machine: {platform.node()}, {os.cpu_count()} CPUs, Linux {platform.release()}.\n"
         f"Command: `{command}`\n\n" + text + "\n")

@@ -21,7 +21,7 @@ Prints, per setting and poller, the median throughput of each, the ratio polled/
 the readers' p99 `pread` latency (a lock the read path waits on would show there first). It also
 measures, with no reader, the daemon's CPU time per second of the viewers' polling (from
 /proc/PID/stat): the most a reader could lose to them on a machine whose CPUs are all busy.
-Writes tests/bench/stats-polling-results.md.
+Writes tests/bench/results/stats_polling/stats-polling.md.
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def main() -> None:
     ap.add_argument("--interval", type=float, default=0.1)
     ap.add_argument("--cpu-seconds", type=float, default=30.0,
                     help="how long the viewers poll an idle mount for the daemon CPU figure")
-    ap.add_argument("--out", type=Path, default=REPO / "tests" / "bench" / "stats-polling-results.md")
+    ap.add_argument("--out", type=Path, default=REPO / "tests" / "bench" / "results" / "stats_polling" / "stats-polling.md")
     args = ap.parse_args()
 
     rows, cpu = [], {}

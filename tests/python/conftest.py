@@ -500,7 +500,7 @@ def parse_size(s: str) -> int:
 
 
 def results_file() -> Path:
-    p = Path(os.environ.get("TIERFS_RESULTS", REPO / "tests" / "bench" / "memory-results.md"))
+    p = Path(os.environ.get("TIERFS_RESULTS", REPO / "tests" / "bench" / "results" / "memory" / "bounded-memory.md"))
     p.parent.mkdir(parents=True, exist_ok=True)
     return p
 

@@ -1,7 +1,7 @@
 """The pure helpers of tests/bench/acceptance.py and sources.py: parsing, goals, ratios.
 
 No devices, mounts or cgroups are created: the benchmark itself is not run here (it needs a
-quiet machine and ~25 minutes; see tests/bench/read-patterns-results.md)."""
+quiet machine and ~25 minutes; see tests/bench/results/read_patterns/read-patterns.md)."""
 
 from __future__ import annotations
 

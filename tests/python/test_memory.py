@@ -4,7 +4,7 @@ Bounds (from the daemon's contract), budget B:
   * daemon peak RSS (VmHWM)                          <= B + 64 MiB
   * page cache of the SOURCE file                    <= 64 MiB   (O_DIRECT / fadvise)
   * page cache of the MOUNTED file + daemon cache    <= 1.1*B + 64 MiB
-Figures are printed and written to tests/bench/memory-results.md (rewritten each session) (override with
+Figures are printed and written to tests/bench/results/memory/bounded-memory.md (rewritten each session) (override with
 $TIERFS_RESULTS) for the closing note.
 """
 

@@ -23,7 +23,7 @@ Load, for TIERFS_STRESS_SECONDS (default 45):
 Watchdog: no reader progress for 30 s, or one read/open/control write taking > 20 s, fails the
 test with the daemon's thread stacks (/proc/PID/task/*/stack, wchan) and kills the daemon.
 Asserts: no wrong bytes, no errors, daemon alive, VmHWM and max VmRSS <= B + 64 MiB,
-cache.used_bytes <= B. A row goes to tests/bench/stress-results.md.
+cache.used_bytes <= B. A row goes to tests/bench/results/stress/stress.md.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ MAXV = 8192
 
 
 def _results_path() -> Path:
-    p = Path(os.environ.get("TIERFS_STRESS_RESULTS", REPO / "tests" / "bench" / "stress-results.md"))
+    p = Path(os.environ.get("TIERFS_STRESS_RESULTS", REPO / "tests" / "bench" / "results" / "stress" / "stress.md"))
     p.parent.mkdir(parents=True, exist_ok=True)
     return p
 
