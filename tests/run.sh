@@ -3,9 +3,29 @@
 # the end-to-end Python suite against target/release/tierfs.  Exits non-zero on
 # any failure.  Needs root; installs what it needs when it is missing
 # (tests/setup-system.sh, tests/setup-venv.sh).
+#
+# Subsets (docs/DEVELOPMENT.md), for a developer; unset, everything runs (CI sets neither):
+#   TIERFS_TESTS=rust,python,windows  the stages to run, any of the three (default: all). The
+#                                     release build runs for every stage; `rust` is the Rust
+#                                     tests and loom, `python` the README demo and the
+#                                     end-to-end suite, `windows` tests/windows/check.sh.
+#   TIERFS_PYTEST_ARGS="tests/python/test_reads.py -k cold"
+#                                     pytest's files and options in place of the whole
+#                                     tests/python (split on spaces); arguments given to this
+#                                     script are passed to pytest as well.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
+
+TIERFS_TESTS=${TIERFS_TESTS:-rust,python,windows}
+for stage in ${TIERFS_TESTS//,/ }; do
+    case $stage in
+        rust | python | windows) ;;
+        *) echo "tests/run.sh: TIERFS_TESTS: unknown stage '$stage' (rust, python, windows)" >&2; exit 2 ;;
+    esac
+done
+want() { case ",$TIERFS_TESTS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
+read -r -a PYTEST_TARGETS <<< "${TIERFS_PYTEST_ARGS:-tests/python}"
 
 if ! command -v cargo >/dev/null && [ -f "$HOME/.cargo/env" ]; then
     . "$HOME/.cargo/env"
@@ -18,16 +38,23 @@ bash tests/setup-system.sh
 echo "== cargo build --release --workspace"
 cargo build --release --workspace
 
-echo "== cargo test --workspace --release"
-cargo test --workspace --release
+if want rust; then
+    echo "== cargo test --workspace --release"
+    cargo test --workspace --release
 
-# Model-checked tests of the cache's locks and the per-key gates (core/src/cache/loom_tests.rs,
-# core/src/sync.rs). Own target dir: the `--cfg loom` flags would otherwise invalidate the
-# release build above. Runs in well under a second once built; the timeout only guards
-# against a model that stops terminating.
-echo "== loom: RUSTFLAGS=\"--cfg loom\" cargo test -p tierfs-core --release loom"
-RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom timeout 900 \
-    cargo test -p tierfs-core --release loom
+    # Model-checked tests of the cache's locks and the per-key gates (core/src/cache/loom_tests.rs,
+    # core/src/sync.rs). Own target dir: the `--cfg loom` flags would otherwise invalidate the
+    # release build above. Runs in well under a second once built; the timeout only guards
+    # against a model that stops terminating.
+    echo "== loom: RUSTFLAGS=\"--cfg loom\" cargo test -p tierfs-core --release loom"
+    RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom timeout 900 \
+        cargo test -p tierfs-core --release loom
+fi
+
+if ! want python; then
+    if want windows; then bash tests/windows/check.sh; fi
+    exit 0
+fi
 
 # The suite's Python: .venv, made (or completed) by tests/setup-venv.sh when it lacks a package
 # the suite imports, so that this command works on a fresh clone as it is.
@@ -99,7 +126,7 @@ DEMO_CMD=$(sed -n 's/^\(cargo run [^#]* demo\) *#.*/\1/p' README.md | head -n 1)
 echo "== $DEMO_CMD   (from README.md)"
 TMPDIR=$TIERFS_TEST_ROOT timeout --kill-after=10 "${TIERFS_DEMO_TIMEOUT:-300}" bash -c "$DEMO_CMD"
 
-echo "== pytest tests/python (root: $TIERFS_TEST_ROOT)"
+echo "== pytest ${PYTEST_TARGETS[*]} (root: $TIERFS_TEST_ROOT)"
 # Hard cap so a hung FUSE request cannot eat the whole CI budget.
 # `timeout` cannot reap a pytest stuck in uninterruptible sleep on a FUSE request whose
 # daemon is wedged; this watchdog aborts the test mounts' FUSE connections shortly after
@@ -110,12 +137,12 @@ WATCHDOG_PID=$!
 # --timeout: no single test may run longer than this (pytest-timeout), whatever it waits on.
 set +e
 timeout --kill-after=30 "$PYTEST_CAP" \
-    "$PY" -m pytest tests/python -v -rfEs -p no:cacheprovider --durations=25 \
+    "$PY" -m pytest "${PYTEST_TARGETS[@]}" -v -rfEs -p no:cacheprovider --durations=25 \
     --timeout="${TIERFS_TEST_TIMEOUT:-900}" "$@"
 pytest_rc=$?
 set -e
 
 # Windows: core tests under wine64, the WinFsp front end type-checked (docs/WINDOWS.md).
 # After the Linux suite, so that a Windows failure never hides the Linux results.
-bash tests/windows/check.sh
+if want windows; then bash tests/windows/check.sh; fi
 exit "$pytest_rc"
