@@ -40,6 +40,7 @@ sys.path.insert(0, str(HERE))
 import read_patterns as bench  # noqa: E402
 import acceptance as I  # noqa: E402
 import sources  # noqa: E402
+import machine  # noqa: E402
 
 MiB = 1 << 20
 
@@ -179,6 +180,7 @@ def main() -> int:
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         args.out.write_text("\n".join([
             "# O_DIRECT loader (runai-model-streamer) warm passes: where they come from",
+            "", f"- date: {machine.date()}", f"- machine: {machine.describe()}",
             "", f"`sudo .venv/bin/python tests/bench/odirect.py --pairs {args.pairs}` ({when}, {model.name}, "
             f"{model.stat().st_size / MiB:.0f} MiB, fast source {disk.kind}; binary {args.tierfs})",
             "", "Medians:", "", *summary, "",

@@ -44,6 +44,9 @@ sys.path.insert(0, str(HERE.parent / "python"))
 import gen  # noqa: E402
 import users  # noqa: E402
 
+sys.path.insert(0, str(HERE))
+import machine  # noqa: E402
+
 TIERFS = Path(os.environ.get("TIERFS_BIN", HERE.parent.parent / "target" / "release" / "tierfs"))
 MiB = 1 << 20
 
@@ -196,7 +199,8 @@ def main() -> None:
         f" --compare {args.compare} --reps {args.reps}" if args.compare else "")
     (HERE / "results" / "shared_mount" / "access-rule-cost.md").write_text(
         "# Shared-mount access rule: cost (tests/bench/shared_mount.py)\n\n"
-        f"Machine: {platform.node()}, {os.cpu_count()} CPUs, Linux {platform.release()}.\n"
+        f"Machine: {platform.node()}, {machine.describe()}.\n"
+        f"Date: {machine.date()}.\n"
         f"Command: `{command}`\n\n" + text + "\n")
 
 

@@ -62,6 +62,7 @@ import acceptance  # noqa: E402
 import read_patterns as bench  # noqa: E402
 import gen  # noqa: E402
 import guest_memory  # noqa: E402
+import machine  # noqa: E402
 import sources  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -233,8 +234,8 @@ class Run:
                          "ideal_s": r.get("ideal_s")})
         self.rows += summarize(rows)
 
-    def render(self, cmd: str, elapsed: float, note: str) -> str:
-        return render(self.rows, cmd, elapsed, note, self.args.model_mib, self.args.cycles)
+    def render(self, cmd: str, elapsed: float, note: str, date: str = "", host: str = "") -> str:
+        return render(self.rows, cmd, elapsed, note, self.args.model_mib, self.args.cycles, date, host)
 
 
 def steady(n: int) -> slice:
@@ -263,8 +264,10 @@ def summarize(rows: list[dict]) -> list[dict]:
     return rows
 
 
-def render(rows: list[dict], cmd: str, elapsed: float, note: str, model_mib: int, cycles: int) -> str:
+def render(rows: list[dict], cmd: str, elapsed: float, note: str, model_mib: int, cycles: int,
+           date: str = "", host: str = "") -> str:
     lines = ["# Model-switching workflows: disk and time per cycle", "",
+             *([f"- date: {date}", f"- machine: {host}", ""] if date or host else []),
              f"`{cmd}` ({elapsed / 60:.0f} min; {note})", "",
              f"Models of {model_mib} MiB (scenario `big_small`: 0.4 and 1.6 x the budget); "
              f"{cycles} cycles, caches dropped before the first; figures from the steady cycles "
@@ -356,7 +359,8 @@ def main() -> int:
             groups.setdefault((r["scenario"], r["source"], r["loader"]), []).append(r)
         rows = [x for g in groups.values() for x in summarize(g)]
         print(render(rows, saved["command"], saved.get("elapsed_s", 0), saved.get("note", ""),
-                     saved.get("model_mib", 0), len(rows[0]["times"])))
+                     saved.get("model_mib", 0), len(rows[0]["times"]), saved.get("date", ""),
+                     saved.get("machine", "")))
         return 0
     args.loaders = [x for x in args.loaders.split(",") if x]
     args.configs = [x for x in args.configs.split(",") if x]
@@ -367,6 +371,7 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="tierfs-bench.wf.", dir="/tmp"))
     bench.BIN = acceptance.copy_binary(args.tierfs.resolve(), root)
     t0 = time.monotonic()
+    started, host = machine.date(), machine.describe()
     need = max(sum(s for _, s in scenario(n, args.model_mib * MiB)[0]) for n in args.scenarios.split(","))
     run = None
     try:
@@ -384,14 +389,14 @@ def main() -> int:
     finally:
         bench.cleanup(root)
     cmd = "sudo .venv/bin/python tests/bench/workflow.py " + " ".join(shlex.quote(x) for x in sys.argv[1:])
-    text = run.render(cmd.strip(), time.monotonic() - t0, note)
+    text = run.render(cmd.strip(), time.monotonic() - t0, note, started, host)
     print("\n" + text)
     if args.out:
         out = Path(args.out)
         out.write_text(text)
         out.with_suffix(".json").write_text(json.dumps(
-            {"command": cmd.strip(), "elapsed_s": time.monotonic() - t0, "note": note, "model_mib": args.model_mib,
-             "rows": run.rows}, indent=1) + "\n")
+            {"date": started, "machine": host, "command": cmd.strip(), "elapsed_s": time.monotonic() - t0,
+             "note": note, "model_mib": args.model_mib, "rows": run.rows}, indent=1) + "\n")
         print(f"wrote {out}")
     return 0
 
