@@ -16,7 +16,8 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::sync::Arc;
 
-use super::{Chunk, ChunkKey, Needed, Ranking, Turn};
+use super::evict::{Needed, Ranking, Turn};
+use super::{Chunk, ChunkKey};
 
 /// Chunks of one block of one file version; `block` is `None` for chunks of unknown owner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
