@@ -12,4 +12,5 @@ pub mod order;
 pub mod pace;
 pub mod tracker;
 
-pub use tracker::{FileCounters, ReaderTracker, Step};
+pub use pace::PaceConfig;
+pub use tracker::{FileCounters, ReaderConfig, ReaderTracker, Step};
