@@ -168,8 +168,8 @@ impl Chunk {
     /// Whether threads of a reader that just moved on may still be reading this chunk: it is in
     /// the block the reader left, and a reader got it since `recent` or it was prefetched and
     /// nobody got it yet (a thread behind the others has yet to read it: evicted as the block
-    /// needed last, it was read again by that thread and counted as wasted prefetch, as
-    /// `models::tests::concurrent_sequential_readers_account_prefetch_exactly` saw under load).
+    /// needed last, it would be read again by that thread and count as wasted prefetch;
+    /// `models::tests::concurrent_sequential_readers_account_prefetch_exactly` under load).
     ///
     /// A chunk whose every byte was served in the visit a reader last got it in is not in use:
     /// a straggling thread has nothing left to read of it.

@@ -35,11 +35,10 @@ pub(super) struct Loading {
     result: Mutex<Option<Result<Arc<Chunk>, CacheError>>>,
     done: Condvar,
     /// Whether a reader waits for it (set and read under the cache's lock). The chunk is then
-    /// read the moment it is resident, not when that reader wakes: a prefetched chunk the
-    /// reader had already left by then (eight threads, two of them waiting for it while the
-    /// others went two blocks on) was evicted in between, as the block needed last, and
-    /// counted wasted although it served both (traced in
-    /// `models::tests::concurrent_sequential_readers_account_prefetch_exactly`).
+    /// marked read the moment it is resident, not when that reader wakes: by then the other
+    /// threads of its reader may have gone blocks on, and the chunk, evicted in between as the
+    /// block needed last, would count as wasted prefetch although it served its waiters
+    /// (`models::tests::concurrent_sequential_readers_account_prefetch_exactly`).
     pub(super) awaited: AtomicBool,
 }
 
