@@ -71,7 +71,7 @@ pub(super) enum Turn {
 pub(super) type Needed = (Turn, u64, usize);
 
 /// What one batch of evictions ranks chunks by: the recency guard's instant and the active
-/// reader's file (its [`ReaderTracker`] by address; 0: none yet).
+/// reader's file (its [`crate::reader::ReaderTracker`] by address; 0: none yet).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Ranking {
     pub(super) recent: u64,

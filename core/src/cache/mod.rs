@@ -10,10 +10,10 @@
 //!   in flight) is read and handed to the caller uncached.
 //! - **Eviction by need**: the victim is the chunk needed furthest in the future, across files
 //!   by turns; a prefetch evicts only what is needed later than what it brings in. The whole
-//!   rule is in [`evict`].
+//!   rule is in `evict.rs`.
 //! - **Bounded reads in flight**: readers' loads may reserve a share of the budget, prefetches
 //!   a smaller one ([`CacheConfig`]); past it a reader's miss waits and a prefetch is skipped.
-//!   Single flight, the bound and what happens when a read fails or panics are in [`inflight`].
+//!   Single flight, the bound and what happens when a read fails or panics are in `inflight.rs`.
 //! - **Failed reads cache nothing**: the error goes to every reader waiting on that read, and
 //!   the next request reads the disk again; a read that panics is an error
 //!   ([`CacheError::LoadPanicked`]) to its waiters, never a reader waiting forever.
@@ -37,7 +37,7 @@
 //! business ([`crate::models`]), which keeps this module testable without files. It reads how
 //! each file is being read from [`crate::reader`] and knows nothing of prefetch.
 //!
-//! Files: [`evict`] (which chunk goes), [`inflight`] (reads in flight), `resident` (the
+//! Files: `evict.rs` (which chunk goes), `inflight.rs` (reads in flight), `resident` (the
 //! resident chunks grouped by block), `served` (which bytes of a chunk readers were served),
 //! [`marks`] (chunk states for the stats), [`plan`] (how a file is cut into chunks).
 
@@ -73,7 +73,7 @@ use crate::sync::{lock, Condvar, Mutex, MutexGuard};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CacheConfig {
     /// How long after a reader got a chunk of the block it just left the chunk is spared from
-    /// eviction while other candidates exist (the recency guard, [`evict`]): the eight 2 MiB
+    /// eviction while other candidates exist (the recency guard, `evict.rs`): the eight 2 MiB
     /// reads a loader issues at a block boundary end within milliseconds of each other, and
     /// 50 ms is far shorter than the time between two passes over a block.
     pub recently_read: Duration,
@@ -171,7 +171,7 @@ pub struct Chunk {
     /// The owner's visit ([`ReaderTracker::visit`]) in which a reader last got it: a chunk of the
     /// current block read in the current visit has been consumed (see [`Chunk::distance`]).
     read_visit: AtomicU64,
-    /// Which of its bytes readers were served in the owner's latest visit ([`served`]).
+    /// Which of its bytes readers were served in the owner's latest visit (`served.rs`).
     served: Served,
 }
 
@@ -188,7 +188,7 @@ impl Chunk {
         self.bytes.as_slice().len() as u64
     }
 
-    /// A reader was served `range` of the chunk's bytes (not a probe: see [`served`]).
+    /// A reader was served `range` of the chunk's bytes (not a probe: see `served.rs`).
     pub fn served(&self, range: &std::ops::Range<usize>) {
         let visit = self.owner.as_ref().map_or(0, |o| o.access.visit());
         self.served
