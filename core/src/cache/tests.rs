@@ -690,3 +690,49 @@ fn the_recency_guard_is_configurable() {
     assert!(consumed_after(Duration::from_millis(1)));
     assert!(!consumed_after(Duration::from_secs(3600)));
 }
+
+/// [`CacheConfig::read_in_flight_share`]: with reads in flight allowed an eighth of a budget of
+/// eight chunks, readers missing at once are read one at a time.
+#[test]
+fn the_read_in_flight_share_is_configurable() {
+    let fx = Arc::new(fixture(8));
+    let config = CacheConfig {
+        read_in_flight_share: 8,
+        ..CacheConfig::default()
+    };
+    let cache = Arc::new(ChunkCache::with_config(
+        8 * CHUNK,
+        Arc::new(Counters::default()),
+        config,
+    ));
+    let (now, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let barrier = Arc::new(Barrier::new(6));
+    let threads: Vec<_> = (0..6u32)
+        .map(|chunk| {
+            let (fx, cache, now, peak, barrier) = (
+                fx.clone(),
+                cache.clone(),
+                now.clone(),
+                peak.clone(),
+                barrier.clone(),
+            );
+            thread::spawn(move || {
+                barrier.wait();
+                let (start, end) = (u64::from(chunk) * CHUNK, u64::from(chunk + 1) * CHUNK);
+                cache
+                    .get_or_load(key(chunk), CHUNK, Want::Read, None, || {
+                        peak.fetch_max(now.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                        thread::sleep(Duration::from_millis(10));
+                        now.fetch_sub(1, Ordering::SeqCst);
+                        fx.source.read_aligned(start, end)
+                    })
+                    .unwrap();
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(peak.load(Ordering::SeqCst), 1);
+    cache.check_accounting();
+}
