@@ -12,8 +12,9 @@
 //!
 //! A probe thread takes the cache lock in a loop ([`ChunkCache::budget`]) and records the
 //! longest it waited, which is the longest the lock was held by the operation (plus scheduling
-//! noise). The operation's whole time, unmapping included, is the baseline: it is how long the
-//! lock was held before unmapping moved out of it. Results: `tests/bench/cache-lock-results.md`.
+//! noise). The operation's whole time, unmapping included, is the baseline: how long the lock
+//! would be held if unmapping were done under it. Results: the `cache_lock_bench` row of
+//! [docs/PERFORMANCE.md](../../docs/PERFORMANCE.md#the-benchmarks).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

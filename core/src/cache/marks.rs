@@ -5,9 +5,8 @@
 //! reader, being prefetched, was read once and is no longer held, or was never read. The cache
 //! sets the marks at each of these transitions, under the lock it holds for the transition
 //! anyway; the stats read them with plain atomic loads and take no lock, so drawing strips,
-//! however often and however large the model, never makes a reader wait. (Reading the states
-//! under the cache's lock instead holds it ~80 µs per file of 1 024 chunks at every stats read:
-//! `tests/bench/cache-lock-results.md`.)
+//! however often and however large the model, never makes a reader wait
+//! ([measured](../../../docs/PERFORMANCE.md#residency-marks-without-the-cache-lock)).
 //!
 //! One byte per chunk: a 45 GB model in 4 MiB chunks takes 11 KiB. A strip read while the
 //! cache works may mix states from just before and just after a transition; each chunk's own

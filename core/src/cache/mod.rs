@@ -1,70 +1,26 @@
 //! The byte-bounded chunk cache shared by every file of a mount.
 //!
-//! Design:
-//! - **One budget** for the mount, in bytes of chunk memory (page-aligned footprints, so the
-//!   figure matches what the daemon's RSS pays). `used` counts resident chunks *and* chunks being
-//!   read, which reserve their bytes before the read starts, so the cache never holds more than
-//!   the budget, not even transiently.
-//! - **Eviction is order-aware**: the victim is the chunk whose block is needed furthest in the
-//!   future by its file's reader ([`ReaderTracker::distance`]: blocks just behind the reader come
-//!   last in cyclic order), ties and chunks of unknown files going least-recently-used first
-//!   ([`resident`] keeps the chunks grouped by block, so finding the victim is one step per
-//!   resident block, not per chunk). For a reader making repeated passes over a file larger
-//!   than the budget, this is Belady's rule for a cyclic pattern: each pass reads about
-//!   (file − budget) from disk instead of the whole file, which is what LRU would do. What
-//!   stays is not a fixed head of the order: the block just passed is needed a whole pass
-//!   later, so it goes before the last blocks of the current pass, and each pass gives up a
-//!   little of what the previous one kept near its start for its own last blocks. The kept set
-//!   moves backwards through the order (about two blocks of 33 per pass in
-//!   `models::tests::repeated_passes_read_only_what_does_not_fit_and_keep_most_of_one_set`,
-//!   1.05–1.11 × (file − budget) read every pass), so a residency strip shows partly kept
-//!   blocks where a fixed head would show whole ones. Pinning a head would at best read the
-//!   same bytes per pass, and it would evict what the current pass still needs for what only
-//!   the next one does. A prefetch may only evict chunks needed later than the one it brings
-//!   in, so read-ahead never pushes out what the reader needs sooner.
-//! - **Across files, by turns** ([`Turn`]): distances are counted in each file's own blocks, so
-//!   they say nothing of which of two files is needed first. The file a reader asked for last
-//!   is *active*; a file nobody has read since the active reader's session began (its open,
-//!   its new pass) *waits* for its turn, which comes once the active pass ends. So the chunks
-//!   the active reader has passed (behind its block, or consumed in it) go first, then those
-//!   of the waiting files (the one read last first: in a cycle of models it comes back last),
-//!   and only then the active file's chunks still to come. Files read at the same time (two
-//!   readers) wait for nothing: each is ranked by its own reader, as within one file. Ranked
-//!   by distance alone, models that take turns evicted each other's kept blocks (the waiting
-//!   model's last blocks looked as far off as the active one's passed blocks) and a workflow
-//!   read 1.10–1.26 × (models − budget) per cycle; by turns 1.01–1.09 × in all 24 cases
-//!   (`tests/bench/workflow-results.md`; other runs up to 1.12 in single cases, once 1.16).
-//!   A prefetch may take a waiting file's room: sparing the files that took their turn since
-//!   the reader's previous one (read-ahead taking only the reader's passed chunks) cut the
-//!   text encoder + DiT case from 1.11–1.12 to 1.05–1.08 on the 1 GB/s source (the text
-//!   encoder no longer grows into the cache one lead a cycle, each move read twice) but took
-//!   three models read with `safe_open` from 1.03 to 1.12–1.14 on both sources
-//!   (`tests/bench/workflow-results-prefetch-spares-turns.md`). What a reader's request
-//!   records for it (the active file, when it was served) costs nothing measurable: warm 1 MiB
-//!   reads ran 1.006× (one reader) and 1.031× (four) the speed of a build without it
-//!   (`tests/bench/ops_overhead.py --baseline`).
-//! - **Single flight**: a miss registers the chunk as loading; every other thread asking for it
-//!   waits for that one read instead of issuing its own, so a chunk is read from disk once no
-//!   matter how many readers (or the prefetcher) want it.
-//! - **Reads in flight are bounded by the budget**: they may reserve at most half of it
-//!   (`READ_IN_FLIGHT_SHARE`), prefetches at most a quarter (`PREFETCH_IN_FLIGHT_SHARE`).
-//!   Past that, a reader's miss waits for a read in flight to finish, and a prefetch is skipped.
-//!   Without the bound, many readers missing at once on a small budget (the stress test: 32
-//!   readers, 8 request threads and 4 prefetch workers on 64 MiB, resized down to 32 MiB)
-//!   reserve the whole budget with loads, so every new chunk is read *uncached*, the next
-//!   request for the rest of it reads the same 4 MiB again, and an `mmap` reader faulting page
-//!   by page reads the disk a thousand times per chunk: throughput collapsed and single reads
-//!   took over 20 s. Waiting cannot deadlock: a read in flight depends on nothing but the disk.
-//! - A chunk bigger than the whole budget (or one that cannot get room because everything else
-//!   is reserved by reads in flight) is read and handed to the caller without being cached.
-//! - Failed reads cache nothing: the error goes to the readers waiting on that read, and the
-//!   next request retries the disk. A read that *panics* is treated the same way (the
-//!   [`InFlight`] guard): its single-flight entry is removed, its reservation returned and every
-//!   waiter woken with [`CacheError::LoadPanicked`], so no reader of that chunk waits forever.
-//! - **Memory is unmapped outside the lock.** Evicting a chunk removes it from the cache under
-//!   the lock; the chunk's mapping is dropped (unmapped, or kept as a spare) only after the lock
-//!   is released, so `drop`, a budget shrink or a miss that evicts never makes other readers
-//!   wait for `munmap` of gigabytes (`cache_lock_bench` measures the lock hold of a 16 GiB drop).
+//! **Contract.** [`ChunkCache::get_or_load`] returns a chunk's bytes, from memory or by running
+//! the caller's `load` once (single flight: every other thread asking for a chunk being read
+//! waits for that read). The cache promises:
+//! - **One budget**, in bytes of chunk memory (page-aligned footprints, what the daemon's RSS
+//!   pays). `used` counts resident chunks *and* reads in flight, which reserve their bytes
+//!   before they start: the cache never holds more than the budget, not even transiently. A
+//!   chunk that cannot get room (bigger than the budget, or everything else reserved by reads
+//!   in flight) is read and handed to the caller uncached.
+//! - **Eviction by need**: the victim is the chunk needed furthest in the future, across files
+//!   by turns; a prefetch evicts only what is needed later than what it brings in. The whole
+//!   rule is in `evict.rs`.
+//! - **Bounded reads in flight**: readers' loads may reserve a share of the budget, prefetches
+//!   a smaller one ([`CacheConfig`]); past it a reader's miss waits and a prefetch is skipped.
+//!   Single flight, the bound and what happens when a read fails or panics are in `inflight.rs`.
+//! - **Failed reads cache nothing**: the error goes to every reader waiting on that read, and
+//!   the next request reads the disk again; a read that panics is an error
+//!   ([`CacheError::LoadPanicked`]) to its waiters, never a reader waiting forever.
+//! - **Memory is unmapped outside the lock**: evicted chunks are taken out under the lock and
+//!   dropped (unmapped, or kept as spare buffers) after it is released, so `drop`, a budget
+//!   shrink or a miss that evicts never makes other readers wait for `munmap`
+//!   (`cache_lock_bench` measures the lock hold of a 16 GiB drop).
 //!
 //! **Locks**, all through [`crate::sync`] (model-checked with loom: `loom_tests.rs`), in the
 //! order they may be taken:
@@ -78,8 +34,15 @@
 //! spare-buffer lock in [`crate::source`] is a leaf taken outside all of these.
 //!
 //! The cache knows chunks by [`ChunkKey`] only; which bytes a chunk holds is the caller's
-//! business ([`crate::models`]), which keeps this module testable without files.
+//! business ([`crate::models`]), which keeps this module testable without files. It reads how
+//! each file is being read from [`crate::reader`] and knows nothing of prefetch.
+//!
+//! Files: `evict.rs` (which chunk goes), `inflight.rs` (reads in flight), `resident` (the
+//! resident chunks grouped by block), `served` (which bytes of a chunk readers were served),
+//! [`marks`] (chunk states for the stats), [`plan`] (how a file is cut into chunks).
 
+mod evict;
+mod inflight;
 pub mod marks;
 pub mod plan;
 mod resident;
@@ -91,33 +54,47 @@ mod loom_tests;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
+use evict::ConsumedEvictions;
+use inflight::{InFlight, Loading, Lookup};
 pub use marks::ChunkMarks;
-use resident::{Resident, VictimQueue};
+use resident::Resident;
 use served::Served;
 
 use crate::reader::ReaderTracker;
 use crate::source::{self, AlignedBytes, SourceError};
 use crate::stats::{CacheSnapshot, Counters};
-use crate::sync::{lock, wait, Condvar, Mutex, MutexGuard};
+use crate::sync::{lock, Condvar, Mutex, MutexGuard};
 
-/// How long after a reader got a chunk it is spared from eviction while other candidates exist
-/// (see [`ChunkCache::victim`]). The eight 2 MiB reads a loader issues at a block boundary finish
-/// within milliseconds of each other; 50 ms covers that with margin and is far shorter than the
-/// time between two passes over a block.
-const RECENTLY_READ: std::time::Duration = std::time::Duration::from_millis(50);
+/// The cache's tuning; [`Default`] is what the daemon runs with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheConfig {
+    /// How long after a reader got a chunk of the block it just left the chunk is spared from
+    /// eviction while other candidates exist (the recency guard, `evict.rs`): the eight 2 MiB
+    /// reads a loader issues at a block boundary end within milliseconds of each other, and
+    /// 50 ms is far shorter than the time between two passes over a block.
+    pub recently_read: Duration,
+    /// Reads in flight may reserve `budget / read_in_flight_share` before a reader's miss
+    /// waits for one of them: half, leaving the other half to the chunks readers are still
+    /// using ([measured](../../../docs/PERFORMANCE.md#reads-in-flight)).
+    pub read_in_flight_share: u64,
+    /// Reads in flight may reserve `budget / prefetch_in_flight_share` before a prefetch is
+    /// skipped: a quarter, so read-ahead never takes the room a reader's miss needs.
+    pub prefetch_in_flight_share: u64,
+}
 
-/// Share of the budget that reads in flight may reserve before a reader's miss waits for one of
-/// them (see the module docs). Half leaves the other half to chunks that readers are still
-/// using, which is what keeps a chunk resident between two requests for its pages.
-const READ_IN_FLIGHT_SHARE: u64 = 2;
-
-/// Share of the budget that reads in flight may reserve before a prefetch is skipped: a quarter,
-/// so read-ahead never takes the room a reader's miss needs.
-const PREFETCH_IN_FLIGHT_SHARE: u64 = 4;
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig {
+            recently_read: Duration::from_millis(50),
+            read_in_flight_share: 2,
+            prefetch_in_flight_share: 4,
+        }
+    }
+}
 
 /// A chunk of one version of one file: `file` is the version's generation number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -182,49 +159,6 @@ pub struct ChunkOwner {
     pub marks: Arc<ChunkMarks>,
 }
 
-impl ChunkOwner {
-    fn distance(&self) -> usize {
-        self.access.distance(self.block)
-    }
-}
-
-/// Where a chunk stands to the reader the cache served last, the *active* reader, for
-/// eviction across files (highest goes first; see "Across files, by turns" in the module
-/// docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Turn {
-    /// Of the active reader's file, still to come in its pass (or of no known file).
-    Coming,
-    /// Of another file: needed once the active reader is done with its pass.
-    Waiting,
-    /// Of the active reader's file, behind its block in the order (or consumed in it): needed
-    /// in its next pass only, after the other files.
-    Passed,
-}
-
-/// When a chunk is needed, as eviction compares it: its [`Turn`], for a waiting file when it
-/// was last read (the one read last is needed last), and its distance in its file's order.
-type Needed = (Turn, u64, usize);
-
-/// What one batch of evictions ranks chunks by: the recency guard's instant and the active
-/// reader's file (its [`ReaderTracker`] by address; 0: none yet).
-#[derive(Debug, Clone, Copy)]
-struct Ranking {
-    recent: u64,
-    active: usize,
-    /// When the active reader's session began: files not read since wait for their turn.
-    active_since: u64,
-}
-
-impl Ranking {
-    /// Whether `owner`'s file waits for its turn: not the active file, and not read since the
-    /// active reader's session began.
-    fn waits(&self, owner: &ChunkOwner) -> bool {
-        Arc::as_ptr(&owner.access) as usize != self.active
-            && owner.access.last_served() < self.active_since
-    }
-}
-
 /// Bytes of a chunk in memory.
 #[derive(Debug)]
 pub struct Chunk {
@@ -237,7 +171,7 @@ pub struct Chunk {
     /// The owner's visit ([`ReaderTracker::visit`]) in which a reader last got it: a chunk of the
     /// current block read in the current visit has been consumed (see [`Chunk::distance`]).
     read_visit: AtomicU64,
-    /// Which of its bytes readers were served in the owner's latest visit ([`served`]).
+    /// Which of its bytes readers were served in the owner's latest visit (`served.rs`).
     served: Served,
 }
 
@@ -254,7 +188,7 @@ impl Chunk {
         self.bytes.as_slice().len() as u64
     }
 
-    /// A reader was served `range` of the chunk's bytes (not a probe: see [`served`]).
+    /// A reader was served `range` of the chunk's bytes (not a probe: see `served.rs`).
     pub fn served(&self, range: &std::ops::Range<usize>) {
         let visit = self.owner.as_ref().map_or(0, |o| o.access.visit());
         self.served
@@ -264,104 +198,6 @@ impl Chunk {
     /// Whether readers were served every byte of it in the owner's current visit.
     fn finished(&self, owner: &ChunkOwner) -> bool {
         self.served.finished(owner.access.visit(), self.len())
-    }
-
-    /// How soon the chunk is needed again (larger: later; 0 when unknown).
-    ///
-    /// A chunk of the block the reader is in, which the reader already got during this visit
-    /// of the block and not within the last [`RECENTLY_READ`], is *consumed*: it is needed
-    /// again only when the reader comes back to the block, so it goes first, before chunks of
-    /// blocks still ahead. Without this rule a block larger than the budget's spare room pushes
-    /// out the blocks prefetched ahead of the reader (or, with repeated passes, the resident
-    /// set) to keep bytes the reader has finished with: `cat` of a 2.1 GB file of ~210 MB
-    /// blocks through a 512 MiB budget read 1.17× the file from disk, 1.3 GB of prefetch
-    /// wasted (acceptance benchmark).
-    ///
-    /// A chunk of the current block whose every byte readers were served in this visit is
-    /// consumed at once, recent or not ([`served`] tells why a time window alone let later
-    /// passes creep).
-    fn distance(&self, recent: u64) -> usize {
-        let Some(owner) = &self.owner else { return 0 };
-        let last_read = self.last_read.load(Ordering::Relaxed);
-        let consumed = last_read != 0
-            && owner.access.is_current(owner.block)
-            && self.read_visit.load(Ordering::Relaxed) == owner.access.visit()
-            && (last_read < recent || self.finished(owner));
-        if consumed {
-            return usize::MAX;
-        }
-        owner.distance()
-    }
-
-    /// Whether the reader has consumed it in its current visit of the chunk's block.
-    fn is_consumed(&self, recent: u64) -> bool {
-        self.distance(recent) == usize::MAX
-    }
-
-    /// Whether a reader is in this chunk's block now (its chunks are ranked one by one for
-    /// eviction, see [`resident`]).
-    fn in_current_block(&self) -> bool {
-        self.owner
-            .as_ref()
-            .is_some_and(|o| o.access.is_current(o.block))
-    }
-
-    /// The chunk's eviction rank given its recency `stamp` (highest goes first).
-    fn rank(&self, ranking: &Ranking, stamp: u64) -> resident::Rank {
-        let (turn, read_at) = self.turn(ranking);
-        (
-            !self.may_be_in_use(ranking.recent),
-            turn,
-            read_at,
-            self.distance(ranking.recent),
-            std::cmp::Reverse(stamp),
-        )
-    }
-
-    /// Where the chunk stands to the active reader ([`Turn`]), with, for a file waiting for
-    /// its turn, when a reader last asked for it (0 otherwise). Of the block the active reader
-    /// is in, only chunks it has consumed have passed: the others are being read.
-    fn turn(&self, ranking: &Ranking) -> (Turn, u64) {
-        let Some(owner) = &self.owner else {
-            return (Turn::Coming, 0);
-        };
-        let access = &owner.access;
-        if ranking.waits(owner) {
-            return (Turn::Waiting, access.last_served());
-        }
-        // Behind the reader's block in the order, or consumed in it: within one file exactly
-        // the chunks whose distance is larger than any chunk still to come in the pass, so the
-        // order within a file is the distance's.
-        let passed = if access.is_current(owner.block) {
-            self.is_consumed(ranking.recent)
-        } else {
-            access.is_behind(owner.block)
-        };
-        if passed {
-            (Turn::Passed, 0)
-        } else {
-            (Turn::Coming, 0)
-        }
-    }
-
-    /// Whether threads of a reader that just moved on may still be reading this chunk: it is in
-    /// the block the reader left, and a reader got it since `recent` or it was prefetched and
-    /// nobody got it yet (a thread behind the others has yet to read it: evicted as the block
-    /// needed last, it was read again by that thread and counted as wasted prefetch, as
-    /// `models::tests::concurrent_sequential_readers_account_prefetch_exactly` saw under load).
-    ///
-    /// A chunk whose every byte was served in the visit a reader last got it in is not in use:
-    /// a straggling thread has nothing left to read of it.
-    fn may_be_in_use(&self, recent: u64) -> bool {
-        (self.last_read.load(Ordering::Relaxed) >= recent
-            || self.unread_prefetch.load(Ordering::Relaxed))
-            && self
-                .owner
-                .as_ref()
-                .is_some_and(|o| o.access.is_previous(o.block))
-            && !self
-                .served
-                .finished(self.read_visit.load(Ordering::Relaxed), self.len())
     }
 
     fn file_counters(&self) -> Option<&crate::reader::FileCounters> {
@@ -374,36 +210,6 @@ impl Chunk {
 pub enum Outcome {
     Hit,
     Miss,
-}
-
-/// A chunk being read (single flight): its waiters wait on `done`.
-struct Loading {
-    result: Mutex<Option<Result<Arc<Chunk>, CacheError>>>,
-    done: Condvar,
-    /// Whether a reader waits for it (set and read under the cache's lock). The chunk is then
-    /// read the moment it is resident, not when that reader wakes: a prefetched chunk the
-    /// reader had already left by then (eight threads, two of them waiting for it while the
-    /// others went two blocks on) was evicted in between, as the block needed last, and
-    /// counted wasted although it served both (traced in
-    /// `models::tests::concurrent_sequential_readers_account_prefetch_exactly`).
-    awaited: AtomicBool,
-}
-
-impl Loading {
-    fn wait(&self) -> Result<Arc<Chunk>, CacheError> {
-        let mut result = lock(&self.result);
-        loop {
-            if let Some(result) = result.as_ref() {
-                return result.clone();
-            }
-            result = wait(&self.done, result);
-        }
-    }
-
-    fn finish(&self, outcome: Result<Arc<Chunk>, CacheError>) {
-        *lock(&self.result) = Some(outcome);
-        self.done.notify_all();
-    }
 }
 
 struct State {
@@ -420,37 +226,6 @@ struct State {
     consumed: ConsumedEvictions,
 }
 
-/// Chunks evicted because the reader had consumed them in its current visit of their block.
-///
-/// A block prefetch still working through the block the reader is in (the reader outran it)
-/// found such a chunk absent and read it again: it was needed only in the next pass, so it was
-/// evicted unread, wasted. Once chunks the reader was served in full were consumed at once
-/// ([`served`]), this was 260 chunks read twice in the first 3 passes of acceptance benchmark part 5
-/// (traced per chunk: every one evicted as consumed, reloaded by the block's prefetch 1–100 ms
-/// later). A prefetch of a chunk listed here for its owner's current visit is skipped.
-#[derive(Default)]
-struct ConsumedEvictions(HashMap<ChunkKey, u64>);
-
-impl ConsumedEvictions {
-    /// More than a few blocks' worth of chunks: the list is dropped and starts again (a
-    /// forgotten entry costs at most one redundant prefetch).
-    const MAX: usize = 4096;
-
-    fn insert(&mut self, key: ChunkKey, owner: &ChunkOwner) {
-        if self.0.len() >= Self::MAX {
-            self.0.clear();
-        }
-        self.0.insert(key, owner.access.visit());
-    }
-
-    /// Whether `key` was evicted as consumed in `owner`'s current visit, the reader still in
-    /// its block. (A warm rewinds the reader without a new visit: its prefetches must not be
-    /// skipped, or the chunks the last pass consumed were missing from the warmed set.)
-    fn contains(&self, key: ChunkKey, owner: &ChunkOwner) -> bool {
-        owner.access.is_current(owner.block) && self.0.get(&key) == Some(&owner.access.visit())
-    }
-}
-
 /// The mount-wide chunk cache.
 pub struct ChunkCache {
     state: Mutex<State>,
@@ -460,52 +235,23 @@ pub struct ChunkCache {
     /// Origin of the cache's clock ([`Self::now`]).
     started: Instant,
     /// The [`ReaderTracker`] (by address) of the file a reader asked for last, and when its
-    /// reader's session began ([`Ranking`]).
+    /// reader's session began ([`evict::Turn`]).
     active: AtomicUsize,
     active_since: AtomicU64,
-}
-
-enum Plan {
-    Hit(Arc<Chunk>),
-    Skip,
-    Wait(Arc<Loading>),
-    Load { loading: Arc<Loading>, cached: bool },
+    config: CacheConfig,
 }
 
 /// Chunks taken out of the cache under the lock, dropped (unmapped) after it is released.
 type Evicted = Vec<Arc<Chunk>>;
 
-/// One read in flight, registered in the single-flight table with its reservation. However the
-/// read ends, [`InFlight::finish`] or, if the read panicked, `Drop` removes the entry, returns
-/// the reservation and wakes every waiter.
-struct InFlight<'a> {
-    cache: &'a ChunkCache,
-    key: ChunkKey,
-    footprint: u64,
-    cached: bool,
-    marks: Option<&'a ChunkMarks>,
-    loading: Arc<Loading>,
-    finished: bool,
-}
-
-impl InFlight<'_> {
-    fn finish(mut self, result: Result<Arc<Chunk>, CacheError>) -> Result<Arc<Chunk>, CacheError> {
-        self.finished = true;
-        self.cache.complete(&self, result)
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        if !self.finished {
-            tracing::error!(chunk = ?self.key, "a chunk read panicked; its readers get an error");
-            let _ = self.cache.complete(self, Err(CacheError::LoadPanicked));
-        }
-    }
-}
-
 impl ChunkCache {
+    /// A cache of `budget` bytes with the default tuning.
     pub fn new(budget: u64, counters: Arc<Counters>) -> ChunkCache {
+        ChunkCache::with_config(budget, counters, CacheConfig::default())
+    }
+
+    /// A cache of `budget` bytes tuned by `config`.
+    pub fn with_config(budget: u64, counters: Arc<Counters>, config: CacheConfig) -> ChunkCache {
         ChunkCache {
             state: Mutex::new(State {
                 budget,
@@ -521,6 +267,7 @@ impl ChunkCache {
             started: Instant::now(),
             active: AtomicUsize::new(0),
             active_since: AtomicU64::new(0),
+            config,
         }
     }
 
@@ -544,23 +291,16 @@ impl ChunkCache {
         load: impl FnOnce() -> Result<AlignedBytes, SourceError>,
     ) -> Result<(Arc<Chunk>, Outcome), CacheError> {
         let started = Instant::now();
-        let (plan, evicted) = self.plan(key, footprint, want, owner);
+        let (lookup, evicted) = self.lookup(key, footprint, want, owner);
         // Unmapped (or kept as spares for this very load) with no lock held.
         drop(evicted);
-        let result = match plan {
-            Plan::Hit(chunk) => return Ok((chunk, Outcome::Hit)),
-            Plan::Skip => return Err(CacheError::NoRoom),
-            Plan::Wait(loading) => loading.wait(),
-            Plan::Load { loading, cached } => {
-                let in_flight = InFlight {
-                    cache: self,
-                    key,
-                    footprint,
-                    cached,
-                    marks: owner.map(|o| o.marks.as_ref()),
-                    loading,
-                    finished: false,
-                };
+        let result = match lookup {
+            Lookup::Hit(chunk) => return Ok((chunk, Outcome::Hit)),
+            Lookup::Skip => return Err(CacheError::NoRoom),
+            Lookup::Wait(loading) => loading.wait(),
+            Lookup::Load { loading, cached } => {
+                let marks = owner.map(|o| o.marks.as_ref());
+                let in_flight = InFlight::new(self, key, footprint, cached, marks, loading);
                 self.load(in_flight, (want, owner), load)
             }
         };
@@ -677,251 +417,6 @@ impl ChunkCache {
             if let Some(file) = chunk.file_counters() {
                 Counters::add(&file.prefetch_used_bytes, chunk.footprint());
             }
-        }
-    }
-
-    /// Decides, under the lock, how a request is answered; a reader's miss may first wait for
-    /// room among the reads in flight.
-    fn plan(
-        &self,
-        key: ChunkKey,
-        footprint: u64,
-        want: Want,
-        owner: Option<&ChunkOwner>,
-    ) -> (Plan, Evicted) {
-        let mut evicted = Evicted::new();
-        if let Some(owner) = owner.filter(|_| want == Want::Read) {
-            self.active
-                .store(Arc::as_ptr(&owner.access) as usize, Ordering::Relaxed);
-            owner.access.note_served(self.now());
-            self.active_since
-                .store(owner.access.session_from(), Ordering::Relaxed);
-        }
-        let mut state = self.lock();
-        loop {
-            if let Some(chunk) = state.resident.get(&key) {
-                if want == Want::Read {
-                    Counters::add(&self.counters.hits, 1);
-                    self.note_read(&chunk);
-                }
-                return (Plan::Hit(chunk), evicted);
-            }
-            if let Some(loading) = state.loading.get(&key) {
-                if want == Want::Read {
-                    loading.awaited.store(true, Ordering::Relaxed);
-                    if let Some(owner) = owner {
-                        owner.marks.awaited(key.index());
-                    }
-                }
-                return (Plan::Wait(Arc::clone(loading)), evicted);
-            }
-            let share = match want {
-                Want::Read => READ_IN_FLIGHT_SHARE,
-                Want::Prefetch => PREFETCH_IN_FLIGHT_SHARE,
-            };
-            // A read always goes ahead when nothing else is in flight, whatever its size.
-            let crowded = state.in_flight > 0 && state.in_flight + footprint > state.budget / share;
-            if !crowded {
-                break;
-            }
-            if want == Want::Prefetch {
-                return (Plan::Skip, evicted);
-            }
-            state = wait(&self.room, state);
-        }
-        if want == Want::Prefetch && owner.is_some_and(|o| state.consumed.contains(key, o)) {
-            return (Plan::Skip, evicted);
-        }
-        // A reader's chunk is needed now and may evict anything; a prefetched one only what is
-        // needed later than itself.
-        let needed_in = match want {
-            Want::Read => None,
-            Want::Prefetch => Some(owner.map_or((Turn::Coming, 0, 0), |o| {
-                if self.ranking().waits(o) {
-                    (Turn::Waiting, o.access.last_served(), o.distance())
-                } else {
-                    (Turn::Coming, 0, o.distance())
-                }
-            })),
-        };
-        let cached = self.evict_until_fits(&mut state, footprint, needed_in, &mut evicted);
-        if !cached && want == Want::Prefetch {
-            return (Plan::Skip, evicted);
-        }
-        if cached {
-            state.used += footprint;
-        }
-        state.in_flight += footprint;
-        let loading = Arc::new(Loading {
-            result: Mutex::new(None),
-            done: Condvar::new(),
-            awaited: AtomicBool::new(false),
-        });
-        state.loading.insert(key, Arc::clone(&loading));
-        if let Some(owner) = owner {
-            owner.marks.loading(key.index(), want);
-        }
-        (Plan::Load { loading, cached }, evicted)
-    }
-
-    /// Runs `load` for the read registered as `in_flight` (no lock held) and publishes the
-    /// result; if `load` panics, `in_flight`'s drop publishes an error instead.
-    fn load(
-        &self,
-        in_flight: InFlight<'_>,
-        (want, owner): (Want, Option<&ChunkOwner>),
-        load: impl FnOnce() -> Result<AlignedBytes, SourceError>,
-    ) -> Result<Arc<Chunk>, CacheError> {
-        let result = load()
-            .map(|bytes| {
-                Counters::add(&self.counters.disk_reads, 1);
-                Counters::add(
-                    &self.counters.disk_read_bytes,
-                    bytes.as_slice().len() as u64,
-                );
-                if let Some(owner) = owner {
-                    Counters::add(
-                        &owner.access.counters.disk_read_bytes,
-                        bytes.as_slice().len() as u64,
-                    );
-                }
-                if want == Want::Prefetch {
-                    Counters::add(&self.counters.prefetch_issued_bytes, bytes.footprint());
-                    if let Some(owner) = owner {
-                        Counters::add(
-                            &owner.access.counters.prefetch_issued_bytes,
-                            bytes.footprint(),
-                        );
-                    }
-                }
-                Arc::new(Chunk {
-                    bytes,
-                    unread_prefetch: AtomicBool::new(want == Want::Prefetch),
-                    owner: owner.cloned(),
-                    last_read: AtomicU64::new(if want == Want::Read { self.now() } else { 0 }),
-                    read_visit: AtomicU64::new(owner.map_or(0, |o| o.access.visit())),
-                    served: Served::default(),
-                })
-            })
-            .map_err(|e| {
-                Counters::add(&self.counters.disk_errors, 1);
-                CacheError::Source(Arc::new(e))
-            });
-        in_flight.finish(result)
-    }
-
-    /// Ends the read `read`: removes its single-flight entry, settles its reservation (the
-    /// chunk becomes resident if it was to be cached and was read), wakes its waiters.
-    fn complete(
-        &self,
-        read: &InFlight<'_>,
-        result: Result<Arc<Chunk>, CacheError>,
-    ) -> Result<Arc<Chunk>, CacheError> {
-        let (key, footprint) = (read.key, read.footprint);
-        let mut evicted = Evicted::new();
-        let mut state = self.lock();
-        state.loading.remove(&key);
-        state.in_flight -= footprint;
-        self.room.notify_all();
-        match &result {
-            Ok(chunk) if read.cached => {
-                if read.loading.awaited.load(Ordering::Relaxed) {
-                    self.note_read(chunk);
-                }
-                // The reservation was `footprint`; the buffer may differ by alignment slack.
-                state.used = state.used - footprint + chunk.footprint();
-                *state.per_file.entry(key.file).or_default() += chunk.len();
-                if let Some(old) = state.resident.put(key, Arc::clone(chunk)) {
-                    self.release(&mut state, key, &old);
-                    evicted.push(old);
-                }
-                // After the release of any chunk it replaced, which unmarks the same chunk.
-                if let Some(marks) = read.marks {
-                    marks.loaded(key.index(), true, true);
-                }
-                // The budget may have shrunk while the read was in flight: restore the bound
-                // (this may evict the chunk just read; the caller still gets it).
-                self.evict_until_fits(&mut state, 0, None, &mut evicted);
-            }
-            Ok(_) => Counters::add(&self.counters.uncached_bytes, footprint),
-            Err(_) if read.cached => state.used -= footprint,
-            Err(_) => {}
-        }
-        // A chunk kept was marked above; one read uncached, or not read, is not resident.
-        if let Some(marks) = read.marks.filter(|_| !(read.cached && result.is_ok())) {
-            marks.loaded(key.index(), result.is_ok(), false);
-        }
-        drop(state);
-        drop(evicted);
-        read.loading.finish(result.clone());
-        result
-    }
-
-    /// Evicts chunks until `extra` more bytes fit, victims chosen by [`Self::victim`]. Returns
-    /// false (evicting nothing more) when they cannot fit: over the budget, room held by reads
-    /// in flight, or (for a chunk needed at `needed_in`) only sooner-needed chunks left.
-    /// The victims go to `evicted`, to be dropped once the lock is released.
-    fn evict_until_fits(
-        &self,
-        state: &mut State,
-        extra: u64,
-        needed_in: Option<Needed>,
-        evicted: &mut Evicted,
-    ) -> bool {
-        if extra > state.budget {
-            return false;
-        }
-        let mut victims = None;
-        let ranking = self.ranking();
-        let recent = ranking.recent;
-        while state.used + extra > state.budget {
-            let victims = victims.get_or_insert_with(|| state.resident.victims(ranking));
-            let Some(key) = Self::victim(victims, &state.resident, needed_in) else {
-                return false;
-            };
-            let Some(chunk) = state.resident.pop(&key) else {
-                return false;
-            };
-            if let Some(owner) = chunk.owner.as_ref().filter(|_| chunk.is_consumed(recent)) {
-                state.consumed.insert(key, owner);
-            }
-            Counters::add(&self.counters.evicted_bytes, chunk.footprint());
-            self.release(state, key, &chunk);
-            evicted.push(chunk);
-        }
-        true
-    }
-
-    /// The resident chunk needed furthest in the future (by [`Turn`], then distance), least
-    /// recently used among equals; `None` if it is not needed later than `needed_in`. Chunks of
-    /// the block a reader just left that it got in the last [`RECENTLY_READ`] are passed over
-    /// while there is any other candidate: a multi-threaded reader that moved on to the next
-    /// block may still have threads finishing the last pieces of the one it left, which is
-    /// otherwise exactly the block needed furthest ahead. Ranking is one step per resident
-    /// block, then `log(blocks)` per victim ([`resident`]).
-    fn victim(
-        victims: &mut VictimQueue,
-        resident: &Resident,
-        needed_in: Option<Needed>,
-    ) -> Option<ChunkKey> {
-        let (key, idle, needed) = victims.next(resident)?;
-        match needed_in {
-            Some(incoming) if needed <= incoming || !idle => None,
-            _ => Some(key),
-        }
-    }
-
-    /// Reads since this instant count as recent for the recency guard.
-    fn recent(&self) -> u64 {
-        self.now().saturating_sub(RECENTLY_READ.as_nanos() as u64)
-    }
-
-    /// The ranking of evictions decided now.
-    fn ranking(&self) -> Ranking {
-        Ranking {
-            recent: self.recent(),
-            active: self.active.load(Ordering::Relaxed),
-            active_since: self.active_since.load(Ordering::Relaxed),
         }
     }
 

@@ -1,7 +1,7 @@
 //! The resident chunks of the cache, indexed for eviction.
 //!
 //! The cache evicts the chunk whose block is needed furthest in the future, least recently
-//! used among equals ([`super::ChunkCache`]). How far ahead a block is needed moves with its
+//! used among equals (`evict.rs`). How far ahead a block is needed moves with its
 //! file's reader, so no order over chunks can be kept up to date; but every chunk of one block
 //! of one file version is needed at the same distance. Chunks are therefore grouped by
 //! (file version, block), each group keeping its chunks in recency order, and a victim is found
@@ -9,14 +9,15 @@
 //! (tens to a few hundred for the models this is for) instead of one per resident chunk (4 096
 //! for a 16 GiB budget), and a large shrink is not quadratic in the number of chunks.
 //!
-//! Recency is a counter stamped on each chunk when it is put or hit (the `lru` crate did this
-//! before, but cannot be grouped).
+//! Recency is a counter stamped on each chunk when it is put or hit. What the ranks compare is
+//! the rule of `evict.rs`; this module only keeps the chunks so that it is cheap to apply.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::sync::Arc;
 
-use super::{Chunk, ChunkKey, Needed, Ranking, Turn};
+use super::evict::{Needed, Ranking, Turn};
+use super::{Chunk, ChunkKey};
 
 /// Chunks of one block of one file version; `block` is `None` for chunks of unknown owner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -9,19 +9,14 @@
 //! idempotent (the same bytes read twice never finish a chunk early).
 //!
 //! Why a per-byte record and not a time window: a reader going through resident blocks at RAM
-//! speed reads a whole ~210 MB block within any window short enough to be safe, so at its first
-//! miss nothing behind it looks consumed and the victims become the last blocks of the order,
-//! still needed in the same pass. Marking by a granule's last byte lets reads that do not start
-//! on a granule boundary finish a chunk (a sequential reader has served every byte before the
-//! last one it got). The price: a read *starting* inside a granule marks it although another
-//! thread may not have read its head yet; that chunk may be evicted and read again (never wrong
-//! bytes), which needs reads smaller than a granule arriving out of order.
-//!
-//! Measured with the acceptance benchmark's repeated passes (8 passes of a 2.11 GB model
-//! through a 1 GiB budget, `tests/bench/passes-results.md`): later passes read 1.03–1.05 ×
-//! (model − budget) with this record, 1.12–1.19 × with a 50 ms window. It works together with
-//! [`super::ConsumedEvictions`] (without it, chunks consumed at once were read again by the
-//! block prefetch the reader had outrun).
+//! speed reads a whole block within any window short enough to be safe, so nothing behind it
+//! would look consumed at its first miss. Marking by a granule's last byte lets reads that do
+//! not start on a granule boundary finish a chunk (a sequential reader has served every byte
+//! before the last one it got). The price: a read *starting* inside a granule marks it although
+//! another thread may not have read its head yet; that chunk may be evicted and read again
+//! (never wrong bytes), which needs reads smaller than a granule arriving out of order
+//! ([measured](../../../docs/PERFORMANCE.md#eviction-in-repeated-passes)). It works together
+//! with `ConsumedEvictions` (`evict.rs`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

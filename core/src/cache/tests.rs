@@ -441,7 +441,7 @@ fn consumed_chunks_of_the_current_block_go_first() {
     get_owned(&cache, &fx, 1, Want::Read, &owner(0)).unwrap();
     get_owned(&cache, &fx, 2, Want::Prefetch, &owner(0)).unwrap(); // rest of block 0, unread
                                                                    // Past the recency guard: the reader is done with chunks 0 and 1.
-    thread::sleep(RECENTLY_READ + Duration::from_millis(20));
+    thread::sleep(CacheConfig::default().recently_read + Duration::from_millis(20));
     let prefetched = get_owned(&cache, &fx, 3, Want::Prefetch, &owner(1));
     assert!(prefetched.is_ok(), "a consumed chunk made room for block 1");
     assert!(
@@ -468,7 +468,7 @@ fn unread_chunks_of_the_current_block_are_kept_from_prefetch() {
     for chunk in 0..3 {
         get_owned(&cache, &fx, chunk, Want::Prefetch, &owner(0)).unwrap();
     }
-    thread::sleep(RECENTLY_READ + Duration::from_millis(20));
+    thread::sleep(CacheConfig::default().recently_read + Duration::from_millis(20));
     assert!(matches!(
         get_owned(&cache, &fx, 3, Want::Prefetch, &owner(1)),
         Err(CacheError::NoRoom)
@@ -589,7 +589,7 @@ fn a_model_read_in_turn_evicts_what_it_passed_before_the_other_model() {
     for chunk in 0..4 {
         read_block(&cache, &fx, 1, chunk, &a);
     }
-    thread::sleep(RECENTLY_READ + Duration::from_millis(20));
+    thread::sleep(CacheConfig::default().recently_read + Duration::from_millis(20));
     for chunk in 0..4 {
         read_block(&cache, &fx, 2, chunk, &b);
     }
@@ -616,7 +616,7 @@ fn of_waiting_models_the_one_read_last_goes_first() {
         for chunk in 0..2 {
             read_block(&cache, &fx, file, chunk, access);
         }
-        thread::sleep(RECENTLY_READ + Duration::from_millis(20));
+        thread::sleep(CacheConfig::default().recently_read + Duration::from_millis(20));
     }
     assert_eq!(
         resident_of(&cache, 1, 2),
@@ -627,4 +627,112 @@ fn of_waiting_models_the_one_read_last_goes_first() {
         resident_of(&cache, 2, 2).len() + resident_of(&cache, 3, 2).len(),
         3
     );
+}
+
+/// [`CacheConfig::prefetch_in_flight_share`]: with the whole budget allowed to prefetches, the
+/// prefetch that a quarter's bound skips goes ahead beside the reader's read in flight.
+#[test]
+fn the_prefetch_in_flight_share_is_configurable() {
+    let fx = Arc::new(fixture(4));
+    let config = CacheConfig {
+        prefetch_in_flight_share: 1,
+        ..CacheConfig::default()
+    };
+    let cache = Arc::new(ChunkCache::with_config(
+        4 * CHUNK,
+        Arc::new(Counters::default()),
+        config,
+    ));
+    let (started, release) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
+    let reader = {
+        let (fx, cache) = (fx.clone(), cache.clone());
+        let (started, release) = (started.clone(), release.clone());
+        thread::spawn(move || {
+            cache
+                .get_or_load(key(0), CHUNK, Want::Read, None, || {
+                    started.wait();
+                    release.wait(); // in flight until the prefetch below was tried
+                    fx.source.read_aligned(0, CHUNK)
+                })
+                .map(|_| ())
+        })
+    };
+    started.wait();
+    let prefetch = cache.get_or_load(key(1), CHUNK, Want::Prefetch, None, || {
+        fx.source.read_aligned(CHUNK, 2 * CHUNK)
+    });
+    release.wait();
+    assert!(prefetch.is_ok(), "{prefetch:?}");
+    reader.join().unwrap().unwrap();
+    cache.check_accounting();
+}
+
+/// [`CacheConfig::recently_read`]: chunks of the current block the reader got count as
+/// consumed (a prefetch of the next block may evict them) only once the guard has passed.
+#[test]
+fn the_recency_guard_is_configurable() {
+    let consumed_after = |recently_read: Duration| {
+        let fx = fixture(4);
+        let config = CacheConfig {
+            recently_read,
+            ..CacheConfig::default()
+        };
+        let cache = ChunkCache::with_config(3 * CHUNK, Arc::new(Counters::default()), config);
+        let access = Arc::new(ReaderTracker::new(2, None));
+        let owner = |block| owned_by(&access, block);
+        access.touch(0);
+        get_owned(&cache, &fx, 0, Want::Read, &owner(0)).unwrap();
+        get_owned(&cache, &fx, 1, Want::Read, &owner(0)).unwrap();
+        get_owned(&cache, &fx, 2, Want::Prefetch, &owner(0)).unwrap();
+        thread::sleep(Duration::from_millis(20));
+        get_owned(&cache, &fx, 3, Want::Prefetch, &owner(1)).is_ok()
+    };
+    assert!(consumed_after(Duration::from_millis(1)));
+    assert!(!consumed_after(Duration::from_secs(3600)));
+}
+
+/// [`CacheConfig::read_in_flight_share`]: with reads in flight allowed an eighth of a budget of
+/// eight chunks, readers missing at once are read one at a time.
+#[test]
+fn the_read_in_flight_share_is_configurable() {
+    let fx = Arc::new(fixture(8));
+    let config = CacheConfig {
+        read_in_flight_share: 8,
+        ..CacheConfig::default()
+    };
+    let cache = Arc::new(ChunkCache::with_config(
+        8 * CHUNK,
+        Arc::new(Counters::default()),
+        config,
+    ));
+    let (now, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let barrier = Arc::new(Barrier::new(6));
+    let threads: Vec<_> = (0..6u32)
+        .map(|chunk| {
+            let (fx, cache, now, peak, barrier) = (
+                fx.clone(),
+                cache.clone(),
+                now.clone(),
+                peak.clone(),
+                barrier.clone(),
+            );
+            thread::spawn(move || {
+                barrier.wait();
+                let (start, end) = (u64::from(chunk) * CHUNK, u64::from(chunk + 1) * CHUNK);
+                cache
+                    .get_or_load(key(chunk), CHUNK, Want::Read, None, || {
+                        peak.fetch_max(now.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                        thread::sleep(Duration::from_millis(10));
+                        now.fetch_sub(1, Ordering::SeqCst);
+                        fx.source.read_aligned(start, end)
+                    })
+                    .unwrap();
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(peak.load(Ordering::SeqCst), 1);
+    cache.check_accounting();
 }

@@ -665,7 +665,8 @@ impl ModelStore {
     /// too.
     pub(super) fn entered_block(&self, file: &Arc<ModelFile>, block: usize, predicted: bool) {
         let Some(of) = file.shard_of.as_ref() else {
-            self.prefetcher.entered_block(file, block, predicted);
+            self.prefetcher
+                .queue_after_block_entry(file, block, predicted);
             return;
         };
         // The rest of the current block is fetched from this shard, and from the next one if
@@ -691,7 +692,7 @@ impl ModelStore {
                 .collect()
         };
         self.prefetcher
-            .entered_block_in(file, block, predicted, holders);
+            .queue_after_block_entry_in(file, block, predicted, holders);
     }
 
     /// A reader read chunk `chunk` of `file`: read ahead in file order and, for a shard whose

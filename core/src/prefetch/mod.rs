@@ -1,34 +1,35 @@
 //! Reading ahead of readers, in the background.
 //!
-//! Two policies feed one worker pool:
-//! - **Block order.** When a reader enters a block ([`crate::reader::ReaderTracker::touch`]), the rest of
-//!   that block is queued, and if the reader arrived where the file's order predicted, the next
-//!   `depth` blocks in that order too (learned order once a pass was seen, else the default
-//!   model order from the names; see [`crate::reader::order`]). A block's tensors may be spread over several
-//!   regions of the file; its chunks are fetched wherever they are. A jump (an unpredicted
-//!   block) bumps the file's epoch, and the workers drop block prefetches queued under an
-//!   older one, so the disk is not kept busy with blocks nobody will read soon. For a reader
-//!   that computes between blocks ([`crate::reader::pace`]) the lead may be one whole block however large, and
-//!   its blocks ahead are read by a second, lower-priority pool once the reader pauses, so the
-//!   source is read during the reader's compute.
-//! - **Sequential.** After each read, the next chunks in *file* order (up to [`READAHEAD_BYTES`],
-//!   at most a quarter of the budget) are queued, as long as they belong to the block being read
-//!   or to the block the order predicts next: this is what keeps a plain sequential reader
-//!   (`cp`, `cat`, a loader reading the file front to back) at disk speed, without pulling in
-//!   the next block *in the file* when the reader will go elsewhere.
+//! **Contract.** The read path tells the [`Prefetcher`] where readers are; it queues chunks
+//! likely to be read soon on worker pools, which read them into the [`ChunkCache`] as
+//! prefetches ([`crate::cache::Want::Prefetch`]: they evict only what is needed later). The
+//! prefetcher never makes a reader wait: a reader's own misses are read on its own thread
+//! (waiting, at most, for a worker's read of the same chunk), and work an [`Executor`] refuses
+//! (its queue is full) is dropped, since a reader that outruns the disk fetches those chunks
+//! itself. Two policies feed the pools:
+//! - **Block order** ([`Prefetcher::queue_after_block_entry`]): when a reader enters a block,
+//!   the rest of the block is queued and, if the reader arrived where its file's order
+//!   predicted ([`crate::reader::ReaderTracker`]), the next `depth` blocks in that order, up to
+//!   a lead bounded by a share of the budget ([`PrefetchConfig`]). A jump (an unpredicted
+//!   block) bumps the file's epoch, and workers drop block prefetches queued under an older
+//!   one. For a reader that computes between blocks ([`crate::reader::pace`]) the lead may be
+//!   one whole block, read by a lower-priority pool once the reader pauses.
+//! - **Sequential** ([`Prefetcher::after_read`]): after each read, the next chunks in *file*
+//!   order (up to [`PrefetchConfig::readahead_bytes`], at most a quarter of the budget) while
+//!   they belong to the block being read or to the block the order predicts next: a plain
+//!   sequential reader (`cp`, `cat`, a loader reading front to back) reads at disk speed.
 //!
-//! Workers read with `O_DIRECT`, several reads in flight. A reader never waits behind the queue:
-//! its own misses are read on its own thread (and if a worker is already reading that chunk,
-//! it waits for that read rather than issuing a second one). Requests go to an [`Executor`]
-//! that refuses work when it is behind (the daemon's [`WorkerPool`]: a bounded `crossbeam`
-//! queue with `try_send`); refused requests are dropped rather than queued, since a reader that
-//! outruns the disk fetches those chunks itself.
+//! A queued prefetch is dropped when it went stale before a worker got to it: the reader left
+//! its block, or (a block prefetch) jumped since it was queued.
 //!
 //! **Interfaces.** The prefetcher knows files only through [`PrefetchTarget`] (their chunk
-//! plan, access state, and how to fetch one chunk), which `models::ModelFile`
-//! implements, so this module does not depend on [`crate::models`]. Where the work runs is
-//! injected ([`Prefetcher::with_executor`]): tests use a [`ManualExecutor`] and run queued
-//! prefetches at the step they choose, so no sleep decides what a test sees.
+//! plan, reader tracker, and how to fetch one chunk), which `models::ModelFile` implements, so
+//! this module does not depend on [`crate::models`]; it uses [`crate::cache`] and
+//! [`crate::reader`]. Where the work runs is injected ([`Prefetcher::with_executor`]): tests
+//! use a [`ManualExecutor`] and run queued prefetches at the step they choose.
+//!
+//! **Locks.** One, the set of queued chunks (through [`crate::sync`]), a leaf: held only to
+//! insert or remove one key, never while submitting work or reading.
 
 pub mod executor;
 pub mod saved;
@@ -40,6 +41,8 @@ use std::sync::Arc;
 use crate::cache::plan::ChunkPlan;
 use crate::cache::{CacheError, ChunkCache, ChunkKey};
 use crate::reader::ReaderTracker;
+#[cfg(test)]
+use crate::reader::Step;
 use crate::sync::{lock, Mutex};
 pub use executor::{Executor, ManualExecutor, WorkerPool};
 
@@ -71,47 +74,45 @@ pub struct ReadAhead {
     pub bytes: u64,
 }
 
-/// Bytes read ahead of a sequential reader: 16 MiB is four chunks, about 16 ms of disk time at
-/// 1 GB/s — enough to cover the gap between a reader finishing one chunk and asking for the
-/// next, even with the FUSE round trips in between.
-pub const READAHEAD_BYTES: u64 = 16 << 20;
+/// The prefetcher's tuning; [`Default`] is what the daemon runs with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefetchConfig {
+    /// Bytes read ahead of a sequential reader: 16 MiB is four chunks, about 16 ms of disk time
+    /// at 1 GB/s, enough to cover the gap between two requests with the FUSE round trips.
+    pub readahead_bytes: u64,
+    /// Blocks held ahead of a reader normally take at most `budget / lead_share` (an eighth):
+    /// each byte held ahead is a byte less of what repeated passes keep resident
+    /// ([measured](../../../docs/PERFORMANCE.md#prefetch-lead)).
+    pub lead_share: u64,
+    /// One whole next block larger than the normal lead may take up to this fraction of the
+    /// budget (numerator, denominator): three eighths hold one 200 MB block ahead on a 512 MiB
+    /// budget ([measured](../../../docs/PERFORMANCE.md#prefetch-lead)).
+    pub block_lead_share: (u64, u64),
+    /// Worker threads per pool, one read in flight each: four keep an NVMe or virtual disk
+    /// queue busy (`O_DIRECT` reads cost no CPU copying) without flooding it.
+    pub workers: usize,
+    /// Pending requests per pool beyond which new ones are dropped: 1024 chunks is 4 GiB,
+    /// several blocks of the largest models, and a job is a few words of memory.
+    pub queue_depth: usize,
+    /// Nice value of the background pool, which reads the blocks ahead of a reader that
+    /// computes between blocks: below the threads serving requests, so on a small machine the
+    /// reader's requests get the CPU first. Only that pool
+    /// ([measured](../../../docs/PERFORMANCE.md#reader-pace-and-the-background-pool)).
+    pub background_nice: i32,
+}
 
-/// Share of the budget that blocks prefetched ahead of a reader normally take (1/8): each byte
-/// held ahead is a byte less of the resident set that repeated passes keep (the repeated-pass
-/// test reads 1.15 × (file − budget) per pass at most, and three eighths broke that bound).
-const LEAD_SHARE: u64 = 8;
-
-/// Most of the budget that one whole next block may take when it is larger than the normal
-/// lead (numerator, denominator): three eighths hold one 200 MB block ahead on a 512 MiB
-/// budget (see `entered_block`).
-const BLOCK_LEAD_SHARE: (u64, u64) = (3, 8);
-
-/// Worker threads. Each has one chunk read in flight; four keep an NVMe or virtual disk queue
-/// busy (their reads use `O_DIRECT`, so they cost no CPU copying) without flooding it.
-const WORKERS: usize = 4;
-
-/// Pending requests beyond which new ones are dropped: 1024 chunks is 4 GiB, several blocks
-/// of the largest models, and a job is a few words of memory.
-const QUEUE_DEPTH: usize = 1024;
-
-/// Nice value of the background pool, which reads the blocks ahead of a reader that computes
-/// between blocks ([`crate::reader::pace`]): below the threads that serve requests, so that on a small machine
-/// the reader's requests get the CPU first and those reads use the CPU the reader leaves.
-///
-/// Reading the source costs CPU where it is a RAM-backed device (the benchmark's zram copies
-/// every page in the reading thread) and on a small machine: on 2 cores, the prefetch of the
-/// next 210 MB block ran while the reader read the current one, and that read took 44 ms against
-/// 31 ms with nothing prefetching (tests/bench/acceptance.py part 3). With the lead deferred to the
-/// reader's pauses ([`crate::reader::pace::ReaderPace::wait_until_paused`]), 3 passes each, same session: 53 MB
-/// blocks 3.2 points above the pass from RAM at nice 10 against 5.1 at nice 0 (210 MB blocks:
-/// 3.1 and 1.5, within the run-to-run spread).
-///
-/// Only that pool: with every prefetch worker at nice 10 (tried), prefetch for readers that do
-/// not compute starved whenever other work took the CPU — the core test
-/// `concurrent_sequential_readers_account_prefetch_exactly` under two busy loops failed 21 of
-/// 50 runs against 10 of 100 at nice 0 — and a loader is exactly the reader that needs its
-/// prefetch on time.
-const BACKGROUND_NICE: i32 = 10;
+impl Default for PrefetchConfig {
+    fn default() -> Self {
+        PrefetchConfig {
+            readahead_bytes: 16 << 20,
+            lead_share: 8,
+            block_lead_share: (3, 8),
+            workers: 4,
+            queue_depth: 1024,
+            background_nice: 10,
+        }
+    }
+}
 
 /// Chunks queued and not yet picked up by a worker: a reader issues many small reads per chunk,
 /// and each would otherwise queue the same chunks again.
@@ -121,30 +122,52 @@ type Queued = Arc<Mutex<HashSet<ChunkKey>>>;
 pub struct Prefetcher {
     cache: Arc<ChunkCache>,
     executor: Arc<dyn Executor>,
-    /// Blocks ahead of a reader that computes between blocks ([`BACKGROUND_NICE`]).
+    /// Blocks ahead of a reader that computes between blocks
+    /// ([`PrefetchConfig::background_nice`]).
     background: Arc<dyn Executor>,
     queued: Queued,
+    config: PrefetchConfig,
 }
 
 impl Prefetcher {
-    /// A prefetcher with the daemon's pools of [`WORKERS`] threads each.
+    /// A prefetcher with the daemon's pools and the default tuning.
     pub fn new(cache: Arc<ChunkCache>) -> Prefetcher {
-        let pool = WorkerPool::new("tierfs-prefetch", WORKERS, QUEUE_DEPTH);
-        let background =
-            WorkerPool::with_nice("tierfs-ahead", WORKERS, QUEUE_DEPTH, BACKGROUND_NICE);
+        Prefetcher::with_config(cache, PrefetchConfig::default())
+    }
+
+    /// A prefetcher with the daemon's pools, tuned by `config`.
+    pub fn with_config(cache: Arc<ChunkCache>, config: PrefetchConfig) -> Prefetcher {
+        let pool = WorkerPool::new("tierfs-prefetch", config.workers, config.queue_depth);
+        let background = WorkerPool::with_nice(
+            "tierfs-ahead",
+            config.workers,
+            config.queue_depth,
+            config.background_nice,
+        );
         Prefetcher {
             background: Arc::new(background),
-            ..Prefetcher::with_executor(cache, Arc::new(pool))
+            ..Prefetcher::with_executor_config(cache, Arc::new(pool), config)
         }
     }
 
-    /// A prefetcher running all its reads on `executor`.
+    /// A prefetcher running all its reads on `executor`, with the default tuning.
     pub fn with_executor(cache: Arc<ChunkCache>, executor: Arc<dyn Executor>) -> Prefetcher {
+        Prefetcher::with_executor_config(cache, executor, PrefetchConfig::default())
+    }
+
+    /// A prefetcher running all its reads on `executor`, tuned by `config` (its pool sizes
+    /// and nice value are the executor's business).
+    pub fn with_executor_config(
+        cache: Arc<ChunkCache>,
+        executor: Arc<dyn Executor>,
+        config: PrefetchConfig,
+    ) -> Prefetcher {
         Prefetcher {
             cache,
             background: Arc::clone(&executor),
             executor,
             queued: Queued::default(),
+            config,
         }
     }
 
@@ -154,18 +177,29 @@ impl Prefetcher {
         self.background.wait_idle();
     }
 
-    /// A reader entered `block` of `file`: queue the rest of it and, if the reader follows the
-    /// order, the next blocks.
-    pub fn entered_block<F: PrefetchTarget>(&self, file: &Arc<F>, block: usize, predicted: bool) {
-        self.entered_block_in(file, block, predicted, |_| vec![Arc::clone(file)]);
+    /// A reader entered `block` of `file`: queues the rest of it and, if the reader follows the
+    /// order (`predicted`), the next blocks.
+    pub fn queue_after_block_entry<F: PrefetchTarget>(
+        &self,
+        file: &Arc<F>,
+        block: usize,
+        predicted: bool,
+    ) {
+        self.queue_after_block_entry_in(file, block, predicted, |_| vec![Arc::clone(file)]);
     }
 
-    /// [`Self::entered_block`] for a file whose blocks may have chunks in other files too (the
-    /// shards of one model share one block numbering and access state): `holders(b)` are the
-    /// files holding chunks of block `b`. This is how prefetch crosses from the end of one
-    /// shard into the next one, opened for it if no reader has opened it yet.
-    pub fn entered_block_in<F, H>(&self, file: &Arc<F>, block: usize, predicted: bool, holders: H)
-    where
+    /// [`Self::queue_after_block_entry`] for a file whose blocks may have chunks in other files
+    /// too (the shards of one model share one block numbering and reader tracker):
+    /// `holders(b)` are the files holding chunks of block `b`. This is how prefetch crosses
+    /// from the end of one shard into the next one, opened for it if no reader has opened it
+    /// yet.
+    pub fn queue_after_block_entry_in<F, H>(
+        &self,
+        file: &Arc<F>,
+        block: usize,
+        predicted: bool,
+        holders: H,
+    ) where
         F: PrefetchTarget,
         H: Fn(usize) -> Vec<Arc<F>>,
     {
@@ -198,35 +232,22 @@ impl Prefetcher {
                 blocks.push((b, holders(b)));
             }
         }
-        // Blocks held ahead are taken from what repeated passes keep resident, so the lead is
-        // capped: an eighth of the budget (LEAD_SHARE), or one whole next block where that is
-        // larger, up to BLOCK_LEAD_SHARE of the budget. Consumed chunks of the current block are
-        // evicted first (`cache::Chunk::distance`), so the lead mostly replaces bytes the reader
-        // is done with rather than the resident set.
-        //
-        // Whether the block the reader is in counts towards the lead depends on the reader:
-        // - It counts, except as below. Counting only the blocks ahead let two 18 MiB blocks
-        //   ahead instead of one, and later passes of
-        //   tests/python/test_prefetch.py::test_repeated_passes_read_only_the_excess[shuffled]
-        //   read 417–422 MiB against its 416.6 MiB bound (1.15 × (file − budget)).
-        // - It does not when the next block is over an eighth of the budget and the reader
-        //   computes between blocks ([`crate::reader::pace`]). With the current block counted, the one-block
-        //   lead was used up by the block the reader is in, the next block was never queued,
-        //   and each block was read on demand: acceptance benchmark part 3 (210 MB blocks, 1 GiB budget,
-        //   compute 1.35× the block's disk time) stalled 23.4 points above the pass from RAM.
-        //   Taken for every reader (branch `lead-trial`), the whole-block lead cut that to
-        //   2.0–6.4 points, but a reader that does not compute gains little from it (the disk
-        //   is its bottleneck either way) and pays a block of resident set on every pass:
-        //   acceptance benchmark part 5 (8 passes, same model) read 1.14–1.16 × (model − budget) per later
-        //   pass against 1.13 (goal 1.15), and `dd bs=4k` of a name-sorted file, whose next
-        //   block in the file is not the next in the order, read 1.10× the file.
+        // The lead is capped: `budget / lead_share`, or one whole next block where that is
+        // larger, up to `block_lead_share` of the budget. Consumed chunks of the current block
+        // are evicted first (`cache/evict.rs`), so the lead mostly replaces bytes the reader is
+        // done with. The block the reader is in counts towards the lead, except when the next
+        // block is over the normal lead and the reader computes between blocks: then the
+        // whole next block is held ahead
+        // ([measured](../../../docs/PERFORMANCE.md#prefetch-lead)).
         let budget = self.cache.budget();
         let next_block = blocks.get(1).map_or(0, |(b, files)| block_bytes(files, *b));
         let computing = access.pace.computing();
-        let whole_block_lead = next_block > budget / LEAD_SHARE && computing;
-        let limit = (budget / LEAD_SHARE)
+        let lead_share = self.config.lead_share;
+        let (most, of) = self.config.block_lead_share;
+        let whole_block_lead = next_block > budget / lead_share && computing;
+        let limit = (budget / lead_share)
             .max(next_block)
-            .min(budget / BLOCK_LEAD_SHARE.1 * BLOCK_LEAD_SHARE.0);
+            .min(budget / of * most);
         let mut ahead = 0;
         for (b, files) in blocks {
             if b != block || !whole_block_lead {
@@ -249,7 +270,7 @@ impl Prefetcher {
 
     /// Queues the chunks of `block` in `file` that are not in memory, while `queued` (bytes
     /// queued for this block so far, in all its files) stays within `limit`. Returns false when
-    /// the executor is full. `background`: on the background pool ([`BACKGROUND_NICE`]).
+    /// the executor is full. `background`: on the background pool.
     fn queue_block<F: PrefetchTarget>(
         &self,
         file: &Arc<F>,
@@ -287,7 +308,7 @@ impl Prefetcher {
             next_block: file
                 .tracker()
                 .and_then(|a| a.next_blocks(span.block, 1).first().copied()),
-            bytes: READAHEAD_BYTES.min(self.cache.budget() / 4),
+            bytes: self.config.readahead_bytes.min(self.cache.budget() / 4),
         };
         self.read_ahead(file, chunk + 1, ahead)
     }
@@ -407,14 +428,10 @@ fn run(
 
 /// Whether a prefetch of `chunk` is no longer worth reading: the reader has just left the
 /// chunk's block, which is then needed only in its next pass ([`ReaderTracker::is_just_behind`]),
-/// or, for a block prefetch queued under `epoch`, the reader jumped since. Workers starved of
-/// CPU ran such prefetches after the reader had left the block: the chunk came in as the block
-/// needed last and was evicted unread
-/// (`models::tests::concurrent_sequential_readers_account_prefetch_exactly`, 8 threads with
-/// busy loops on 2 cores, failed about one run in ten). That holds for a read-ahead
-/// ([`Prefetcher::after_read`], no epoch) too: a straggling thread's read in block `k` queued
-/// the first chunk of `k + 1`, and a worker loaded it with the reader eight blocks further on
-/// (traced in the same test's failures).
+/// or, for a block prefetch queued under `epoch`, the reader jumped since. Read anyway, such a
+/// chunk comes in as the block needed last and is evicted unread; that holds for a read-ahead
+/// ([`Prefetcher::after_read`], no epoch) queued by a straggling thread too
+/// ([traced](../../../docs/PERFORMANCE.md#stragglers-and-restarts)).
 fn stale(file: &dyn PrefetchTarget, chunk: usize, epoch: Option<u64>) -> bool {
     let Some(access) = file.tracker() else {
         return false;
@@ -439,3 +456,6 @@ fn defer_lead_while_reading(file: &dyn PrefetchTarget, chunk: usize) {
         access.pace.wait_until_paused();
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,53 +1,58 @@
 //! Whether a reader computes between blocks, and when the prefetch of the block ahead runs.
 //!
-//! Contract: at each block entry, the *pause* is the time since the last read of the file
-//! ended and the *reading time* is how long the reader took over the block it left; the reader
-//! *computes* if the pause is at least [`MIN_PAUSE`] and at least [`MIN_PAUSE_SHARE`] of the
-//! reading time. Only a computing reader gets a whole transformer block held ahead
-//! ([`super::Prefetcher::entered_block_in`]), and for it the prefetch of that block waits until
-//! the reader pauses ([`ReaderPace::wait_until_paused`]: no read ended for [`IDLE`], at most
-//! [`MAX_DEFER`]), so the source is read while the reader computes rather than while it reads.
-//! One file has one pace, shared by all its readers (as it has one current block): two readers
-//! interleaving on one file look like one that does not pause, and get the ordinary lead.
+//! **Contract.** At each block start ([`ReaderPace::note_block_start`]), the *pause* is the time
+//! since the last read of the file ended and the *reading time* is how long the reader took
+//! over the block it left; the reader *computes* if the pause is at least
+//! [`PaceConfig::min_pause`] and at least `1 / min_pause_share` of the reading time. Only a
+//! computing reader gets a whole transformer block held ahead
+//! ([`crate::prefetch::Prefetcher::queue_after_block_entry_in`]), and for it the prefetch of
+//! that block waits until the reader pauses ([`ReaderPace::wait_until_paused`]: no read ended
+//! for [`PaceConfig::idle`], at most [`PaceConfig::max_defer`]), so the source is read while
+//! the reader computes rather than while it reads. One file has one pace, shared by all its
+//! readers (as it has one current block): two readers interleaving on one file look like one
+//! that does not pause, and get the ordinary lead.
 //!
 //! Why: a block held ahead pays only when the reader spends time away from the file (a
-//! block-swapping pipeline running the block it just read). A reader that never pauses (a
-//! loader copying weights, `cat`, a repeated pass) is held back by the disk alone, and a block
-//! held ahead is a block less of the resident set its later passes keep. Deferring the read to
-//! the reader's pause keeps the two from competing for the CPU where reading the source costs
-//! CPU (a RAM-backed device, a small machine).
+//! block-swapping pipeline running the block it just read); for a reader that never pauses
+//! (a loader, `cat`, a repeated pass) it is a block less of the resident set. Deferring the read
+//! to the pause keeps the two from competing for the CPU where reading the source costs CPU
+//! ([measured](../../../docs/PERFORMANCE.md#reader-pace-and-the-background-pool)).
 //!
-//! The thresholds: a streaming reader computing 1.2–1.5× a block's disk time pauses 70–280 ms
-//! per 53–210 MB block at 1 GB/s; a reader that does not compute pauses tens of microseconds
-//! between requests (a few milliseconds on a loaded machine). Measured with the acceptance
-//! benchmark (parts 3 and 5, `tests/bench/acceptance-results.md`): repeated passes read 1.13 ×
-//! (model − budget) per later pass without the lead for non-computing readers, 1.14–1.16 with
-//! it; the cold streaming pass stalled 3.2 points above the pass from RAM with the deferral and
-//! 5.7 without (53 MB blocks, 2 GiB budget, 2 cores).
-//!
-//! Times are nanoseconds since the pace was created, so they fit atomics; 0 means "never". The
-//! `_at` methods take the time from the caller, which is how tests drive it without sleeping.
+//! No locks: times are nanoseconds since the pace was created, in atomics; 0 means "never".
+//! The `_at` methods take the time from the caller, which is how tests drive it without
+//! sleeping.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// Shortest pause between blocks that counts as compute: 5 ms is 5 MB of disk time at 1 GB/s,
-/// far above the gap between two requests of a reader that does not compute, and far below the
-/// 70 ms a reader computing on 50 MB blocks pauses.
-pub const MIN_PAUSE: Duration = Duration::from_millis(5);
+/// How a reader's pace is judged; [`Default`] is what the daemon runs with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PaceConfig {
+    /// Shortest pause between blocks that counts as compute: 5 ms is 5 MB of disk time at
+    /// 1 GB/s, far above the gap between two requests of a reader that does not compute, and
+    /// far below the 70 ms a reader computing on 50 MB blocks pauses.
+    pub min_pause: Duration,
+    /// The pause must also be at least `1 / min_pause_share` (a quarter) of the time the reader
+    /// took to read the block it left: compute worth a lead is comparable to the reading.
+    pub min_pause_share: u64,
+    /// A computing reader counts as paused once no read of its file has ended for this long
+    /// (2 ms: its reads end every few hundred microseconds while it reads).
+    pub idle: Duration,
+    /// Longest a prefetch of a block ahead waits for a computing reader to pause: 50 ms is a
+    /// quarter of a 200 MB block's disk time at 1 GB/s.
+    pub max_defer: Duration,
+}
 
-/// The pause must also be at least this share (1/4) of the time the reader took to read the
-/// block it left: compute worth a lead is comparable to the reading, not a small fraction of it.
-pub const MIN_PAUSE_SHARE: u64 = 4;
-
-/// A computing reader counts as paused once no read of its file has ended for 2 ms (its reads
-/// end every few hundred microseconds while it reads).
-pub const IDLE: Duration = Duration::from_millis(2);
-
-/// Longest a prefetch of a block ahead waits for a computing reader to pause: 50 ms is a quarter
-/// of a 200 MB block's disk time at 1 GB/s, and a reader that reads longer than that without
-/// pausing is not waited for.
-pub const MAX_DEFER: Duration = Duration::from_millis(50);
+impl Default for PaceConfig {
+    fn default() -> Self {
+        PaceConfig {
+            min_pause: Duration::from_millis(5),
+            min_pause_share: 4,
+            idle: Duration::from_millis(2),
+            max_defer: Duration::from_millis(50),
+        }
+    }
+}
 
 /// How one file's reader is paced.
 #[derive(Debug)]
@@ -59,20 +64,27 @@ pub struct ReaderPace {
     block_entered: AtomicU64,
     /// Whether the reader paused to compute before entering its current block.
     computing: AtomicBool,
+    config: PaceConfig,
 }
 
 impl Default for ReaderPace {
     fn default() -> Self {
+        ReaderPace::with_config(PaceConfig::default())
+    }
+}
+
+impl ReaderPace {
+    /// A pace judged by `config`.
+    pub fn with_config(config: PaceConfig) -> ReaderPace {
         ReaderPace {
             born: Instant::now(),
             last_read_end: AtomicU64::new(0),
             block_entered: AtomicU64::new(0),
             computing: AtomicBool::new(false),
+            config,
         }
     }
-}
 
-impl ReaderPace {
     /// A read of the file ended now.
     pub fn read_done(&self) {
         self.read_done_at(self.now());
@@ -83,19 +95,21 @@ impl ReaderPace {
         self.last_read_end.fetch_max(at, Ordering::Relaxed);
     }
 
-    /// The reader entered a block now.
-    pub fn entered_block(&self) {
-        self.entered_block_at(self.now());
+    /// The reader started a block now: judges the pause that led into it.
+    pub fn note_block_start(&self) {
+        self.note_block_start_at(self.now());
     }
 
-    /// The reader entered a block at `at`: judges the pause that led into it.
-    pub fn entered_block_at(&self, at: u64) {
+    /// The reader started a block at `at`: judges the pause that led into it.
+    pub fn note_block_start_at(&self, at: u64) {
         let entered = self.block_entered.swap(at, Ordering::Relaxed);
         let last_end = self.last_read_end.load(Ordering::Relaxed);
         let computing = entered != 0 && last_end > entered && {
             let pause = at.saturating_sub(last_end);
             let reading = last_end - entered;
-            pause >= MIN_PAUSE.as_nanos() as u64 && pause.saturating_mul(MIN_PAUSE_SHARE) >= reading
+            let config = &self.config;
+            pause >= config.min_pause.as_nanos() as u64
+                && pause.saturating_mul(config.min_pause_share) >= reading
         };
         self.computing.store(computing, Ordering::Relaxed);
     }
@@ -105,18 +119,19 @@ impl ReaderPace {
         self.computing.load(Ordering::Relaxed)
     }
 
-    /// Returns once no read of the file has ended for [`IDLE`], or after [`MAX_DEFER`]; returns
+    /// Returns once no read of the file has ended for [`PaceConfig::idle`], or after
+    /// [`PaceConfig::max_defer`]; returns
     /// how many times it slept (tests).
     pub fn wait_until_paused(&self) -> u32 {
-        let deadline = Instant::now() + MAX_DEFER;
-        let idle = IDLE.as_nanos() as u64;
+        let deadline = Instant::now() + self.config.max_defer;
+        let idle = self.config.idle.as_nanos() as u64;
         let mut naps = 0;
         let reading = || {
             let last_end = self.last_read_end.load(Ordering::Relaxed);
             last_end != 0 && self.now().saturating_sub(last_end) < idle
         };
         while reading() && Instant::now() < deadline {
-            std::thread::sleep(IDLE / 2);
+            std::thread::sleep(self.config.idle / 2);
             naps += 1;
         }
         naps
@@ -140,7 +155,7 @@ mod tests {
         let mut t = 10 * MS;
         let mut seen = Vec::new();
         for i in 0..blocks {
-            pace.entered_block_at(t);
+            pace.note_block_start_at(t);
             if i > 0 {
                 seen.push(pace.computing());
             }
@@ -164,13 +179,13 @@ mod tests {
     #[test]
     fn a_reader_without_pauses_does_not_compute() {
         assert_eq!(walk(&ReaderPace::default(), 4, 200, 0), [false; 3]);
-        // Pauses shorter than MIN_PAUSE (a loaded machine) are not compute.
+        // Pauses shorter than `min_pause` (a loaded machine) are not compute.
         assert_eq!(walk(&ReaderPace::default(), 4, 10, 4), [false; 3]);
     }
 
     #[test]
     fn a_pause_short_next_to_the_reading_is_not_compute() {
-        // 8 ms of pause after 100 ms of reading: above MIN_PAUSE, below a quarter.
+        // 8 ms of pause after 100 ms of reading: above `min_pause`, below a quarter.
         assert_eq!(walk(&ReaderPace::default(), 3, 100, 8), [false; 2]);
         assert_eq!(walk(&ReaderPace::default(), 3, 100, 25), [true; 2]);
     }
@@ -178,9 +193,9 @@ mod tests {
     #[test]
     fn nothing_is_known_before_a_block_was_read() {
         let pace = ReaderPace::default();
-        pace.entered_block_at(MS);
+        pace.note_block_start_at(MS);
         assert!(!pace.computing(), "first block");
-        pace.entered_block_at(500 * MS);
+        pace.note_block_start_at(500 * MS);
         assert!(!pace.computing(), "no read in the block left");
     }
 
@@ -188,7 +203,7 @@ mod tests {
     fn a_paused_reader_is_not_waited_for() {
         let pace = ReaderPace::default();
         assert_eq!(pace.wait_until_paused(), 0, "no read yet");
-        std::thread::sleep(IDLE);
+        std::thread::sleep(PaceConfig::default().idle);
         pace.read_done_at(1);
         assert_eq!(pace.wait_until_paused(), 0, "last read long ago");
     }
@@ -199,7 +214,7 @@ mod tests {
         pace.read_done_at(u64::MAX / 2); // a read that ends "now" forever
         let started = Instant::now();
         assert!(pace.wait_until_paused() > 0);
-        assert!(started.elapsed() >= MAX_DEFER);
+        assert!(started.elapsed() >= PaceConfig::default().max_defer);
     }
 
     #[test]
@@ -208,9 +223,21 @@ mod tests {
         assert_eq!(walk(&pace, 3, 50, 100), [true; 2]);
         // Reads went on right into the next block.
         let t = 10 * MS + 3 * 150 * MS;
-        pace.entered_block_at(t);
+        pace.note_block_start_at(t);
         pace.read_done_at(t + 50 * MS);
-        pace.entered_block_at(t + 50 * MS);
+        pace.note_block_start_at(t + 50 * MS);
         assert!(!pace.computing());
+    }
+
+    /// [`PaceConfig::min_pause`] decides which pauses count as compute.
+    #[test]
+    fn the_shortest_pause_is_configurable() {
+        // 8 ms of pause after 20 ms of reading: compute by default (above 5 ms and a quarter).
+        assert_eq!(walk(&ReaderPace::default(), 3, 20, 8), [true; 2]);
+        let strict = ReaderPace::with_config(PaceConfig {
+            min_pause: Duration::from_millis(10),
+            ..PaceConfig::default()
+        });
+        assert_eq!(walk(&strict, 3, 20, 8), [false; 2]);
     }
 }

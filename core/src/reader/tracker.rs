@@ -12,49 +12,58 @@
 //! epoch, and queued block prefetches of the old epoch are dropped by the workers instead of
 //! occupying the disk.
 //!
-//! **Depth** starts at one block ahead and grows by one (up to [`MAX_DEPTH`]) each time the
-//! reader enters a predicted block that is not fully in memory yet, i.e. the disk could not
-//! keep up with one block of lead; a reader that computes longer than the disk needs never
-//! grows it.
+//! **Depth** starts at one block ahead and grows by one (up to [`ReaderConfig::max_depth`])
+//! each time the reader enters a predicted block that is not fully in memory yet, i.e. the disk
+//! could not keep up with one block of lead; a reader that computes longer than the disk needs
+//! never grows it.
 //!
 //! **Restarts.** The order takes a touch of a block far behind the reader's newest one (more
-//! than [`TOLERANCE`] first touches) as the start of a new pass. A thread of a multi-threaded
-//! reader that fell behind does the same: with 8 threads sharing one offset counter and two
-//! busy loops on 2 cores, threads were descheduled long enough to touch a block 5–12 blocks
-//! behind the others; each such touch ended the pass, moved the reader's block back and
-//! forth (a jump each time: epoch and visit bumped, every distance recomputed), and the chunks
-//! prefetched for the real front looked far away and were evicted unread. So a touch far
-//! behind opens a *candidate* reader, kept beside the front, with its own position: its
-//! touches move only it, and it becomes the reader (a new pass, its blocks replayed into the
-//! order) once it has gone on by enough blocks. Any touch near the front drops it (the front
-//! is alive: the candidate was stragglers); a touch further behind replaces it.
-//!
-//! How far the candidate must go on depends on where the front is. At the end of a pass
-//! (the front has touched all but [`TOLERANCE`] of the blocks a pass touches), a new pass is
-//! what comes next, and the candidate's second block confirms it: one block late, which costs
-//! nothing in repeated passes (the first blocks of the order are the ones kept resident). In
-//! the middle of a pass, a group of descheduled threads resuming together can cover several
-//! consecutive blocks with no front touch among them (a few runs in a hundred under four busy
-//! loops: stragglers touched blocks 1, 2 and 11 in a row while the front was in block 3), so
-//! the candidate must go on by more than [`TOLERANCE`] blocks, the distance the order grants
-//! stragglers; a reader that really restarted mid-pass is recognised that much later.
+//! than [`TOLERANCE`] first touches) as the start of a new pass; so does a straggling thread of
+//! a multi-threaded reader that was descheduled. So a touch far behind opens a *candidate*
+//! reader, kept beside the front, with its own position: its touches move only it, and it
+//! becomes the reader (a new pass, its blocks replayed into the order) once it has gone on by
+//! enough blocks. Any touch near the front drops it (the front is alive: the candidate was
+//! stragglers); a touch further behind replaces it. At the end of a pass (the front has touched
+//! all but [`TOLERANCE`] of the blocks a pass touches) the candidate's second block confirms
+//! it; in the middle of a pass it must go on by more than [`TOLERANCE`] blocks, since resumed
+//! stragglers can cover several consecutive blocks
+//! ([traced](../../../docs/PERFORMANCE.md#stragglers-and-restarts)).
 //!
 //! **Distance** (for eviction) is how many blocks ahead of the reader's current block a block
 //! comes in cyclic order: the block the reader just left is needed last. (Its chunks that
 //! straggling threads are still reading are protected by the cache's recency guard, which asks
 //! [`ReaderTracker::is_previous`].)
+//!
+//! **Locks** (through [`crate::sync`]): the order's mutex, then under it the candidate's; the
+//! block positions are a read-write lock the cache reads under its own lock (positions are
+//! written only with the order's lock held, never with the cache's). Everything else is atomic.
 
 use crate::sync::{lock, read, write, Mutex, MutexGuard, RwLock};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use crate::reader::order::{BlockOrder, Touch, TOLERANCE};
-use crate::reader::pace::ReaderPace;
+use crate::reader::pace::{PaceConfig, ReaderPace};
 
-/// Most blocks fetched ahead of the reader. Every block held ahead is a block less of the
-/// resident set that repeated passes keep (and so one more block read per pass), so depth only
-/// grows when the reader outruns one block of lead; a transformer block is 100–700 MiB in the
-/// models this is for, and two of them are a second or more of disk time.
-pub const MAX_DEPTH: usize = 2;
+/// How a reader is tracked; [`Default`] is what the daemon runs with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReaderConfig {
+    /// How long a reader's pauses must be to count as compute ([`PaceConfig`]).
+    pub pace: PaceConfig,
+    /// Most blocks fetched ahead of the reader: 2. Every block held ahead is a block less of
+    /// the resident set that repeated passes keep (one more block read per pass), so depth only
+    /// grows when the reader outruns one block of lead; a transformer block is 100–700 MiB in
+    /// the models this is for, and two of them are a second or more of disk time.
+    pub max_depth: usize,
+}
+
+impl Default for ReaderConfig {
+    fn default() -> Self {
+        ReaderConfig {
+            pace: PaceConfig::default(),
+            max_depth: 2,
+        }
+    }
+}
 
 /// No block entered yet.
 const NONE: usize = usize::MAX;
@@ -112,6 +121,7 @@ pub struct ReaderTracker {
     /// Whether the reader computes between blocks (see [`ReaderPace`]).
     pub pace: ReaderPace,
     pub counters: FileCounters,
+    config: ReaderConfig,
 }
 
 /// Per-file figures for the stats.
@@ -134,6 +144,15 @@ pub struct FileCounters {
 impl ReaderTracker {
     /// Access state for a file of `blocks` blocks, starting from a saved order when one fits.
     pub fn new(blocks: usize, saved: Option<BlockOrder>) -> ReaderTracker {
+        ReaderTracker::with_config(blocks, saved, ReaderConfig::default())
+    }
+
+    /// [`Self::new`] tuned by `config`.
+    pub fn with_config(
+        blocks: usize,
+        saved: Option<BlockOrder>,
+        config: ReaderConfig,
+    ) -> ReaderTracker {
         let order = saved
             .filter(|o| o.blocks() == blocks)
             .unwrap_or_else(|| BlockOrder::new(blocks));
@@ -151,8 +170,9 @@ impl ReaderTracker {
             depth: AtomicUsize::new(1),
             candidate: Mutex::new(Vec::new()),
             prefetch_front: AtomicUsize::new(NONE),
-            pace: ReaderPace::default(),
+            pace: ReaderPace::with_config(config.pace),
             counters: FileCounters::default(),
+            config,
         }
     }
 
@@ -180,7 +200,7 @@ impl ReaderTracker {
             self.begin_session();
         }
         self.visit.fetch_add(1, Ordering::Relaxed);
-        self.pace.entered_block();
+        self.pace.note_block_start();
         let left = self.current.swap(block, Ordering::Relaxed);
         self.previous.store(left, Ordering::Relaxed);
         let from = replayed.unwrap_or(left);
@@ -285,7 +305,7 @@ impl ReaderTracker {
         let _ = self
             .depth
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |d| {
-                (d < MAX_DEPTH).then_some(d + 1)
+                (d < self.config.max_depth).then_some(d + 1)
             });
     }
 
@@ -397,11 +417,11 @@ impl ReaderTracker {
 
     /// Whether the reader left `block` at most [`TOLERANCE`] blocks ago, in the order: threads
     /// of a multi-threaded reader that fell behind may still be reading it. Never a block
-    /// within [`MAX_DEPTH`] ahead of the reader (in a file of few blocks, "behind" and "ahead"
+    /// within [`ReaderConfig::max_depth`] ahead of the reader (in a file of few blocks, "behind" and "ahead"
     /// overlap; prefetch works there).
     pub fn is_just_behind(&self, block: usize) -> bool {
         let distance = self.distance(block);
-        distance > MAX_DEPTH && distance + TOLERANCE >= read(&self.position).len()
+        distance > self.config.max_depth && distance + TOLERANCE >= read(&self.position).len()
     }
 
     /// Whether `block` is the one the reader left for its current block (threads of a
@@ -620,6 +640,20 @@ mod tests {
         for _ in 0..10 {
             access.deepen();
         }
-        assert_eq!(access.depth(), MAX_DEPTH);
+        assert_eq!(access.depth(), ReaderConfig::default().max_depth);
+    }
+
+    /// [`ReaderConfig::max_depth`] bounds how far ahead prefetch goes.
+    #[test]
+    fn the_depth_bound_is_configurable() {
+        let config = ReaderConfig {
+            max_depth: 4,
+            ..ReaderConfig::default()
+        };
+        let access = ReaderTracker::with_config(8, None, config);
+        for _ in 0..10 {
+            access.deepen();
+        }
+        assert_eq!(access.depth(), 4);
     }
 }
