@@ -27,7 +27,7 @@ use tierfs_core::stats::ops::{Op, OpHistogram, OpStats};
 use tierfs_core::stats::residency;
 use tierfs_core::stats::FileSnapshot;
 
-use crate::stats_doc::StatsDocument;
+use crate::stats_doc::DaemonStats;
 
 /// Most files given per-file series: the most recently opened ones.
 pub const MAX_LABELLED_FILES: usize = 64;
@@ -46,12 +46,12 @@ type FileFamily = (
 /// The figures of one scrape.
 #[derive(Debug)]
 struct Scrape {
-    doc: StatsDocument,
+    doc: DaemonStats,
     latency: Vec<(Op, OpHistogram)>,
 }
 
 /// The metrics of `doc` and of the operation latencies `ops`, as exposition text.
-pub fn render(doc: StatsDocument, ops: &OpStats) -> Vec<u8> {
+pub fn render(doc: DaemonStats, ops: &OpStats) -> Vec<u8> {
     let mut registry = Registry::default();
     registry.register_collector(Box::new(Scrape {
         doc,
