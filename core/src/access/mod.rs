@@ -38,7 +38,7 @@
 pub mod creds;
 pub mod resolve;
 
-pub use creds::{AccessError, Credentials, GroupsCache, Switched};
+pub use creds::{AccessError, Credentials, GroupsCache, GroupsCacheConfig, Switched};
 pub use resolve::{mount_device, ServedDevice, SourceRoot};
 
 /// How a mount shares its files between users.

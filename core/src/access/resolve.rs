@@ -42,12 +42,13 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags, StatxFlags};
 
 use crate::source::{PathAccess, SourceIdentity};
+use crate::sync::{lock, Mutex};
 
 /// Links followed in one resolution at most: the kernel's own limit (`MAXSYMLINKS`).
 pub const MAX_LINKS: usize = 40;
@@ -526,7 +527,7 @@ struct RefusalLog {
 
 impl RefusalLog {
     fn log(&self, rel: &Path, reason: &str) {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = lock(&self.state);
         match &mut *state {
             Some((at, suppressed)) if at.elapsed() < REFUSAL_LOG_INTERVAL => *suppressed += 1,
             _ => {
