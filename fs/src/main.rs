@@ -24,6 +24,7 @@ mod mount;
 mod privilege;
 mod stats_cmd;
 mod stats_doc;
+mod stats_read;
 mod top;
 
 use std::path::PathBuf;

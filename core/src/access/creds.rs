@@ -296,6 +296,10 @@ mod config_tests {
             assert_eq!(default.status_of(pid, uid, 0), small.status_of(pid, uid, 0));
         }
         assert_eq!(remembered(&default), 3);
-        assert_eq!(remembered(&small), 1, "cleared at the third process, then it alone");
+        assert_eq!(
+            remembered(&small),
+            1,
+            "cleared at the third process, then it alone"
+        );
     }
 }
