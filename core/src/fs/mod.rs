@@ -64,7 +64,8 @@ pub mod present;
 mod read;
 // Linux only: the model of SOURCE makes symbolic links (a privilege on Windows), keeps
 // objects alive with `O_PATH` and checks errnos.
-#[cfg(all(test, target_os = "linux"))]
+#[cfg(test)]
+#[cfg(target_os = "linux")]
 mod reference_tests;
 #[cfg(test)]
 mod tests;
