@@ -196,7 +196,8 @@ pub struct SetAttr {
 pub struct TierFs<B> {
     settings: Settings,
     config: FsConfig,
-    access: AccessRule,
+    /// Whose credentials each source access of a request runs with ([`crate::access`]).
+    access_rule: AccessRule,
     source_root: Arc<SourceRoot>,
     store: Arc<ModelStore>,
     inodes: Inodes,
@@ -242,7 +243,7 @@ impl<B: Send + Sync> TierFs<B> {
         let source_dev = platform::object_id(&settings.source, &source_meta, Kind::Directory)?.dev;
         store.reach_source_through(source_root.clone());
         Ok(TierFs {
-            access: AccessRule::new(settings.sharing),
+            access_rule: AccessRule::new(settings.sharing),
             source_root,
             settings,
             config: FsConfig::default(),
@@ -424,8 +425,9 @@ impl<B: Send + Sync> TierFs<B> {
         Err(FsError::ReadOnly)
     }
 
-    /// `access`: writing is refused everywhere but the control file; reading is checked by
-    /// the kernel (`default_permissions`) and by the open itself.
+    /// The `access` operation (`access(2)` through the mount): writing is refused everywhere
+    /// but the control file; reading is checked by the kernel (`default_permissions`) and by
+    /// the open itself. (Who may reach what in SOURCE is [`AccessRule`]'s, [`crate::access`].)
     pub fn access(&self, ino: u64, write: bool) -> Result<(), FsError> {
         if write && ino != CONTROL_INO {
             return Err(FsError::ReadOnly);
@@ -477,7 +479,7 @@ impl<B: Send + Sync> TierFs<B> {
 
     /// Starts serving `req` under the access rule.
     fn act_for(&self, req: Requester) -> Result<Acting, FsError> {
-        self.access.act_for(req.uid, req.gid, req.pid).map_err(|e| {
+        self.access_rule.act_for(req.uid, req.gid, req.pid).map_err(|e| {
             tracing::warn!(error = %e, pid = req.pid, "request refused");
             FsError::Refused(e)
         })
@@ -532,7 +534,7 @@ impl<B: Send + Sync> TierFs<B> {
     /// How long the kernel may keep an entry or its attributes: not at all for a link shown as
     /// its target on a shared mount (see the module docs).
     fn ttl(&self, via_link: bool) -> Duration {
-        if via_link && self.access.sharing().is_shared() {
+        if via_link && self.access_rule.sharing().is_shared() {
             Duration::ZERO
         } else {
             self.config.attr_ttl
@@ -699,7 +701,7 @@ impl<B: Send + Sync> TierFs<B> {
             Ok(_) => return Err(FsError::NoAttribute),
             Err(e) => return Err(FsError::io("getxattr")(e)),
         }
-        if self.access.sharing().is_shared() {
+        if self.access_rule.sharing().is_shared() {
             self.source_root
                 .open_file(&path, follow)
                 .map_err(|_| FsError::NoAttribute)?;
