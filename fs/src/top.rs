@@ -32,11 +32,23 @@ use tierfs_core::size::format_size;
 use crate::mount::send_control;
 use crate::stats_read::{FileRead, StatsRead, StripRead, OPS};
 
-/// Throughput samples kept for the sparklines.
-const HISTORY: usize = 240;
+/// Tuning of the view; [`Default`] is what `tierfs top` uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TopConfig {
+    /// Throughput samples kept for the sparklines (four minutes at the default interval).
+    history: usize,
+    /// Samples shown in a model's sparklines.
+    file_sparkline: usize,
+}
 
-/// Samples shown in a model's sparklines.
-const FILE_SPARKLINE: usize = 24;
+impl Default for TopConfig {
+    fn default() -> TopConfig {
+        TopConfig {
+            history: 240,
+            file_sparkline: 24,
+        }
+    }
+}
 
 /// One file's throughput since the view started.
 #[derive(Default)]
@@ -66,6 +78,7 @@ pub fn run(mountpoint: &Path, interval: f64) -> Result<()> {
 /// What the screen shows, and what it remembers between refreshes.
 struct View<'a> {
     mountpoint: &'a Path,
+    config: TopConfig,
     doc: StatsRead,
     /// When `doc` was read, its disk and served byte counters.
     last: Option<(Instant, u64, u64)>,
@@ -121,8 +134,13 @@ impl<'d> Figures<'d> {
 
 impl<'a> View<'a> {
     fn new(mountpoint: &'a Path) -> View<'a> {
+        View::with_config(mountpoint, TopConfig::default())
+    }
+
+    fn with_config(mountpoint: &'a Path, config: TopConfig) -> View<'a> {
         View {
             mountpoint,
+            config,
             doc: StatsRead::default(),
             last: None,
             disk_rate: VecDeque::new(),
@@ -296,8 +314,9 @@ impl<'a> View<'a> {
         if let Some((then, last_disk, last_served)) = self.last {
             let seconds = now.duration_since(then).as_secs_f64().max(1e-3);
             let rate = |now: u64, before: u64| (now.saturating_sub(before) as f64 / seconds) as u64;
-            push(&mut self.disk_rate, rate(disk, last_disk));
-            push(&mut self.served_rate, rate(served, last_served));
+            let history = self.config.history;
+            push(&mut self.disk_rate, rate(disk, last_disk), history);
+            push(&mut self.served_rate, rate(served, last_served), history);
         }
         self.last = Some((now, disk, served));
         for file in &doc.files {
@@ -311,8 +330,16 @@ impl<'a> View<'a> {
                 let seconds = now.duration_since(then).as_secs_f64().max(1e-3);
                 let rate =
                     |now: u64, before: u64| (now.saturating_sub(before) as f64 / seconds) as u64;
-                push(&mut history.served_rate, rate(served, last_served));
-                push(&mut history.disk_rate, rate(disk, last_disk));
+                push(
+                    &mut history.served_rate,
+                    rate(served, last_served),
+                    self.config.history,
+                );
+                push(
+                    &mut history.disk_rate,
+                    rate(disk, last_disk),
+                    self.config.history,
+                );
             }
             history.last = Some((now, served, disk));
         }
@@ -454,7 +481,7 @@ impl<'a> View<'a> {
             history.map_or((String::new(), 0), |h| {
                 let rates = pick(h);
                 (
-                    text_sparkline(rates, FILE_SPARKLINE),
+                    text_sparkline(rates, self.config.file_sparkline),
                     rates.back().copied().unwrap_or(0),
                 )
             })
@@ -465,7 +492,7 @@ impl<'a> View<'a> {
             "  hit rate {hit_rate} by bytes   served {served:<width$} {}/s   disk {disk:<width$} {}/s",
             format_size(served_now),
             format_size(disk_now),
-            width = FILE_SPARKLINE,
+            width = self.config.file_sparkline,
         ))
     }
 
@@ -575,8 +602,9 @@ fn text_sparkline(rates: &VecDeque<u64>, width: usize) -> String {
         .collect()
 }
 
-fn push(rates: &mut VecDeque<u64>, rate: u64) {
-    if rates.len() == HISTORY {
+/// Appends `rate`, keeping the newest `history` samples.
+fn push(rates: &mut VecDeque<u64>, rate: u64, history: usize) {
+    if rates.len() >= history {
         rates.pop_front();
     }
     rates.push_back(rate);
@@ -587,5 +615,30 @@ fn format_micros(us: f64) -> String {
         format!("{:.1} ms", us / 1000.0)
     } else {
         format!("{us:.0} µs")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sparklines_keep_the_configured_history() {
+        let config = TopConfig {
+            history: 3,
+            ..TopConfig::default()
+        };
+        let mut view = View::with_config(Path::new("/mnt"), config);
+        let doc = StatsRead::default();
+        for _ in 0..6 {
+            view.sample(&doc);
+        }
+        assert_eq!(view.disk_rate.len(), 3);
+        assert_eq!(view.served_rate.len(), 3);
+        let mut default = View::new(Path::new("/mnt"));
+        for _ in 0..6 {
+            default.sample(&doc);
+        }
+        assert_eq!(default.disk_rate.len(), 5);
     }
 }

@@ -479,10 +479,12 @@ impl<B: Send + Sync> TierFs<B> {
 
     /// Starts serving `req` under the access rule.
     fn act_for(&self, req: Requester) -> Result<Acting, FsError> {
-        self.access_rule.act_for(req.uid, req.gid, req.pid).map_err(|e| {
-            tracing::warn!(error = %e, pid = req.pid, "request refused");
-            FsError::Refused(e)
-        })
+        self.access_rule
+            .act_for(req.uid, req.gid, req.pid)
+            .map_err(|e| {
+                tracing::warn!(error = %e, pid = req.pid, "request refused");
+                FsError::Refused(e)
+            })
     }
 
     /// Serves `.tierfs/metrics` (beside the stats, under the same access rule), rendered by
