@@ -17,8 +17,8 @@
 //! - **Access** ([`open_flags`]): WinFsp's granted access becomes the `O_*` flags
 //!   [`TierFs::open`] takes; WinFsp has checked it against the volume's security descriptor.
 //! - The mount's reads go straight to the reader (WinFsp runs with its data cache off, see
-//!   `mount`), which the core is told with [`TierFs::kernel_capabilities`] (`direct_io_mmap`, no `passthrough`):
-//!   no page-cache window to keep, no passthrough.
+//!   `mount`), which the core is told with [`TierFs::kernel_capabilities`] (`direct_io_mmap`,
+//!   no `passthrough`): no page-cache window to keep, no passthrough.
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
