@@ -520,20 +520,41 @@ pub fn mount_device(mountpoint: &Path) -> io::Result<u64> {
 }
 
 /// Rate-limited log of refusals.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct RefusalLog {
+    /// At most one line per this long ([`REFUSAL_LOG_INTERVAL`]).
+    interval: Duration,
     state: Mutex<Option<(Instant, u64)>>,
 }
 
+impl Default for RefusalLog {
+    fn default() -> RefusalLog {
+        RefusalLog::with_interval(REFUSAL_LOG_INTERVAL)
+    }
+}
+
 impl RefusalLog {
-    fn log(&self, rel: &Path, reason: &str) {
+    fn with_interval(interval: Duration) -> RefusalLog {
+        RefusalLog {
+            interval,
+            state: Mutex::default(),
+        }
+    }
+
+    /// Logs the refusal of `rel`, unless one was logged less than the interval ago; true if
+    /// it was logged.
+    fn log(&self, rel: &Path, reason: &str) -> bool {
         let mut state = lock(&self.state);
         match &mut *state {
-            Some((at, suppressed)) if at.elapsed() < REFUSAL_LOG_INTERVAL => *suppressed += 1,
+            Some((at, suppressed)) if at.elapsed() < self.interval => {
+                *suppressed += 1;
+                false
+            }
             _ => {
                 let suppressed = state.map_or(0, |(_, n)| n);
                 tracing::warn!(path = %rel.display(), reason, suppressed, "refused to resolve a path of SOURCE");
                 *state = Some((Instant::now(), 0));
+                true
             }
         }
     }
