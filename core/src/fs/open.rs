@@ -318,9 +318,10 @@ impl<B: Send + Sync> TierFs<B> {
     /// `keep_cache` is set when the inode's page cache was filled from this same file
     /// generation. Without it the kernel drops the inode's whole page cache at every open,
     /// waiting on each page still being read for an `mmap` reader, which then faults the pages
-    /// it had just read in again (the stress test, with readers opening the same model every
-    /// second or two, spent its disk bandwidth on that). When the generation changed (the file
-    /// was rewritten in place), the flag is left out, so the stale pages go.
+    /// it had just read in again
+    /// ([measured](../../../docs/PERFORMANCE.md#open-flags-of-cache-served-model-files)). When
+    /// the generation changed (the file was rewritten in place), the flag is left out, so the
+    /// stale pages go.
     fn model_open_flags(&self, ino: u64, generation: u64) -> OpenFlags {
         let previous = lock(&self.page_cache_generations).insert(ino, generation);
         OpenFlags {

@@ -76,8 +76,8 @@ impl<B: Send + Sync> TierFs<B> {
         // Which reads fill the mounted file's page cache: with `direct_io`, a `read()` goes
         // straight into the reader's buffer, and only `mmap` faults (kernel readahead) land in
         // the page cache. Recording direct reads in the window would only cost a needless
-        // page-cache invalidation per range: about 15 % of warm `read()` throughput when
-        // measured.
+        // page-cache invalidation per range
+        // ([measured](../../../docs/PERFORMANCE.md#open-flags-of-cache-served-model-files)).
         let into_page_cache = !(self.direct_io_mmap && kind.from_reader);
         let (bytes, model) = self.ops().time(Op::Read, || {
             let how = HandleRead {
