@@ -222,7 +222,14 @@ fn run(command: Command) -> Result<()> {
             watch,
             interval,
             json,
-        } => stats_cmd::run(&mountpoint, watch, interval, json),
+        } => stats_cmd::run(
+            &mountpoint,
+            stats_cmd::StatsOptions {
+                watch,
+                interval,
+                json,
+            },
+        ),
         Command::Top {
             mountpoint,
             interval,

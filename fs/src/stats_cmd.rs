@@ -12,7 +12,33 @@ use tierfs_core::size::format_size;
 
 use crate::stats_read::{BudgetRead, StatsRead, OPS};
 
-pub fn run(mountpoint: &Path, watch: bool, interval: f64, json: bool) -> Result<()> {
+/// How `tierfs stats` shows the document.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StatsOptions {
+    /// Refresh every `interval` seconds instead of showing it once.
+    pub watch: bool,
+    pub interval: f64,
+    /// Print the raw JSON document instead of the human view.
+    pub json: bool,
+}
+
+impl StatsOptions {
+    /// The human view, shown once.
+    pub fn once() -> StatsOptions {
+        StatsOptions {
+            watch: false,
+            interval: 1.0,
+            json: false,
+        }
+    }
+}
+
+pub fn run(mountpoint: &Path, options: StatsOptions) -> Result<()> {
+    let StatsOptions {
+        watch,
+        interval,
+        json,
+    } = options;
     let path = mountpoint.join(".tierfs/stats");
     let mut previous: Option<(Instant, StatsRead)> = None;
     loop {

@@ -62,7 +62,11 @@ struct FileHistory {
 pub fn run(mountpoint: &Path, interval: f64) -> Result<()> {
     let interval = Duration::from_secs_f64(interval.max(0.1));
     if !std::io::stdout().is_terminal() {
-        return crate::stats_cmd::run(mountpoint, false, interval.as_secs_f64(), false);
+        let once = crate::stats_cmd::StatsOptions {
+            interval: interval.as_secs_f64(),
+            ..crate::stats_cmd::StatsOptions::once()
+        };
+        return crate::stats_cmd::run(mountpoint, once);
     }
     let mut view = View::new(mountpoint);
     view.refresh(); // a mount that cannot be read fails before the screen is taken
