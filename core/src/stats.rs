@@ -58,6 +58,15 @@ impl Counters {
         counter.fetch_add(value, Ordering::Relaxed);
     }
 
+    /// Adds `value` to a mount-wide counter and, where the bytes belong to a file, to that
+    /// file's own counter of the same figure (its share, `files[].…` in the stats).
+    pub fn add_with_file(global: &AtomicU64, file: Option<&AtomicU64>, value: u64) {
+        Counters::add(global, value);
+        if let Some(file) = file {
+            Counters::add(file, value);
+        }
+    }
+
     pub fn get(counter: &AtomicU64) -> u64 {
         counter.load(Ordering::Relaxed)
     }
@@ -182,4 +191,17 @@ pub struct FileSnapshot {
     /// choose the files they label).
     #[serde(skip)]
     pub recency: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn add_with_file_bumps_both_or_the_global_alone() {
+        let (global, file) = (AtomicU64::new(0), AtomicU64::new(0));
+        Counters::add_with_file(&global, Some(&file), 5);
+        Counters::add_with_file(&global, None, 2);
+        assert_eq!((Counters::get(&global), Counters::get(&file)), (7, 5));
+    }
 }

@@ -16,11 +16,20 @@ use crate::stats::{
     CacheSnapshot, Counters, DiskSnapshot, FileSnapshot, KernelCacheSnapshot, PrefetchSnapshot,
 };
 
+/// `doc` as pretty-printed JSON; if it cannot be rendered, a one-key JSON object saying why
+/// (the text every front end serves in its place).
+pub fn render_json<T: Serialize>(doc: &T) -> Vec<u8> {
+    serde_json::to_vec_pretty(doc)
+        .unwrap_or_else(|e| format!("{{\"error\": \"cannot render stats: {e}\"}}").into_bytes())
+}
+
 /// Version of the document's schema; bumped when a key changes meaning or disappears.
 pub const SCHEMA_VERSION: u32 = 2;
 
+/// The sections of the stats document that every front end serves; a front end flattens this
+/// into its own document (the FUSE daemon's `DaemonStats`) or serves it as it is (WinFsp).
 #[derive(Debug, Serialize)]
-pub struct StatsDocument {
+pub struct CommonStats {
     /// [`SCHEMA_VERSION`] under its old name, kept for scripts that read it.
     pub version: u32,
     pub schema_version: u32,
@@ -61,16 +70,16 @@ pub struct MountInfo {
     pub budget_bytes: u64,
 }
 
-impl StatsDocument {
+impl CommonStats {
     pub fn collect(
         store: &ModelStore,
         window: &KernelCacheWindow,
         (source, mountpoint): (&Path, &Path),
         passthrough: bool,
         started: SystemTime,
-    ) -> StatsDocument {
+    ) -> CommonStats {
         let c = store.counters();
-        StatsDocument {
+        CommonStats {
             version: SCHEMA_VERSION,
             schema_version: SCHEMA_VERSION,
             mount: MountInfo {

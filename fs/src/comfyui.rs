@@ -86,7 +86,7 @@ pub fn render(base: &Path, name: &str, exists: impl Fn(&str) -> bool) -> Result<
 
 /// A YAML double-quoted scalar (JSON string syntax).
 fn quote(text: &str) -> String {
-    serde_json::to_string(text).expect("a string always serialises")
+    serde_json::Value::String(text.to_owned()).to_string()
 }
 
 fn absolute(path: &Path) -> Result<PathBuf> {

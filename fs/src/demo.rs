@@ -70,7 +70,7 @@ pub fn run(size: u64, budget: u64) -> Result<()> {
     let stats = std::fs::read_to_string(mnt.join(".tierfs/stats"));
     let unmounted = mounted.unmount();
     streamed?;
-    let doc: serde_json::Value = serde_json::from_str(&stats?)?;
+    let doc: crate::stats_read::StatsRead = serde_json::from_str(&stats?)?;
     println!("4. live stats, as `tierfs stats MOUNTPOINT` shows them (raw JSON: MOUNTPOINT/.tierfs/stats):\n");
     print!("{}", crate::stats_cmd::render_document(&doc));
     unmounted?;

@@ -24,6 +24,7 @@ mod mount;
 mod privilege;
 mod stats_cmd;
 mod stats_doc;
+mod stats_read;
 mod top;
 
 use std::path::PathBuf;
@@ -67,10 +68,9 @@ enum Command {
         #[arg(long, default_value_t = 8)]
         threads: usize,
         /// Kernel readahead of the mount: the size of the requests an `mmap` reader of a
-        /// cache-mode model file (and a reader of a non-passthrough file) sends. 128 KiB keeps
-        /// a loader's touch of each tensor (ComfyUI's load sequence) from reading megabytes
-        /// around it: with 4 MiB that sequence read 2.1× the file through a budget a quarter of
-        /// it, with 128 KiB 1.1× (acceptance benchmark, --quick). Raising it needs root.
+        /// cache-mode model file (and a reader of a non-passthrough file) sends. Small, so that
+        /// a loader's touch of each tensor does not read megabytes around it (see
+        /// docs/PERFORMANCE.md, "Kernel readahead of the mount"). Raising it needs root.
         #[arg(long, default_value = "128KiB", value_parser = parse_size_arg)]
         readahead: u64,
         /// Serve non-model files through the daemon instead of FUSE passthrough.
@@ -222,7 +222,14 @@ fn run(command: Command) -> Result<()> {
             watch,
             interval,
             json,
-        } => stats_cmd::run(&mountpoint, watch, interval, json),
+        } => stats_cmd::run(
+            &mountpoint,
+            stats_cmd::StatsOptions {
+                watch,
+                interval,
+                json,
+            },
+        ),
         Command::Top {
             mountpoint,
             interval,

@@ -7,7 +7,8 @@
 //! unit (`_bytes`, `_seconds`); monotonic figures are counters (`_total`), levels are gauges;
 //! per-operation latency is a histogram (`tierfs_op_duration_seconds`, the coarse buckets of
 //! [`tierfs_core::stats::ops::HISTOGRAM_BOUNDS_NS`]). Per-file series carry a `path` label and
-//! are limited to the [`MAX_LABELLED_FILES`] most recently opened files, so a mount that saw
+//! are limited to the [`MetricsConfig::max_labelled_files`] most recently opened files
+//! ([`MAX_LABELLED_FILES`] by default), so a mount that saw
 //! thousands of files does not give the scraper thousands of series.
 //!
 //! Rendering takes no lock the read path waits on beyond the stats document's own (one hold of
@@ -27,10 +28,25 @@ use tierfs_core::stats::ops::{Op, OpHistogram, OpStats};
 use tierfs_core::stats::residency;
 use tierfs_core::stats::FileSnapshot;
 
-use crate::stats_doc::StatsDocument;
+use crate::stats_doc::DaemonStats;
 
 /// Most files given per-file series: the most recently opened ones.
 pub const MAX_LABELLED_FILES: usize = 64;
+
+/// Tuning of the metrics; [`Default`] is what a mount uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetricsConfig {
+    /// Most files given per-file series ([`MAX_LABELLED_FILES`]).
+    pub max_labelled_files: usize,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> MetricsConfig {
+        MetricsConfig {
+            max_labelled_files: MAX_LABELLED_FILES,
+        }
+    }
+}
 
 /// `Content-Type` of what [`render`] returns.
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
@@ -46,15 +62,22 @@ type FileFamily = (
 /// The figures of one scrape.
 #[derive(Debug)]
 struct Scrape {
-    doc: StatsDocument,
+    doc: DaemonStats,
+    config: MetricsConfig,
     latency: Vec<(Op, OpHistogram)>,
 }
 
 /// The metrics of `doc` and of the operation latencies `ops`, as exposition text.
-pub fn render(doc: StatsDocument, ops: &OpStats) -> Vec<u8> {
+pub fn render(doc: DaemonStats, ops: &OpStats) -> Vec<u8> {
+    render_with_config(doc, ops, MetricsConfig::default())
+}
+
+/// [`render`], tuned by `config`.
+pub fn render_with_config(doc: DaemonStats, ops: &OpStats, config: MetricsConfig) -> Vec<u8> {
     let mut registry = Registry::default();
     registry.register_collector(Box::new(Scrape {
         doc,
+        config,
         latency: ops.histograms(),
     }));
     let mut text = String::new();
@@ -265,7 +288,7 @@ impl Scrape {
     fn files(&self, f: &mut Families) -> fmt::Result {
         let mut files: Vec<&FileSnapshot> = self.doc.common.files.iter().collect();
         files.sort_by_key(|file| file.recency);
-        files.truncate(MAX_LABELLED_FILES);
+        files.truncate(self.config.max_labelled_files);
         files.sort_by(|a, b| a.path.cmp(&b.path));
         let rows = |value: fn(&FileSnapshot) -> f64| {
             files
@@ -360,5 +383,81 @@ impl Scrape {
                 )?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::time::SystemTime;
+
+    use tierfs_core::kernel_cache::KernelCacheWindow;
+    use tierfs_core::models::ModelStore;
+    use tierfs_core::stats::PrefetchSnapshot;
+
+    use super::*;
+
+    fn file(path: &str, recency: usize) -> FileSnapshot {
+        FileSnapshot {
+            path: path.to_string(),
+            mode: "cache",
+            size: 10,
+            tensors: 1,
+            blocks: 1,
+            cached_bytes: 0,
+            malformed: false,
+            malformed_reason: None,
+            direct_io: false,
+            order_learned: false,
+            learned_blocks: 0,
+            prefetch: PrefetchSnapshot {
+                issued_bytes: 0,
+                used_bytes: 0,
+                wasted_bytes: 0,
+            },
+            hit_bytes: 0,
+            miss_bytes: 0,
+            disk_read_bytes: 0,
+            stall_seconds: 0.0,
+            start_stall_seconds: 0.0,
+            model: None,
+            standalone_reason: None,
+            mode_reason: None,
+            page_cache_kept_bytes: 0,
+            residency: String::new(),
+            residency_current: None,
+            residency_prefetch_front: None,
+            recency,
+        }
+    }
+
+    /// The paths given a `tierfs_file_size_bytes` series.
+    fn labelled(config: MetricsConfig) -> Vec<String> {
+        let store = ModelStore::new(64 << 20, Default::default());
+        let window = KernelCacheWindow::new(0);
+        let mut doc = DaemonStats::collect(
+            &store,
+            &window,
+            Path::new("/src"),
+            Path::new("/mnt"),
+            false,
+            SystemTime::now(),
+        );
+        doc.common.files = (0..5).map(|i| file(&format!("m{i}"), i)).collect();
+        let text = String::from_utf8(render_with_config(doc, &store.counters().ops, config))
+            .expect("utf-8");
+        text.lines()
+            .filter(|l| l.starts_with("tierfs_file_size_bytes{"))
+            .filter_map(|l| l.split('"').nth(1).map(str::to_string))
+            .collect()
+    }
+
+    #[test]
+    fn only_the_most_recently_opened_files_are_labelled() {
+        assert_eq!(labelled(MetricsConfig::default()).len(), 5);
+        let two = MetricsConfig {
+            max_labelled_files: 2,
+        };
+        assert_eq!(labelled(two), ["m0", "m1"]);
     }
 }

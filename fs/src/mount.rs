@@ -29,11 +29,11 @@ use tierfs_core::prefetch::saved::SavedOrders;
 use tierfs_core::size::format_size;
 use tierfs_core::stats::Counters;
 
-use crate::fuse::{MountSettings, TierFs};
+use crate::fuse::{FuseAdapter, MountSettings};
 use crate::metrics;
 use crate::metrics::server::{MetricsServer, Page};
 use crate::privilege;
-use crate::stats_doc::StatsDocument;
+use crate::stats_doc::DaemonStats;
 
 /// The most readahead asked of the kernel in the FUSE handshake. The kernel caps it at the
 /// mount's BDI readahead, which is raised after mounting (see [`set_bdi_readahead`]).
@@ -198,7 +198,7 @@ impl Mounted {
             )?),
             None => None,
         };
-        let fs = TierFs::new(settings, Arc::clone(&store), window, invalidations)
+        let fs = FuseAdapter::new(settings, Arc::clone(&store), window, invalidations)
             .with_context(|| format!("cannot open the source {}", source.display()))?;
         let served_device = fs.served_device();
         privilege::check_dev_fuse()?;
@@ -270,14 +270,11 @@ fn render_metrics(
     let passthrough = settings.passthrough;
     let started = SystemTime::now();
     move |page| {
-        let doc =
-            StatsDocument::collect(&store, &window, &source, &mountpoint, passthrough, started)
-                .with_budget(governor.snapshot());
+        let doc = DaemonStats::collect(&store, &window, &source, &mountpoint, passthrough, started)
+            .with_budget(governor.snapshot());
         match page {
             Page::Metrics => metrics::render(doc, &store.counters().ops),
-            Page::Stats => serde_json::to_vec_pretty(&doc).unwrap_or_else(|e| {
-                format!("{{\"error\": \"cannot render stats: {e}\"}}").into_bytes()
-            }),
+            Page::Stats => tierfs_core::stats_doc::render_json(&doc),
         }
     }
 }

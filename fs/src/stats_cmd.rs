@@ -8,12 +8,39 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use serde_json::Value;
 use tierfs_core::size::format_size;
 
-pub fn run(mountpoint: &Path, watch: bool, interval: f64, json: bool) -> Result<()> {
+use crate::stats_read::{BudgetRead, StatsRead, OPS};
+
+/// How `tierfs stats` shows the document.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StatsOptions {
+    /// Refresh every `interval` seconds instead of showing it once.
+    pub watch: bool,
+    pub interval: f64,
+    /// Print the raw JSON document instead of the human view.
+    pub json: bool,
+}
+
+impl StatsOptions {
+    /// The human view, shown once.
+    pub fn once() -> StatsOptions {
+        StatsOptions {
+            watch: false,
+            interval: 1.0,
+            json: false,
+        }
+    }
+}
+
+pub fn run(mountpoint: &Path, options: StatsOptions) -> Result<()> {
+    let StatsOptions {
+        watch,
+        interval,
+        json,
+    } = options;
     let path = mountpoint.join(".tierfs/stats");
-    let mut previous: Option<(Instant, Value)> = None;
+    let mut previous: Option<(Instant, StatsRead)> = None;
     loop {
         let text = std::fs::read_to_string(&path).with_context(|| {
             format!(
@@ -22,63 +49,60 @@ pub fn run(mountpoint: &Path, watch: bool, interval: f64, json: bool) -> Result<
                 mountpoint.display()
             )
         })?;
-        let doc: Value = serde_json::from_str(&text)
-            .with_context(|| format!("{} is not valid JSON", path.display()))?;
+        let not_json = || format!("{} is not valid JSON", path.display());
         if json {
+            // Printed as any JSON reader sees it, every key kept.
+            let doc: serde_json::Value = serde_json::from_str(&text).with_context(not_json)?;
             println!("{}", serde_json::to_string_pretty(&doc)?);
+            if !watch {
+                return Ok(());
+            }
         } else {
+            let doc: StatsRead = serde_json::from_str(&text).with_context(not_json)?;
             if watch {
                 print!("\x1b[2J\x1b[H");
             }
             print!("{}", render(&doc, previous.as_ref()));
+            if !watch {
+                return Ok(());
+            }
+            previous = Some((Instant::now(), doc));
         }
-        if !watch {
-            return Ok(());
-        }
-        previous = Some((Instant::now(), doc));
         thread::sleep(Duration::from_secs_f64(interval.max(0.1)));
     }
 }
 
-fn num(doc: &Value, path: &[&str]) -> u64 {
-    path.iter()
-        .try_fold(doc, |v, key| v.get(key))
-        .and_then(Value::as_u64)
-        .unwrap_or(0)
-}
-
 /// The `budget` lines: what is in force and what memory pressure did.
-fn render_budget(doc: &Value) -> String {
-    let size = |key: &str| format_size(num(doc, &["budget", key]));
-    let limit = match doc["budget"]["pressure_limit_bytes"].as_u64() {
+fn render_budget(budget: &BudgetRead) -> String {
+    let limit = match budget.pressure_limit_bytes {
         Some(limit) => format!("pressure limit {}", format_size(limit)),
         None => "no memory pressure".to_string(),
     };
     format!(
         "budget    {} in force of {} configured, floor {}, other tiers {}; {limit}\n\
          pressure  {} events, {} given back, {} regrowth steps; oom_score_adj {}\n",
-        size("effective_bytes"),
-        size("configured_bytes"),
-        size("floor_bytes"),
-        size("other_tiers_bytes"),
-        num(doc, &["budget", "pressure_events"]),
-        size("given_back_bytes"),
-        num(doc, &["budget", "regrow_steps"]),
-        doc["budget"]["oom_score_adj"]
-            .as_i64()
+        format_size(budget.effective_bytes),
+        format_size(budget.configured_bytes.unwrap_or(0)),
+        format_size(budget.floor_bytes),
+        format_size(budget.other_tiers_bytes),
+        budget.pressure_events,
+        format_size(budget.given_back_bytes),
+        budget.regrow_steps,
+        budget
+            .oom_score_adj
             .map_or("?".to_string(), |adj| adj.to_string()),
     )
 }
 
 /// The human view of one stats document.
-pub fn render_document(doc: &Value) -> String {
+pub fn render_document(doc: &StatsRead) -> String {
     render(doc, None)
 }
 
-fn render(doc: &Value, previous: Option<&(Instant, Value)>) -> String {
-    let size = |path: &[&str]| format_size(num(doc, path));
-    let hits = num(doc, &["cache", "hits"]);
-    let lookups = hits + num(doc, &["cache", "misses"]);
+fn render(doc: &StatsRead, previous: Option<&(Instant, StatsRead)>) -> String {
+    let (cache, disk, prefetch) = (&doc.cache, &doc.disk, &doc.prefetch);
+    let hits = cache.hits;
+    let lookups = hits + cache.misses;
     let hit_rate = if lookups == 0 {
         0.0
     } else {
@@ -93,46 +117,46 @@ fn render(doc: &Value, previous: Option<&(Instant, Value)>) -> String {
          page cache of mounted files: window {}, {} invalidated\n\
          passthrough {}\n\
          modes     passthrough {}; readahead {} ({}){}\n",
-        doc["mount"]["source"].as_str().unwrap_or("?"),
-        doc["mount"]["mountpoint"].as_str().unwrap_or("?"),
-        size(&["cache", "used_bytes"]),
-        size(&["cache", "budget_bytes"]),
-        num(doc, &["cache", "chunks"]),
-        size(&["cache", "hit_bytes"]),
-        size(&["cache", "miss_bytes"]),
-        size(&["cache", "uncached_bytes"]),
-        size(&["cache", "evicted_bytes"]),
-        size(&["disk", "read_bytes"]),
-        num(doc, &["disk", "reads"]),
-        num(doc, &["disk", "errors"]),
-        doc["cache"]["stall_seconds"].as_f64().unwrap_or(0.0),
-        size(&["prefetch", "issued_bytes"]),
-        size(&["prefetch", "used_bytes"]),
-        size(&["prefetch", "wasted_bytes"]),
-        size(&["kernel_page_cache", "window_bytes"]),
-        size(&["kernel_page_cache", "invalidated_bytes"]),
+        doc.mount.source.as_deref().unwrap_or("?"),
+        doc.mount.mountpoint.as_deref().unwrap_or("?"),
+        format_size(cache.used_bytes),
+        format_size(cache.budget_bytes),
+        cache.chunks,
+        format_size(cache.hit_bytes),
+        format_size(cache.miss_bytes),
+        format_size(cache.uncached_bytes),
+        format_size(cache.evicted_bytes),
+        format_size(disk.read_bytes),
+        disk.reads,
+        disk.errors,
+        cache.stall_seconds,
+        format_size(prefetch.issued_bytes),
+        format_size(prefetch.used_bytes),
+        format_size(prefetch.wasted_bytes),
+        format_size(doc.kernel_page_cache.window_bytes),
+        format_size(doc.kernel_page_cache.invalidated_bytes),
         passthrough_line(doc),
-        doc["modes"]["passthrough_note"].as_str().unwrap_or("?"),
-        size(&["modes", "readahead_bytes"]),
-        doc["modes"]["readahead_note"].as_str().unwrap_or("?"),
-        if doc["modes"]["root"].as_bool() == Some(false) {
+        doc.modes.passthrough_note.as_deref().unwrap_or("?"),
+        format_size(doc.modes.readahead_bytes),
+        doc.modes.readahead_note.as_deref().unwrap_or("?"),
+        if doc.modes.root == Some(false) {
             "; not root (see docs/CONFIGURATION.md, \"Without root\")"
         } else {
             ""
         },
     );
-    if doc.get("budget").is_some() {
-        out += &render_budget(doc);
+    if let Some(budget) = &doc.budget {
+        out += &render_budget(budget);
     }
     if let Some((then, before)) = previous {
         let secs = then.elapsed().as_secs_f64().max(1e-3);
-        let rate = |path: &[&str]| {
-            format_size(((num(doc, path).saturating_sub(num(before, path))) as f64 / secs) as u64)
+        let rate = |now: u64, before: u64| {
+            format_size(((now.saturating_sub(before)) as f64 / secs) as u64)
         };
         out += &format!(
             "rates     disk {}/s, served from cache {}/s\n",
-            rate(&["disk", "read_bytes"]),
-            rate(&["cache", "hit_bytes"])
+            rate(doc.disk.read_bytes, before.disk.read_bytes),
+            rate(doc.cache.hit_bytes, before.cache.hit_bytes)
         );
     }
     out += &render_ops(doc);
@@ -140,11 +164,11 @@ fn render(doc: &Value, previous: Option<&(Instant, Value)>) -> String {
         "\n  {:<50} {:>12} {:>8} {:>7} {:>12} {:>11}  note\n",
         "file", "size", "tensors", "blocks", "cached", "mode"
     );
-    for file in doc["files"].as_array().into_iter().flatten() {
+    for file in &doc.files {
         let note = match (
-            file["malformed_reason"].as_str(),
-            file["model"].as_str(),
-            file["standalone_reason"].as_str(),
+            file.malformed_reason.as_deref(),
+            file.model.as_deref(),
+            file.standalone_reason.as_deref(),
         ) {
             (Some(reason), _, _) => format!("malformed: {reason}"),
             (None, Some(model), _) => format!("shard of {model}"),
@@ -153,12 +177,12 @@ fn render(doc: &Value, previous: Option<&(Instant, Value)>) -> String {
         };
         out += &format!(
             "  {:<50} {:>12} {:>8} {:>7} {:>12} {:>11}  {}\n",
-            file["path"].as_str().unwrap_or("?"),
-            format_size(file["size"].as_u64().unwrap_or(0)),
-            file["tensors"].as_u64().unwrap_or(0),
-            file["blocks"].as_u64().unwrap_or(0),
-            format_size(file["cached_bytes"].as_u64().unwrap_or(0)),
-            file["mode"].as_str().unwrap_or("?"),
+            file.path.as_deref().unwrap_or("?"),
+            format_size(file.strip.size),
+            file.tensors,
+            file.blocks,
+            format_size(file.strip.cached_bytes),
+            file.mode.as_deref().unwrap_or("?"),
             note
         );
     }
@@ -167,32 +191,32 @@ fn render(doc: &Value, previous: Option<&(Instant, Value)>) -> String {
 }
 
 /// Sharded models: one line per model, one per shard.
-fn render_models(doc: &Value) -> String {
+fn render_models(doc: &StatsRead) -> String {
     let mut out = String::new();
-    for model in doc["models"].as_array().into_iter().flatten() {
-        let shards = model["shards"].as_array().map_or(&[][..], Vec::as_slice);
+    for model in &doc.models {
+        let shards = model.shards.as_deref().unwrap_or(&[]);
         out += &format!(
             "\n  model {} ({} shards, {} blocks, found by {}): {}, {} cached, order {}, prefetch {} issued\n",
-            model["name"].as_str().unwrap_or("?"),
+            model.name.as_deref().unwrap_or("?"),
             shards.len(),
-            model["blocks"].as_u64().unwrap_or(0),
-            model["found_by"].as_str().unwrap_or("?"),
-            format_size(model["size"].as_u64().unwrap_or(0)),
-            format_size(model["cached_bytes"].as_u64().unwrap_or(0)),
-            if model["order_learned"].as_bool() == Some(true) {
+            model.blocks,
+            model.found_by.as_deref().unwrap_or("?"),
+            format_size(model.strip.size),
+            format_size(model.strip.cached_bytes),
+            if model.order_learned == Some(true) {
                 "learned"
             } else {
                 "default"
             },
-            format_size(model["prefetch"]["issued_bytes"].as_u64().unwrap_or(0)),
+            format_size(model.prefetch.issued_bytes),
         );
         for shard in shards {
             out += &format!(
                 "    {:<50} {:>12} {:>12} cached{}\n",
-                shard["path"].as_str().unwrap_or("?"),
-                format_size(shard["size"].as_u64().unwrap_or(0)),
-                format_size(shard["cached_bytes"].as_u64().unwrap_or(0)),
-                if shard["indexed"].as_bool() == Some(true) {
+                shard.path.as_deref().unwrap_or("?"),
+                format_size(shard.size),
+                format_size(shard.cached_bytes),
+                if shard.indexed == Some(true) {
                     ""
                 } else {
                     " (not opened yet)"
@@ -204,38 +228,34 @@ fn render_models(doc: &Value) -> String {
 }
 
 /// The `passthrough` line of the summary: what the tier holds, or why it is off.
-fn passthrough_line(doc: &Value) -> String {
-    let pt = &doc["passthrough"];
-    if !pt["available"].as_bool().unwrap_or(false) {
+fn passthrough_line(doc: &StatsRead) -> String {
+    let pt = &doc.passthrough;
+    if !pt.available {
         return "unavailable (needs root and Linux 6.9+): every model file is served from the cache"
             .to_owned();
     }
     format!(
         "{} files open ({}), {} parked ({}); {} admitted, {} too large for the budget",
-        num(doc, &["passthrough", "open_files"]),
-        format_size(num(doc, &["passthrough", "open_bytes"])),
-        num(doc, &["passthrough", "parked_files"]),
-        format_size(num(doc, &["passthrough", "parked_bytes"])),
-        num(doc, &["passthrough", "admitted"]),
-        num(doc, &["passthrough", "refused"]),
+        pt.open_files,
+        format_size(pt.open_bytes),
+        pt.parked_files,
+        format_size(pt.parked_bytes),
+        pt.admitted,
+        pt.refused,
     )
 }
 
 /// The per-operation table (`ops` in the document): count, errors and latency.
-fn render_ops(doc: &Value) -> String {
+fn render_ops(doc: &StatsRead) -> String {
     let mut out = format!(
         "\n  {:<10} {:>12} {:>8} {:>10} {:>10} {:>10}\n",
         "operation", "count", "errors", "mean µs", "p50 µs", "p99 µs"
     );
-    for op in ["lookup", "getattr", "open", "read", "readdir"] {
-        let figure = |key: &str| doc["ops"][op][key].as_f64().unwrap_or(0.0);
+    for op in OPS {
+        let figures = doc.op(op);
         out += &format!(
             "  {op:<10} {:>12} {:>8} {:>10.1} {:>10.1} {:>10.1}\n",
-            num(doc, &["ops", op, "count"]),
-            num(doc, &["ops", op, "errors"]),
-            figure("mean_us"),
-            figure("p50_us"),
-            figure("p99_us"),
+            figures.count, figures.errors, figures.mean_us, figures.p50_us, figures.p99_us,
         );
     }
     out
@@ -255,7 +275,7 @@ mod tests {
             "modes": {"root": false, "passthrough_note": "off: needs root", "readahead_bytes": 131072,
                       "readahead_note": "4.00 MiB asked, kept the kernel's: raising it needs root"},
         });
-        let text = render_document(&doc);
+        let text = render_document(&serde_json::from_value(doc).expect("a stats document"));
         let row = |op: &str| {
             text.lines()
                 .find(|l| l.split_whitespace().next() == Some(op))
@@ -291,7 +311,7 @@ mod tests {
                 ],
             }],
         });
-        let text = render_document(&doc);
+        let text = render_document(&serde_json::from_value(doc).expect("a stats document"));
         assert!(
             text.contains("model m/a.safetensors.index.json (2 shards, 7 blocks, found by index_json): 3.00 MiB, 1.00 MiB cached, order learned, prefetch 2.00 MiB issued"),
             "{text}"

@@ -12,10 +12,12 @@ use tierfs_core::models::ModelStore;
 
 use crate::privilege::ModesSnapshot;
 
+/// The Linux daemon's stats document: [`tierfs_core::stats_doc::CommonStats`] flattened, plus
+/// the daemon-only sections (`modes`, `budget`, `fs`).
 #[derive(Debug, Serialize)]
-pub struct StatsDocument {
+pub struct DaemonStats {
     #[serde(flatten)]
-    pub common: tierfs_core::stats_doc::StatsDocument,
+    pub common: tierfs_core::stats_doc::CommonStats,
     /// Modes that need root, and whether they are in force (see `privilege`).
     pub modes: ModesSnapshot,
     /// The budget governor's figures (`None` only where no governor runs).
@@ -34,7 +36,7 @@ pub struct FsTables {
     pub handles: usize,
 }
 
-impl StatsDocument {
+impl DaemonStats {
     pub fn collect(
         store: &ModelStore,
         window: &KernelCacheWindow,
@@ -42,9 +44,9 @@ impl StatsDocument {
         mountpoint: &Path,
         passthrough: bool,
         started: SystemTime,
-    ) -> StatsDocument {
-        StatsDocument {
-            common: tierfs_core::stats_doc::StatsDocument::collect(
+    ) -> DaemonStats {
+        DaemonStats {
+            common: tierfs_core::stats_doc::CommonStats::collect(
                 store,
                 window,
                 (source, mountpoint),
@@ -58,13 +60,13 @@ impl StatsDocument {
     }
 
     /// Adds the `fs` section.
-    pub fn with_tables(mut self, inodes: usize, handles: usize) -> StatsDocument {
+    pub fn with_tables(mut self, inodes: usize, handles: usize) -> DaemonStats {
         self.fs = Some(FsTables { inodes, handles });
         self
     }
 
     /// Adds the `budget` section.
-    pub fn with_budget(mut self, budget: BudgetSnapshot) -> StatsDocument {
+    pub fn with_budget(mut self, budget: BudgetSnapshot) -> DaemonStats {
         self.budget = Some(budget);
         self
     }

@@ -27,16 +27,28 @@ use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Paragraph, Sparkline, Wrap};
 use ratatui::{DefaultTerminal, Frame};
-use serde_json::Value;
 use tierfs_core::size::format_size;
 
 use crate::mount::send_control;
+use crate::stats_read::{FileRead, StatsRead, StripRead, OPS};
 
-/// Throughput samples kept for the sparklines.
-const HISTORY: usize = 240;
+/// Tuning of the view; [`Default`] is what `tierfs top` uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TopConfig {
+    /// Throughput samples kept for the sparklines (four minutes at the default interval).
+    history: usize,
+    /// Samples shown in a model's sparklines.
+    file_sparkline: usize,
+}
 
-/// Samples shown in a model's sparklines.
-const FILE_SPARKLINE: usize = 24;
+impl Default for TopConfig {
+    fn default() -> TopConfig {
+        TopConfig {
+            history: 240,
+            file_sparkline: 24,
+        }
+    }
+}
 
 /// One file's throughput since the view started.
 #[derive(Default)]
@@ -50,7 +62,11 @@ struct FileHistory {
 pub fn run(mountpoint: &Path, interval: f64) -> Result<()> {
     let interval = Duration::from_secs_f64(interval.max(0.1));
     if !std::io::stdout().is_terminal() {
-        return crate::stats_cmd::run(mountpoint, false, interval.as_secs_f64(), false);
+        let once = crate::stats_cmd::StatsOptions {
+            interval: interval.as_secs_f64(),
+            ..crate::stats_cmd::StatsOptions::once()
+        };
+        return crate::stats_cmd::run(mountpoint, once);
     }
     let mut view = View::new(mountpoint);
     view.refresh(); // a mount that cannot be read fails before the screen is taken
@@ -66,7 +82,8 @@ pub fn run(mountpoint: &Path, interval: f64) -> Result<()> {
 /// What the screen shows, and what it remembers between refreshes.
 struct View<'a> {
     mountpoint: &'a Path,
-    doc: Value,
+    config: TopConfig,
+    doc: StatsRead,
     /// When `doc` was read, its disk and served byte counters.
     last: Option<(Instant, u64, u64)>,
     /// Bytes per second, oldest first.
@@ -85,20 +102,50 @@ struct View<'a> {
 struct Entry<'d> {
     /// The file's path, or the sharded model's name (relative to the mount).
     name: &'d str,
-    /// Where its strip is (`files[]` or `models[]` row).
-    strip: &'d Value,
-    /// Where its mode and byte counters are: the file's row, or its first shard's (a shard's
-    /// counters are its model's).
-    figures: &'d Value,
+    /// Its strip, size and cached bytes (`files[]` or `models[]` row).
+    strip: &'d StripRead,
+    /// How many shards a sharded model has (`None` for a file on its own).
+    shards: Option<usize>,
+    /// Its mode and byte counters: the file's row, or its first shard's (a shard's counters
+    /// are its model's).
+    figures: Figures<'d>,
     /// What `prefetch` is given for it: the file, or the model's first shard.
     prefetch: Option<&'d str>,
 }
 
+/// The mode and byte counters of a model of the models pane, from a `files[]` row (none where
+/// a sharded model has no shard row).
+#[derive(Clone, Copy, Default)]
+struct Figures<'d> {
+    path: Option<&'d str>,
+    mode: Option<&'d str>,
+    hit_bytes: u64,
+    miss_bytes: u64,
+    start_stall_seconds: f64,
+}
+
+impl<'d> Figures<'d> {
+    fn of(file: &'d FileRead) -> Figures<'d> {
+        Figures {
+            path: file.path.as_deref(),
+            mode: file.mode.as_deref(),
+            hit_bytes: file.hit_bytes,
+            miss_bytes: file.miss_bytes,
+            start_stall_seconds: file.start_stall_seconds,
+        }
+    }
+}
+
 impl<'a> View<'a> {
     fn new(mountpoint: &'a Path) -> View<'a> {
+        View::with_config(mountpoint, TopConfig::default())
+    }
+
+    fn with_config(mountpoint: &'a Path, config: TopConfig) -> View<'a> {
         View {
             mountpoint,
-            doc: Value::Null,
+            config,
+            doc: StatsRead::default(),
             last: None,
             disk_rate: VecDeque::new(),
             served_rate: VecDeque::new(),
@@ -192,37 +239,42 @@ impl<'a> View<'a> {
     /// shards' rows are folded into them); those a reader is in first, then those the cache
     /// holds, each group in the stats' order.
     fn entries(&self) -> Vec<Entry<'_>> {
-        let files: &[Value] = self.doc["files"].as_array().map_or(&[], Vec::as_slice);
-        let models: &[Value] = self.doc["models"].as_array().map_or(&[], Vec::as_slice);
+        let files = &self.doc.files;
         let mut entries: Vec<Entry<'_>> = files
             .iter()
-            .filter(|f| f["model"].is_null())
+            .filter(|f| f.model.is_none())
             .filter_map(|f| {
-                let name = f["path"].as_str()?;
+                let name = f.path.as_deref()?;
                 Some(Entry {
                     name,
-                    strip: f,
-                    figures: f,
+                    strip: &f.strip,
+                    shards: None,
+                    figures: Figures::of(f),
                     prefetch: Some(name),
                 })
             })
             .collect();
-        for model in models {
-            let Some(name) = model["name"].as_str() else {
+        for model in &self.doc.models {
+            let Some(name) = model.name.as_deref() else {
                 continue;
             };
-            let shard = files.iter().find(|f| f["model"].as_str() == Some(name));
+            let shard = files.iter().find(|f| f.model.as_deref() == Some(name));
             entries.push(Entry {
                 name,
-                strip: model,
-                figures: shard.unwrap_or(model),
-                prefetch: model["shards"][0]["path"].as_str(),
+                strip: &model.strip,
+                shards: model.shards.as_ref().map(Vec::len),
+                figures: shard.map(Figures::of).unwrap_or_default(),
+                prefetch: model
+                    .shards
+                    .as_ref()
+                    .and_then(|shards| shards.first())
+                    .and_then(|shard| shard.path.as_deref()),
             });
         }
         entries.sort_by_key(|e| {
             (
-                e.strip["residency_current"].is_null(),
-                num(e.strip, &["cached_bytes"]) == 0,
+                e.strip.residency_current.is_none(),
+                e.strip.cached_bytes == 0,
             )
         });
         entries
@@ -230,10 +282,12 @@ impl<'a> View<'a> {
 
     /// The `ram-cache` command that scales the configured budget by `num / den` (whole MiB).
     fn resize(&self, num: u64, den: u64) -> String {
-        let configured = self.doc["budget"]["configured_bytes"]
-            .as_u64()
-            .or_else(|| self.doc["cache"]["budget_bytes"].as_u64())
-            .unwrap_or(0);
+        let configured = self
+            .doc
+            .budget
+            .as_ref()
+            .and_then(|budget| budget.configured_bytes)
+            .unwrap_or(self.doc.cache.budget_bytes);
         let mib = ((configured / den * num) >> 20).max(1);
         format!("ram-cache {mib}MiB")
     }
@@ -243,7 +297,7 @@ impl<'a> View<'a> {
         let doc = std::fs::read_to_string(&path)
             .map_err(|e| format!("cannot read {}: {e}", path.display()))
             .and_then(|text| {
-                serde_json::from_str::<Value>(&text)
+                serde_json::from_str::<StatsRead>(&text)
                     .map_err(|e| format!("{} is not valid JSON: {e}", path.display()))
             });
         match doc {
@@ -257,32 +311,39 @@ impl<'a> View<'a> {
     }
 
     /// Adds the throughput since the last document to the sparklines.
-    fn sample(&mut self, doc: &Value) {
+    fn sample(&mut self, doc: &StatsRead) {
         let now = Instant::now();
-        let disk = num(doc, &["disk", "read_bytes"]);
-        let served = num(doc, &["cache", "hit_bytes"])
-            + num(doc, &["cache", "miss_bytes"])
-            + num(doc, &["cache", "uncached_bytes"]);
+        let disk = doc.disk.read_bytes;
+        let served = doc.cache.hit_bytes + doc.cache.miss_bytes + doc.cache.uncached_bytes;
         if let Some((then, last_disk, last_served)) = self.last {
             let seconds = now.duration_since(then).as_secs_f64().max(1e-3);
             let rate = |now: u64, before: u64| (now.saturating_sub(before) as f64 / seconds) as u64;
-            push(&mut self.disk_rate, rate(disk, last_disk));
-            push(&mut self.served_rate, rate(served, last_served));
+            let history = self.config.history;
+            push(&mut self.disk_rate, rate(disk, last_disk), history);
+            push(&mut self.served_rate, rate(served, last_served), history);
         }
         self.last = Some((now, disk, served));
-        for file in doc["files"].as_array().into_iter().flatten() {
-            let Some(path) = file["path"].as_str() else {
+        for file in &doc.files {
+            let Some(path) = file.path.as_deref() else {
                 continue;
             };
             let history = self.files.entry(path.to_string()).or_default();
-            let served = num(file, &["hit_bytes"]) + num(file, &["miss_bytes"]);
-            let disk = num(file, &["disk_read_bytes"]);
+            let served = file.hit_bytes + file.miss_bytes;
+            let disk = file.disk_read_bytes;
             if let Some((then, last_served, last_disk)) = history.last {
                 let seconds = now.duration_since(then).as_secs_f64().max(1e-3);
                 let rate =
                     |now: u64, before: u64| (now.saturating_sub(before) as f64 / seconds) as u64;
-                push(&mut history.served_rate, rate(served, last_served));
-                push(&mut history.disk_rate, rate(disk, last_disk));
+                push(
+                    &mut history.served_rate,
+                    rate(served, last_served),
+                    self.config.history,
+                );
+                push(
+                    &mut history.disk_rate,
+                    rate(disk, last_disk),
+                    self.config.history,
+                );
             }
             history.last = Some((now, served, disk));
         }
@@ -312,36 +373,33 @@ impl<'a> View<'a> {
 
     fn summary(&self) -> Paragraph<'_> {
         let doc = &self.doc;
-        let size = |path: &[&str]| format_size(num(doc, path));
-        let (hit, miss) = (
-            num(doc, &["cache", "hit_bytes"]),
-            num(doc, &["cache", "miss_bytes"]),
-        );
+        let budget = doc.budget_or_default();
+        let (hit, miss) = (doc.cache.hit_bytes, doc.cache.miss_bytes);
         let hit_rate = if hit + miss == 0 {
             "-".to_string()
         } else {
             format!("{:.1} %", hit as f64 * 100.0 / (hit + miss) as f64)
         };
-        let pressure = match doc["budget"]["pressure_limit_bytes"].as_u64() {
+        let pressure = match budget.pressure_limit_bytes {
             Some(limit) => format!("limit {}", format_size(limit)),
             None => "none".to_string(),
         };
         let lines = vec![
             Line::from(format!(
                 "budget {}   cache {} of {}   passthrough {} open   hit rate {hit_rate} by bytes",
-                size(&["cache", "budget_bytes"]),
-                size(&["cache", "used_bytes"]),
-                size(&["cache", "chunk_budget_bytes"]),
-                size(&["passthrough", "open_bytes"]),
+                format_size(doc.cache.budget_bytes),
+                format_size(doc.cache.used_bytes),
+                format_size(doc.cache.chunk_budget_bytes),
+                format_size(doc.passthrough.open_bytes),
             )),
             Line::from(format!(
                 "stall {:.2} s   disk read {}   prefetch {} issued, {} wasted   pressure {pressure} ({} events, {} given back)",
-                doc["cache"]["stall_seconds"].as_f64().unwrap_or(0.0),
-                size(&["disk", "read_bytes"]),
-                size(&["prefetch", "issued_bytes"]),
-                size(&["prefetch", "wasted_bytes"]),
-                num(doc, &["budget", "pressure_events"]),
-                size(&["budget", "given_back_bytes"]),
+                doc.cache.stall_seconds,
+                format_size(doc.disk.read_bytes),
+                format_size(doc.prefetch.issued_bytes),
+                format_size(doc.prefetch.wasted_bytes),
+                budget.pressure_events,
+                format_size(budget.given_back_bytes),
             )),
         ];
         let title = format!(" tierfs top {} ", self.mountpoint.display());
@@ -379,8 +437,8 @@ impl<'a> View<'a> {
         for (at, entry) in entries.iter().enumerate() {
             let (figures, strip) = (entry.figures, entry.strip);
             let marker = if Some(at) == selected { "▶ " } else { "  " };
-            let shards = match strip["shards"].as_array() {
-                Some(shards) => format!("  {} shards", shards.len()),
+            let shards = match entry.shards {
+                Some(shards) => format!("  {shards} shards"),
                 None => String::new(),
             };
             lines.push(Line::from(vec![
@@ -391,11 +449,11 @@ impl<'a> View<'a> {
                 ),
                 Span::raw(format!(
                     "{shards}  {}  cached {} of {}  stall {:.2} s  start stall {:.2} s",
-                    figures["mode"].as_str().unwrap_or("?"),
-                    format_size(num(strip, &["cached_bytes"])),
-                    format_size(num(strip, &["size"])),
-                    strip["stall_seconds"].as_f64().unwrap_or(0.0),
-                    figures["start_stall_seconds"].as_f64().unwrap_or(0.0),
+                    figures.mode.unwrap_or("?"),
+                    format_size(strip.cached_bytes),
+                    format_size(strip.size),
+                    strip.stall_seconds,
+                    figures.start_stall_seconds,
                 )),
             ]));
             lines.push(self.file_rates(entry.name, figures));
@@ -413,21 +471,21 @@ impl<'a> View<'a> {
     }
 
     /// A model's hit rate by bytes and its served and disk throughput as text sparklines.
-    fn file_rates(&self, name: &str, file: &Value) -> Line<'static> {
-        let (hit, miss) = (num(file, &["hit_bytes"]), num(file, &["miss_bytes"]));
+    fn file_rates(&self, name: &str, file: Figures<'_>) -> Line<'static> {
+        let (hit, miss) = (file.hit_bytes, file.miss_bytes);
         let hit_rate = if hit + miss == 0 {
             "-".to_string()
         } else {
             format!("{:.1} %", hit as f64 * 100.0 / (hit + miss) as f64)
         };
         // A sharded model's counters are its first shard's row, sampled under that path.
-        let path = file["path"].as_str().unwrap_or(name);
+        let path = file.path.unwrap_or(name);
         let history = self.files.get(path);
         let rates = |pick: fn(&FileHistory) -> &VecDeque<u64>| {
             history.map_or((String::new(), 0), |h| {
                 let rates = pick(h);
                 (
-                    text_sparkline(rates, FILE_SPARKLINE),
+                    text_sparkline(rates, self.config.file_sparkline),
                     rates.back().copied().unwrap_or(0),
                 )
             })
@@ -438,7 +496,7 @@ impl<'a> View<'a> {
             "  hit rate {hit_rate} by bytes   served {served:<width$} {}/s   disk {disk:<width$} {}/s",
             format_size(served_now),
             format_size(disk_now),
-            width = FILE_SPARKLINE,
+            width = self.config.file_sparkline,
         ))
     }
 
@@ -447,15 +505,14 @@ impl<'a> View<'a> {
             "{:<9}{:>10}{:>8}{:>12}{:>12}",
             "op", "count", "errors", "p50", "p99"
         ))];
-        for op in ["lookup", "getattr", "open", "read", "readdir"] {
-            let figures = &self.doc["ops"][op];
-            let micros = |key: &str| format_micros(figures[key].as_f64().unwrap_or(0.0));
+        for op in OPS {
+            let figures = self.doc.op(op);
             lines.push(Line::from(format!(
                 "{op:<9}{:>10}{:>8}{:>12}{:>12}",
-                num(figures, &["count"]),
-                num(figures, &["errors"]),
-                micros("p50_us"),
-                micros("p99_us"),
+                figures.count,
+                figures.errors,
+                format_micros(figures.p50_us),
+                format_micros(figures.p99_us),
             )));
         }
         Paragraph::new(lines).block(Block::default().borders(Borders::ALL).title(" requests "))
@@ -494,16 +551,16 @@ fn legend() -> Vec<Span<'static>> {
 
 /// Where the reader is, how far ahead of it prefetch has read (`residency_prefetch_front`), and
 /// how many blocks are being prefetched.
-fn reach(row: &Value) -> String {
-    let index = |key: &str| row[key].as_u64().and_then(|i| usize::try_from(i).ok());
-    let strip = row["residency"].as_str().unwrap_or("");
+fn reach(row: &StripRead) -> String {
+    let index = |i: Option<u64>| i.and_then(|i| usize::try_from(i).ok());
+    let strip = row.residency.as_deref().unwrap_or("");
     let blocks = strip.chars().count();
     let in_flight = strip.chars().filter(|&c| c == '~').count();
-    let Some(current) = index("residency_current").filter(|&c| c < blocks) else {
+    let Some(current) = index(row.residency_current).filter(|&c| c < blocks) else {
         return format!("no reader   {in_flight} blocks prefetching");
     };
     // The order goes on from the end of the strip to its start (the next pass).
-    let ahead = index("residency_prefetch_front").map_or(0, |f| (f + blocks - current) % blocks);
+    let ahead = index(row.residency_prefetch_front).map_or(0, |f| (f + blocks - current) % blocks);
     format!(
         "reader in block {} of {blocks}   prefetch reaches {ahead} blocks ahead   {in_flight} blocks prefetching",
         current + 1,
@@ -511,11 +568,9 @@ fn reach(row: &Value) -> String {
 }
 
 /// The residency strip cut into lines of `width`, coloured, the reader's block reversed.
-fn strip_lines(row: &Value, width: usize) -> Vec<Line<'static>> {
-    let strip: Vec<char> = row["residency"].as_str().unwrap_or("").chars().collect();
-    let current = row["residency_current"]
-        .as_u64()
-        .and_then(|c| usize::try_from(c).ok());
+fn strip_lines(row: &StripRead, width: usize) -> Vec<Line<'static>> {
+    let strip: Vec<char> = row.residency.as_deref().unwrap_or("").chars().collect();
+    let current = row.residency_current.and_then(|c| usize::try_from(c).ok());
     strip
         .chunks(width)
         .enumerate()
@@ -551,18 +606,12 @@ fn text_sparkline(rates: &VecDeque<u64>, width: usize) -> String {
         .collect()
 }
 
-fn push(rates: &mut VecDeque<u64>, rate: u64) {
-    if rates.len() == HISTORY {
+/// Appends `rate`, keeping the newest `history` samples.
+fn push(rates: &mut VecDeque<u64>, rate: u64, history: usize) {
+    if rates.len() >= history {
         rates.pop_front();
     }
     rates.push_back(rate);
-}
-
-fn num(doc: &Value, path: &[&str]) -> u64 {
-    path.iter()
-        .try_fold(doc, |v, key| v.get(key))
-        .and_then(Value::as_u64)
-        .unwrap_or(0)
 }
 
 fn format_micros(us: f64) -> String {
@@ -570,5 +619,30 @@ fn format_micros(us: f64) -> String {
         format!("{:.1} ms", us / 1000.0)
     } else {
         format!("{us:.0} µs")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sparklines_keep_the_configured_history() {
+        let config = TopConfig {
+            history: 3,
+            ..TopConfig::default()
+        };
+        let mut view = View::with_config(Path::new("/mnt"), config);
+        let doc = StatsRead::default();
+        for _ in 0..6 {
+            view.sample(&doc);
+        }
+        assert_eq!(view.disk_rate.len(), 3);
+        assert_eq!(view.served_rate.len(), 3);
+        let mut default = View::new(Path::new("/mnt"));
+        for _ in 0..6 {
+            default.sample(&doc);
+        }
+        assert_eq!(default.disk_rate.len(), 5);
     }
 }

@@ -17,8 +17,8 @@
 //! - **Access** ([`open_flags`]): WinFsp's granted access becomes the `O_*` flags
 //!   [`TierFs::open`] takes; WinFsp has checked it against the volume's security descriptor.
 //! - The mount's reads go straight to the reader (WinFsp runs with its data cache off, see
-//!   `mount`), which the core is told with [`TierFs::kernel_capabilities`]`(true, false)`:
-//!   no page-cache window to keep, no passthrough.
+//!   `mount`), which the core is told with [`TierFs::kernel_capabilities`] (`direct_io_mmap`,
+//!   no `passthrough`): no page-cache window to keep, no passthrough.
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -27,12 +27,12 @@ use std::sync::Arc;
 use crossbeam_channel::Receiver;
 use tierfs_core::budget::Governor;
 use tierfs_core::fs::{
-    oflag, Attr, FsError, Kind, Opened, ReadKind, Requester, Settings, Sharing, StatsView, TierFs,
-    CONTROL_DIR_INO, CONTROL_INO, ROOT_INO, STATS_INO,
+    oflag, Attr, FsError, KernelCapabilities, Kind, Opened, ReadKind, Requester, Settings, Sharing,
+    StatsView, TierFs, CONTROL_DIR_INO, CONTROL_INO, ROOT_INO, STATS_INO,
 };
 use tierfs_core::kernel_cache::{InodeRange, KernelCacheWindow};
 use tierfs_core::models::ModelStore;
-use tierfs_core::stats_doc::StatsDocument;
+use tierfs_core::stats_doc::CommonStats;
 use windows_sys::Win32::Storage::FileSystem::{FILE_APPEND_DATA, FILE_READ_DATA, FILE_WRITE_DATA};
 
 use crate::path::{Target, CONTROL_DIR};
@@ -111,7 +111,10 @@ impl Tree {
         // Empty: nothing is kept in a page cache of the mounted files (see the module docs).
         let window = Arc::new(KernelCacheWindow::new(0));
         let mut fs = TierFs::new(settings, store, window, tx, Box::new(render))?;
-        fs.kernel_capabilities(true, false);
+        fs.kernel_capabilities(KernelCapabilities {
+            direct_io_mmap: true,
+            passthrough: false,
+        });
         Ok(Tree {
             fs,
             source,
@@ -361,15 +364,14 @@ pub fn open_flags(ino: u64, access: u32) -> i32 {
 
 /// The stats document of this front end: the Linux one, at `mountpoint`.
 fn stats_json(view: &StatsView, mountpoint: &str) -> Vec<u8> {
-    let doc = StatsDocument::collect(
+    let doc = CommonStats::collect(
         view.store,
         view.window,
         (view.source, Path::new(mountpoint)),
         view.passthrough,
         view.started,
     );
-    let mut json = serde_json::to_vec_pretty(&doc)
-        .unwrap_or_else(|e| format!("{{\"error\": \"cannot render stats: {e}\"}}").into_bytes());
+    let mut json = tierfs_core::stats_doc::render_json(&doc);
     json.push(b'\n');
     json
 }

@@ -25,11 +25,13 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rustix::thread::{capabilities, set_capabilities, CapabilitySet, CapabilitySets};
 use thiserror::Error;
+
+use crate::sync::{lock, Mutex};
 
 /// How long the supplementary groups read for a process are reused. A second covers the burst
 /// of lookups, opens and reads of one loader opening a file (dozens of requests) with one
@@ -39,7 +41,25 @@ pub const GROUPS_TTL: Duration = Duration::from_secs(1);
 
 /// Processes whose groups are remembered at most; past this the table is cleared (a burst of
 /// short-lived processes must not grow it).
-const GROUPS_ENTRIES: usize = 4096;
+pub const GROUPS_ENTRIES: usize = 4096;
+
+/// Tuning of a [`GroupsCache`]; [`Default`] is what a mount uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupsCacheConfig {
+    /// How long a process's status is reused ([`GROUPS_TTL`]).
+    pub ttl: Duration,
+    /// Processes remembered at most before the table is cleared ([`GROUPS_ENTRIES`]).
+    pub max_entries: usize,
+}
+
+impl Default for GroupsCacheConfig {
+    fn default() -> GroupsCacheConfig {
+        GroupsCacheConfig {
+            ttl: GROUPS_TTL,
+            max_entries: GROUPS_ENTRIES,
+        }
+    }
+}
 
 /// The credentials could not be switched: the request is refused (`EACCES`), never served with
 /// the daemon's rights.
@@ -196,26 +216,35 @@ pub struct ProcessStatus {
 }
 
 /// [`ProcessStatus`] per requesting process, read from `/proc` and kept briefly. Keyed by pid
-/// *and* the request's uid and gid, so that a pid reused within [`GROUPS_TTL`] by another
+/// *and* the request's uid and gid, so that a pid reused within its TTL ([`GROUPS_TTL`]) by another
 /// user's process is read afresh.
 #[derive(Debug, Default)]
 pub struct GroupsCache {
+    config: GroupsCacheConfig,
     entries: Mutex<HashMap<(u32, u32, u32), ReadStatus>>,
 }
 
 impl GroupsCache {
+    /// An empty cache tuned by `config`.
+    pub fn with_config(config: GroupsCacheConfig) -> GroupsCache {
+        GroupsCache {
+            config,
+            entries: Mutex::default(),
+        }
+    }
+
     /// The groups and capabilities of process `pid`, which sent a request as `uid`/`gid` (none
     /// if they cannot be read).
     pub fn status_of(&self, pid: u32, uid: u32, gid: u32) -> ProcessStatus {
         let key = (pid, uid, gid);
-        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut entries = lock(&self.entries);
         if let Some((read, status)) = entries.get(&key) {
-            if read.elapsed() < GROUPS_TTL {
+            if read.elapsed() < self.config.ttl {
                 return status.clone();
             }
         }
         let status = read_status(pid).unwrap_or_default();
-        if entries.len() >= GROUPS_ENTRIES {
+        if entries.len() >= self.config.max_entries {
             entries.clear();
         }
         entries.insert(key, (Instant::now(), status.clone()));
@@ -245,4 +274,32 @@ pub(crate) fn parse_caps(status: &str) -> Option<u64> {
 /// This thread's effective capabilities (a `CapEff:` bit mask; none if they cannot be read).
 pub fn own_effective_caps() -> u64 {
     capabilities(None).map_or(0, |sets| sets.effective.bits())
+}
+
+#[cfg(test)]
+mod config_tests {
+    use super::*;
+
+    fn remembered(cache: &GroupsCache) -> usize {
+        lock(&cache.entries).len()
+    }
+
+    #[test]
+    fn the_table_is_cleared_past_max_entries() {
+        let pid = std::process::id();
+        let default = GroupsCache::default();
+        let small = GroupsCache::with_config(GroupsCacheConfig {
+            max_entries: 2,
+            ..GroupsCacheConfig::default()
+        });
+        for uid in 0..3 {
+            assert_eq!(default.status_of(pid, uid, 0), small.status_of(pid, uid, 0));
+        }
+        assert_eq!(remembered(&default), 3);
+        assert_eq!(
+            remembered(&small),
+            1,
+            "cleared at the third process, then it alone"
+        );
+    }
 }

@@ -1,4 +1,7 @@
 //! Who may see what through a shared mount: the rule, and the credential switch that enforces it.
+//! "Access" here is always a user's right to reach a file in SOURCE; the FUSE `access`
+//! operation is [`TierFs::access`](crate::fs::TierFs::access), and a reader's position in a
+//! file is `crate::reader`'s (its `ReaderTracker`).
 //!
 //! **The rule.** A request through the mount may do exactly what the requesting user could do
 //! by following the same path through SOURCE themselves, links included. A root daemon
@@ -38,7 +41,7 @@
 pub mod creds;
 pub mod resolve;
 
-pub use creds::{AccessError, Credentials, GroupsCache, Switched};
+pub use creds::{AccessError, Credentials, GroupsCache, GroupsCacheConfig, Switched};
 pub use resolve::{mount_device, ServedDevice, SourceRoot};
 
 /// How a mount shares its files between users.

@@ -42,12 +42,13 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags, StatxFlags};
 
 use crate::source::{PathAccess, SourceIdentity};
+use crate::sync::{lock, Mutex};
 
 /// Links followed in one resolution at most: the kernel's own limit (`MAXSYMLINKS`).
 pub const MAX_LINKS: usize = 40;
@@ -519,20 +520,41 @@ pub fn mount_device(mountpoint: &Path) -> io::Result<u64> {
 }
 
 /// Rate-limited log of refusals.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct RefusalLog {
+    /// At most one line per this long ([`REFUSAL_LOG_INTERVAL`]).
+    interval: Duration,
     state: Mutex<Option<(Instant, u64)>>,
 }
 
+impl Default for RefusalLog {
+    fn default() -> RefusalLog {
+        RefusalLog::with_interval(REFUSAL_LOG_INTERVAL)
+    }
+}
+
 impl RefusalLog {
-    fn log(&self, rel: &Path, reason: &str) {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+    fn with_interval(interval: Duration) -> RefusalLog {
+        RefusalLog {
+            interval,
+            state: Mutex::default(),
+        }
+    }
+
+    /// Logs the refusal of `rel`, unless one was logged less than the interval ago; true if
+    /// it was logged.
+    fn log(&self, rel: &Path, reason: &str) -> bool {
+        let mut state = lock(&self.state);
         match &mut *state {
-            Some((at, suppressed)) if at.elapsed() < REFUSAL_LOG_INTERVAL => *suppressed += 1,
+            Some((at, suppressed)) if at.elapsed() < self.interval => {
+                *suppressed += 1;
+                false
+            }
             _ => {
                 let suppressed = state.map_or(0, |(_, n)| n);
                 tracing::warn!(path = %rel.display(), reason, suppressed, "refused to resolve a path of SOURCE");
                 *state = Some((Instant::now(), 0));
+                true
             }
         }
     }

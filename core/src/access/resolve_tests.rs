@@ -183,3 +183,16 @@ fn a_walk_checks_each_directory_with_the_callers_rights() {
     drop(acting);
     assert_eq!(read(&root, "f").unwrap(), b"behind a closed door");
 }
+
+#[test]
+fn refusals_are_logged_at_most_once_per_interval() {
+    use super::RefusalLog;
+    use std::time::Duration;
+
+    let default = RefusalLog::default();
+    assert!(default.log(Path::new("a"), "test"));
+    assert!(!default.log(Path::new("a"), "test"), "within the second");
+    let every = RefusalLog::with_interval(Duration::ZERO);
+    assert!(every.log(Path::new("a"), "test"));
+    assert!(every.log(Path::new("a"), "test"));
+}

@@ -93,6 +93,25 @@ pub const MAX_REMEMBERED_SPARES: usize = 65_536;
 /// Paths an entry remembers.
 pub const MAX_PATHS: usize = 4;
 
+/// Tuning of the inode table; [`Default`] is what a mount uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InodesConfig {
+    /// Objects whose spare number is remembered for the life of the mount
+    /// ([`MAX_REMEMBERED_SPARES`]).
+    pub max_remembered_spares: usize,
+    /// Paths an entry remembers ([`MAX_PATHS`]).
+    pub max_paths: usize,
+}
+
+impl Default for InodesConfig {
+    fn default() -> InodesConfig {
+        InodesConfig {
+            max_remembered_spares: MAX_REMEMBERED_SPARES,
+            max_paths: MAX_PATHS,
+        }
+    }
+}
+
 /// A source object: device, inode number and birth time there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ObjectId {
@@ -134,14 +153,14 @@ impl Entry {
         self.lookups == 0 && self.handles == 0
     }
 
-    /// Puts `path` first, keeping at most [`MAX_PATHS`].
-    fn met_at(&mut self, path: &Path) {
+    /// Puts `path` first, keeping at most `max_paths` ([`InodesConfig::max_paths`]).
+    fn met_at(&mut self, path: &Path, max_paths: usize) {
         if self.paths.first().is_some_and(|p| p == path) {
             return;
         }
         self.paths.retain(|p| p != path);
         self.paths.insert(0, path.to_owned());
-        self.paths.truncate(MAX_PATHS);
+        self.paths.truncate(max_paths);
     }
 }
 
@@ -153,16 +172,19 @@ struct Numbering {
     /// Spare numbers remembered for the life of the mount, by object.
     spares: HashMap<ObjectId, u64>,
     next_spare: u64,
-    /// Whether running past [`MAX_REMEMBERED_SPARES`] was logged.
+    /// Spare numbers remembered at most ([`InodesConfig::max_remembered_spares`]).
+    max_remembered_spares: usize,
+    /// Whether running past that many was logged.
     warned: bool,
 }
 
 impl Numbering {
-    fn new(source_dev: u64) -> Numbering {
+    fn new(source_dev: u64, max_remembered_spares: usize) -> Numbering {
         Numbering {
             slots: HashMap::from([((source_dev, 0), 0)]),
             spares: HashMap::new(),
             next_spare: 1,
+            max_remembered_spares,
             warned: false,
         }
     }
@@ -197,12 +219,12 @@ impl Numbering {
     /// A spare number for `object`, remembered while there is room.
     fn remembered_spare(&mut self, object: ObjectId) -> u64 {
         let ino = self.spare();
-        if self.spares.len() < MAX_REMEMBERED_SPARES {
+        if self.spares.len() < self.max_remembered_spares {
             self.spares.insert(object, ino);
         } else if !self.warned {
             self.warned = true;
             tracing::warn!(
-                limit = MAX_REMEMBERED_SPARES,
+                limit = self.max_remembered_spares,
                 "too many source objects without a number of their own: further ones keep \
                  their inode number only while the kernel holds it"
             );
@@ -224,6 +246,8 @@ struct Table {
     /// The number of each object with an entry.
     live: HashMap<ObjectId, u64>,
     numbering: Numbering,
+    /// Paths an entry remembers ([`InodesConfig::max_paths`]).
+    max_paths: usize,
 }
 
 /// Two-way map between inode numbers and source objects.
@@ -235,6 +259,11 @@ pub struct Inodes {
 impl Inodes {
     /// The table of a mount of a SOURCE on device `source_dev`.
     pub fn new(source_dev: u64) -> Inodes {
+        Inodes::with_config(source_dev, InodesConfig::default())
+    }
+
+    /// [`Inodes::new`], tuned by `config`.
+    pub fn with_config(source_dev: u64, config: InodesConfig) -> Inodes {
         let root = Entry {
             paths: vec![PathBuf::new()],
             object: None,
@@ -246,7 +275,8 @@ impl Inodes {
             table: Mutex::new(Table {
                 entries: HashMap::from([(ROOT_INO, root)]),
                 live: HashMap::new(),
-                numbering: Numbering::new(source_dev),
+                numbering: Numbering::new(source_dev, config.max_remembered_spares),
+                max_paths: config.max_paths,
             }),
         }
     }
@@ -334,7 +364,7 @@ impl Inodes {
 fn number(table: &mut Table, path: &Path, object: ObjectId, attr: Attr) -> (u64, bool) {
     if let Some(&ino) = table.live.get(&object) {
         if let Some(entry) = table.entries.get_mut(&ino) {
-            entry.met_at(path);
+            entry.met_at(path, table.max_paths);
             entry.attr = Some(Attr { ino, ..attr });
             return (ino, false);
         }
@@ -434,6 +464,21 @@ mod tests {
         }
         assert_eq!(inodes.entry(500).unwrap().paths.len(), MAX_PATHS);
         assert_eq!(inodes.len(), 2);
+    }
+
+    #[test]
+    fn an_entry_remembers_the_configured_number_of_paths() {
+        let config = InodesConfig {
+            max_paths: 2,
+            ..InodesConfig::default()
+        };
+        let inodes = Inodes::with_config(DEV, config);
+        let a = object(DEV, 500, 7);
+        for i in 0..10 {
+            look(&inodes, &format!("p{i}"), a);
+        }
+        let entry = inodes.entry(500).unwrap();
+        assert_eq!(entry.paths, [PathBuf::from("p9"), PathBuf::from("p8")]);
     }
 
     #[test]

@@ -35,7 +35,7 @@
 //! - **Read-only**: every write path is refused with `EROFS` ([`FsError::ReadOnly`]); the mount
 //!   cannot carry the kernel's `ro` flag since the control file must be writable.
 //!
-//! Attribute and entry timeouts are [`ATTR_TTL`], which is what bounds how long a change in
+//! Attribute and entry timeouts are [`FsConfig::attr_ttl`] ([`ATTR_TTL`] by default), which is what bounds how long a change in
 //! SOURCE takes to show through the mount.
 //!
 //! **Shared mounts** (`--allow-other`): every source access made for a request runs under
@@ -54,15 +54,18 @@
 //! model-checked with loom.
 
 pub mod attr;
+mod config;
 pub mod error;
 mod handles;
 pub mod inodes;
 mod open;
 mod platform;
 pub mod present;
+mod read;
 // Linux only: the model of SOURCE makes symbolic links (a privilege on Windows), keeps
 // objects alive with `O_PATH` and checks errnos.
-#[cfg(all(test, target_os = "linux"))]
+#[cfg(test)]
+#[cfg(target_os = "linux")]
 mod reference_tests;
 #[cfg(test)]
 mod tests;
@@ -83,19 +86,16 @@ use crate::stats::ops::{Op, OpStats};
 use crate::sync::{lock, Mutex};
 
 pub use attr::{Attr, Kind};
+pub use config::{FsConfig, ATTR_TTL};
 pub use error::FsError;
 use handles::{Handle, Handles};
 use inodes::Inodes;
 pub use inodes::{CONTROL_DIR_INO, CONTROL_INO, METRICS_INO, ROOT_INO, STATS_INO};
-pub use open::{OpenFlags, Opened, ReadKind};
+pub use open::{OpenFlags, Opened};
 pub use platform::{oflag, AccessError, Sharing};
 use platform::{AccessRule, Acting, SourceRoot};
 use present::{present_as, present_object};
-
-/// How long the kernel may trust attributes and lookups. Half a second keeps the promise that
-/// a change in SOURCE shows within a second, and still saves most repeated `stat`s of a loader
-/// that stats each file several times in a row.
-pub const ATTR_TTL: Duration = Duration::from_millis(500);
+pub use read::ReadKind;
 
 /// Name of the control directory at the mount root.
 pub const CONTROL_DIR: &str = ".tierfs";
@@ -117,6 +117,15 @@ pub struct Settings {
     pub model_passthrough: bool,
     /// Steers the cache budget under memory pressure ([`crate::budget`]).
     pub governor: Arc<Governor>,
+}
+
+/// What the kernel offered at mount time ([`TierFs::kernel_capabilities`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct KernelCapabilities {
+    /// `mmap` of `direct_io` files (`FUSE_DIRECT_IO_ALLOW_MMAP`): see `model_open_flags`.
+    pub direct_io_mmap: bool,
+    /// Passthrough opens (when off, other files are served with `pread`).
+    pub passthrough: bool,
 }
 
 /// Who makes a request: the kernel's uid, gid and pid of the calling process.
@@ -186,7 +195,9 @@ pub struct SetAttr {
 /// opens (FUSE's `BackingId`); this type keeps each alive while a handle uses it.
 pub struct TierFs<B> {
     settings: Settings,
-    access: AccessRule,
+    config: FsConfig,
+    /// Whose credentials each source access of a request runs with ([`crate::access`]).
+    access_rule: AccessRule,
     source_root: Arc<SourceRoot>,
     store: Arc<ModelStore>,
     inodes: Inodes,
@@ -232,9 +243,10 @@ impl<B: Send + Sync> TierFs<B> {
         let source_dev = platform::object_id(&settings.source, &source_meta, Kind::Directory)?.dev;
         store.reach_source_through(source_root.clone());
         Ok(TierFs {
-            access: AccessRule::new(settings.sharing),
+            access_rule: AccessRule::new(settings.sharing),
             source_root,
             settings,
+            config: FsConfig::default(),
             store,
             inodes: Inodes::new(source_dev),
             handles: Handles::default(),
@@ -253,16 +265,21 @@ impl<B: Send + Sync> TierFs<B> {
         })
     }
 
+    /// The same filesystem with `config` in place of [`FsConfig::default`].
+    pub fn with_config(mut self, config: FsConfig) -> TierFs<B> {
+        self.config = config;
+        self
+    }
+
     /// SOURCE, as every path below it is reached ([`SourceRoot`]).
     pub fn source_root(&self) -> &SourceRoot {
         &self.source_root
     }
 
-    /// What the kernel offered at mount time: `mmap` of `direct_io` files, and passthrough
-    /// (when off, other files are served with `pread`).
-    pub fn kernel_capabilities(&mut self, direct_io_mmap: bool, passthrough: bool) {
-        self.direct_io_mmap = direct_io_mmap;
-        self.settings.passthrough &= passthrough;
+    /// What the kernel offered at mount time ([`KernelCapabilities`]).
+    pub fn kernel_capabilities(&mut self, offered: KernelCapabilities) {
+        self.direct_io_mmap = offered.direct_io_mmap;
+        self.settings.passthrough &= offered.passthrough;
     }
 
     /// Whether passthrough opens are in force.
@@ -400,13 +417,17 @@ impl<B: Send + Sync> TierFs<B> {
     /// (`O_TRUNC` arrives as a setattr), which changes nothing.
     pub fn setattr(&self, ino: u64, change: SetAttr) -> Result<(Attr, Duration), FsError> {
         if ino == CONTROL_INO && change.size == Some(0) && !change.changes_mode_or_owner {
-            return Ok((self.virtual_attr(CONTROL_INO, Kind::File, 0o200), ATTR_TTL));
+            return Ok((
+                self.virtual_attr(CONTROL_INO, Kind::File, 0o200),
+                self.config.attr_ttl,
+            ));
         }
         Err(FsError::ReadOnly)
     }
 
-    /// `access`: writing is refused everywhere but the control file; reading is checked by
-    /// the kernel (`default_permissions`) and by the open itself.
+    /// The `access` operation (`access(2)` through the mount): writing is refused everywhere
+    /// but the control file; reading is checked by the kernel (`default_permissions`) and by
+    /// the open itself. (Who may reach what in SOURCE is [`AccessRule`]'s, [`crate::access`].)
     pub fn access(&self, ino: u64, write: bool) -> Result<(), FsError> {
         if write && ino != CONTROL_INO {
             return Err(FsError::ReadOnly);
@@ -458,10 +479,12 @@ impl<B: Send + Sync> TierFs<B> {
 
     /// Starts serving `req` under the access rule.
     fn act_for(&self, req: Requester) -> Result<Acting, FsError> {
-        self.access.act_for(req.uid, req.gid, req.pid).map_err(|e| {
-            tracing::warn!(error = %e, pid = req.pid, "request refused");
-            FsError::Refused(e)
-        })
+        self.access_rule
+            .act_for(req.uid, req.gid, req.pid)
+            .map_err(|e| {
+                tracing::warn!(error = %e, pid = req.pid, "request refused");
+                FsError::Refused(e)
+            })
     }
 
     /// Serves `.tierfs/metrics` (beside the stats, under the same access rule), rendered by
@@ -497,7 +520,8 @@ impl<B: Send + Sync> TierFs<B> {
     /// The attributes of inode `ino`, a source path or a virtual file, and how long the kernel
     /// may keep them.
     fn attr(&self, ino: u64, acting: &Acting) -> Result<(Attr, Duration), FsError> {
-        let virtual_attr = |kind, perm| Ok((self.virtual_attr(ino, kind, perm), ATTR_TTL));
+        let virtual_attr =
+            |kind, perm| Ok((self.virtual_attr(ino, kind, perm), self.config.attr_ttl));
         match ino {
             CONTROL_DIR_INO => virtual_attr(Kind::Directory, 0o555),
             // The mounting user's (and root's) alone: it names every model anyone opened.
@@ -512,10 +536,10 @@ impl<B: Send + Sync> TierFs<B> {
     /// How long the kernel may keep an entry or its attributes: not at all for a link shown as
     /// its target on a shared mount (see the module docs).
     fn ttl(&self, via_link: bool) -> Duration {
-        if via_link && self.access.sharing().is_shared() {
+        if via_link && self.access_rule.sharing().is_shared() {
             Duration::ZERO
         } else {
-            ATTR_TTL
+            self.config.attr_ttl
         }
     }
 
@@ -679,7 +703,7 @@ impl<B: Send + Sync> TierFs<B> {
             Ok(_) => return Err(FsError::NoAttribute),
             Err(e) => return Err(FsError::io("getxattr")(e)),
         }
-        if self.access.sharing().is_shared() {
+        if self.access_rule.sharing().is_shared() {
             self.source_root
                 .open_file(&path, follow)
                 .map_err(|_| FsError::NoAttribute)?;

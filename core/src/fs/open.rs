@@ -1,13 +1,11 @@
-//! `open`, `read` and `release`: the open policy (which file is served how) and the handles it
-//! makes.
+//! `open` and `release`: the open policy (which file is served how) and the handles it makes;
+//! their reads are [`super::read`]'s.
 
 use std::fs::File;
 use std::io;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use crate::models::{is_model_path, ModelFile, OpenModel, ReadBytes, ServeMode};
-use crate::source::read_full_at;
+use crate::models::{is_model_path, OpenModel, ServeMode};
 use crate::stats::ops::Op;
 use crate::sync::lock;
 
@@ -16,11 +14,6 @@ use super::platform::{self, oflag, Acting};
 use super::present::present_object;
 use super::{FsError, Kind, Requester, TierFs};
 use super::{CONTROL_DIR_INO, CONTROL_INO, METRICS_INO, STATS_INO};
-
-/// A model read taking longer than this is logged: it means the disk is saturated or a reader
-/// waits on a chunk another request is loading. Two seconds is a hundred times a 4 MiB chunk
-/// read on a healthy disk.
-const SLOW_READ: Duration = Duration::from_secs(2);
 
 /// How the kernel is to treat a handle this process serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -31,20 +24,10 @@ pub struct OpenFlags {
     pub keep_cache: bool,
 }
 
-/// Who asks for a read, as far as the front end can tell.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct ReadKind {
-    /// A reader's own `read()` call, not a page-cache fill (kernel readahead, `mmap` faults).
-    pub from_reader: bool,
-    /// The reader opened the file `O_DIRECT` (the FUSE request carries the open's flags): see
-    /// `ModelStore::read_direct`.
-    pub o_direct: bool,
-}
-
 /// How an `open` is answered.
 #[derive(Debug)]
 pub enum Opened<B> {
-    /// A handle whose reads come to this process ([`TierFs::read`]).
+    /// A handle whose reads come to this process ([`TierFs::read`](super::TierFs::read)).
     Served { fh: u64, flags: OpenFlags },
     /// A handle whose reads the kernel serves from `backing` (passthrough).
     Passthrough { fh: u64, backing: Arc<B> },
@@ -93,39 +76,6 @@ impl<B: Send + Sync> TierFs<B> {
                 ino => self.open_source(ino, self.act_for(req)?, open_backing),
             }
         })
-    }
-
-    /// `read` of handle `fh` (of inode `ino`): up to `size` bytes at `offset`, fewer only at
-    /// the end of the file; `kind` says who asks ([`ReadKind`]).
-    pub fn read(
-        &self,
-        ino: u64,
-        fh: u64,
-        offset: u64,
-        size: u32,
-        kind: ReadKind,
-    ) -> Result<ReadBytes, FsError> {
-        let ReadKind {
-            from_reader,
-            o_direct,
-        } = kind;
-        // Which reads fill the mounted file's page cache: with `direct_io`, a `read()` goes
-        // straight into the reader's buffer, and only `mmap` faults (kernel readahead) land in
-        // the page cache. Recording direct reads in the window would only cost a needless
-        // page-cache invalidation per range: about 15 % of warm `read()` throughput when
-        // measured.
-        let into_page_cache = !(self.direct_io_mmap && from_reader);
-        let (bytes, model) = self.ops().time(Op::Read, || {
-            let wants = (o_direct, !from_reader, into_page_cache);
-            self.read_handle(fh, offset, size, wants)
-        })?;
-        if model && into_page_cache {
-            for range in self.window.record(ino, offset, bytes.len() as u64) {
-                // The front end's notifier only stops when the mount does.
-                let _ = self.invalidations.send(range);
-            }
-        }
-        Ok(bytes)
     }
 
     /// `release` (and `releasedir`) of handle `fh`; an unknown handle is ignored.
@@ -368,9 +318,10 @@ impl<B: Send + Sync> TierFs<B> {
     /// `keep_cache` is set when the inode's page cache was filled from this same file
     /// generation. Without it the kernel drops the inode's whole page cache at every open,
     /// waiting on each page still being read for an `mmap` reader, which then faults the pages
-    /// it had just read in again (the stress test, with readers opening the same model every
-    /// second or two, spent its disk bandwidth on that). When the generation changed (the file
-    /// was rewritten in place), the flag is left out, so the stale pages go.
+    /// it had just read in again
+    /// ([measured](../../../docs/PERFORMANCE.md#open-flags-of-cache-served-model-files)). When
+    /// the generation changed (the file was rewritten in place), the flag is left out, so the
+    /// stale pages go.
     fn model_open_flags(&self, ino: u64, generation: u64) -> OpenFlags {
         let previous = lock(&self.page_cache_generations).insert(ino, generation);
         OpenFlags {
@@ -378,98 +329,4 @@ impl<B: Send + Sync> TierFs<B> {
             keep_cache: previous == Some(generation),
         }
     }
-
-    /// The bytes a `read` of handle `fh` answers, and whether they are a model file's (which
-    /// the kernel may keep in the mounted file's page cache: see `read`). `wants`: the reader
-    /// opened `O_DIRECT`; the kernel asks to fill the page cache (readahead), not for a
-    /// reader's `read()`; the bytes land in the page cache.
-    fn read_handle(
-        &self,
-        fh: u64,
-        offset: u64,
-        size: u32,
-        (o_direct, readahead, into_page_cache): (bool, bool, bool),
-    ) -> Result<(ReadBytes, bool), FsError> {
-        match &self.handles.get(fh)?.kind {
-            Handle::Model(model) if into_page_cache && superseded(model) => {
-                Ok((read_as_the_file_is_now(model, offset, size)?, true))
-            }
-            Handle::Model(model) => Ok((
-                self.read_model(model.file(), offset, size, o_direct, readahead)?,
-                true,
-            )),
-            Handle::Plain(file) => Ok((ReadBytes::Owned(pread_full(file, offset, size)?), false)),
-            Handle::Stats(json) => {
-                let start = (offset as usize).min(json.len());
-                let end = start.saturating_add(size as usize).min(json.len());
-                Ok((ReadBytes::Owned(json[start..end].to_vec()), false))
-            }
-            Handle::ModelPassthrough(..)
-            | Handle::Passthrough(_)
-            | Handle::Dir(..)
-            | Handle::Control => Err(FsError::BadHandle),
-        }
-    }
-
-    /// Reads a model file through the cache.
-    fn read_model(
-        &self,
-        model: &Arc<ModelFile>,
-        offset: u64,
-        size: u32,
-        o_direct: bool,
-        readahead: bool,
-    ) -> Result<ReadBytes, FsError> {
-        let started = Instant::now();
-        let result = if o_direct {
-            self.store.read_direct(model, offset, size)
-        } else if readahead {
-            self.store.read_readahead(model, offset, size)
-        } else {
-            self.store.read(model, offset, size)
-        };
-        let elapsed = started.elapsed();
-        if elapsed > SLOW_READ {
-            tracing::warn!(file = %model.path().display(), offset, size, ms = elapsed.as_millis() as u64, "slow read");
-        }
-        result.map_err(|e| {
-            tracing::warn!(file = %model.path().display(), offset, size, error = %e, "read failed: returning EIO");
-            e.into()
-        })
-    }
-}
-
-/// Whether the version a model handle opened is no longer what its file holds (rewritten in
-/// place). The inode's page cache is shared by every handle of it, so what a fill puts there
-/// must be the file as it is: the old version's header, kept in memory, over the file's new
-/// data would show readers of either version a mix of two.
-fn superseded(model: &OpenModel) -> bool {
-    model.source().changed_since_open().unwrap_or_else(|e| {
-        tracing::warn!(file = %model.path().display(), error = %e, "fstat of an open model failed");
-        false
-    })
-}
-
-/// A page-cache fill for a handle whose version was superseded: the file's bytes as they are
-/// now, read from its descriptor uncached, as a local `mmap` of the rewritten file would see.
-fn read_as_the_file_is_now(
-    model: &OpenModel,
-    offset: u64,
-    size: u32,
-) -> Result<ReadBytes, FsError> {
-    tracing::debug!(file = %model.path().display(), offset, size, "rewritten in place: page-cache fill served from the file as it is now");
-    let mut buf = vec![0u8; size as usize];
-    let filled = model
-        .source()
-        .read_at(&mut buf, offset)
-        .map_err(|e| FsError::io("read")(io::Error::other(e)))?;
-    buf.truncate(filled);
-    Ok(ReadBytes::Owned(buf))
-}
-
-fn pread_full(file: &File, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
-    let mut buf = vec![0u8; size as usize];
-    let filled = read_full_at(file, &mut buf, offset).map_err(|(_, e)| FsError::io("read")(e))?;
-    buf.truncate(filled);
-    Ok(buf)
 }

@@ -56,7 +56,7 @@ impl Fixture {
         };
         let window = Arc::new(KernelCacheWindow::new(8 << 20));
         let render: RenderStats = Box::new(|view: &StatsView| {
-            let doc = crate::stats_doc::StatsDocument::collect(
+            let doc = crate::stats_doc::CommonStats::collect(
                 view.store,
                 view.window,
                 (view.source, Path::new("/mnt")),
@@ -537,4 +537,35 @@ fn a_replaced_file_gets_another_number_even_if_its_inode_number_is_recycled() {
             "a reused number has a new generation"
         );
     }
+}
+
+#[test]
+fn attr_ttl_is_the_configured_one() {
+    let fixture = Fixture::new(false, false);
+    fs::write(fixture.root().join("plain.txt"), b"hello").expect("write");
+    let (_, ttl) = fixture
+        .fs
+        .lookup(me(), ROOT_INO, OsStr::new("plain.txt"))
+        .expect("lookup");
+    assert_eq!(ttl, ATTR_TTL);
+
+    let Fixture {
+        dir,
+        fs: tierfs,
+        _invalidations,
+    } = fixture;
+    let config = FsConfig {
+        attr_ttl: Duration::from_secs(7),
+        ..FsConfig::default()
+    };
+    let tierfs = tierfs.with_config(config);
+    let (attr, ttl) = tierfs
+        .lookup(me(), ROOT_INO, OsStr::new("plain.txt"))
+        .expect("lookup");
+    assert_eq!(ttl, Duration::from_secs(7));
+    let (_, ttl) = tierfs.getattr(me(), attr.ino).expect("getattr");
+    assert_eq!(ttl, Duration::from_secs(7));
+    let (_, ttl) = tierfs.getattr(me(), STATS_INO).expect("getattr");
+    assert_eq!(ttl, Duration::from_secs(7));
+    drop(dir);
 }

@@ -13,9 +13,8 @@
 //! need `&mut` to record (a lock, or per-thread histograms merged by a reader thread) for
 //! precision that a p99 shown with two digits does not use.
 //!
-//! **Cost.** Measured on the warm read path (a 512 MiB model in the chunk cache, 1 MiB `pread`s
-//! through the mount, A/B alternating against the build without the recorder in one run,
-//! `tests/bench/ops_overhead.py`): 1.07× with 1 reader and 1.02× with 4, i.e. below the noise.
+//! **Cost.** Below the noise of the warm read path
+//! ([measured](../../../docs/PERFORMANCE.md#cost-of-the-per-operation-stats)).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};

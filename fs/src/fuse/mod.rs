@@ -24,12 +24,13 @@ use fuser::{
 use tierfs_core::access::{ServedDevice, Sharing};
 use tierfs_core::budget::Governor;
 use tierfs_core::fs::{
-    self as core_fs, Attr, FsError, Kind, Opened, ReadKind, Requester, SetAttr, Xattr,
+    self as core_fs, Attr, FsError, KernelCapabilities, Kind, Opened, ReadKind, Requester, SetAttr,
+    Xattr,
 };
 use tierfs_core::kernel_cache::{InodeRange, KernelCacheWindow};
 use tierfs_core::models::ModelStore;
 
-use crate::stats_doc::StatsDocument;
+use crate::stats_doc::DaemonStats;
 
 /// Settings the adapter needs beyond the store.
 pub struct MountSettings {
@@ -45,17 +46,17 @@ pub struct MountSettings {
 }
 
 /// The `fuser::Filesystem` of a tierfs mount.
-pub struct TierFs {
+pub struct FuseAdapter {
     fs: core_fs::TierFs<BackingId>,
 }
 
-impl TierFs {
+impl FuseAdapter {
     pub fn new(
         settings: MountSettings,
         store: Arc<ModelStore>,
         window: Arc<KernelCacheWindow>,
         invalidations: Sender<InodeRange>,
-    ) -> io::Result<TierFs> {
+    ) -> io::Result<FuseAdapter> {
         let mountpoint = settings.mountpoint;
         let metrics_mountpoint = mountpoint.clone();
         let render = move |view: &core_fs::StatsView| stats_json(view, &mountpoint);
@@ -68,7 +69,7 @@ impl TierFs {
             model_passthrough: settings.model_passthrough,
             governor: settings.governor,
         };
-        Ok(TierFs {
+        Ok(FuseAdapter {
             fs: core_fs::TierFs::new(
                 core_settings,
                 store,
@@ -89,8 +90,7 @@ impl TierFs {
 
 /// The `.tierfs/stats` document of this front end (with its privileged modes and budget).
 fn stats_json(view: &core_fs::StatsView, mountpoint: &Path) -> Vec<u8> {
-    let mut json = serde_json::to_vec_pretty(&stats_document(view, mountpoint))
-        .unwrap_or_else(|e| format!("{{\"error\": \"cannot render stats: {e}\"}}").into_bytes());
+    let mut json = tierfs_core::stats_doc::render_json(&stats_document(view, mountpoint));
     json.push(b'\n');
     json
 }
@@ -100,8 +100,8 @@ fn metrics_text(view: &core_fs::StatsView, mountpoint: &Path) -> Vec<u8> {
     crate::metrics::render(stats_document(view, mountpoint), &view.store.counters().ops)
 }
 
-fn stats_document(view: &core_fs::StatsView, mountpoint: &Path) -> StatsDocument {
-    StatsDocument::collect(
+fn stats_document(view: &core_fs::StatsView, mountpoint: &Path) -> DaemonStats {
+    DaemonStats::collect(
         view.store,
         view.window,
         view.source,
@@ -113,7 +113,7 @@ fn stats_document(view: &core_fs::StatsView, mountpoint: &Path) -> StatsDocument
     .with_tables(view.inodes, view.handles)
 }
 
-impl Filesystem for TierFs {
+impl Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
         // Large reads: the kernel may send up to max_pages (1 MiB) per request.
         let _ = config.set_max_readahead(crate::mount::KERNEL_READAHEAD_BYTES);
@@ -135,7 +135,10 @@ impl Filesystem for TierFs {
                 );
             }
         }
-        self.fs.kernel_capabilities(direct_io_mmap, passthrough);
+        self.fs.kernel_capabilities(KernelCapabilities {
+            direct_io_mmap,
+            passthrough,
+        });
         Ok(())
     }
 
