@@ -13,11 +13,16 @@ from __future__ import annotations
 import datetime
 import mmap
 import os
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from conftest import MiB, Sampler, drop_caches, parse_size, proc_status_kib, results_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import machine  # noqa: E402  (tests/bench/machine.py: the date and machine line of a results file)
 
 BUDGET = "256MiB"
 _fresh = True  # the results file is rewritten by the first test of each session
@@ -33,6 +38,8 @@ def _record(mode: str, size: int, budget: int, fig: dict) -> None:
     if _fresh or not p.exists():
         _fresh = False
         p.write_text("# tierfs bounded-memory figures (tests/python/test_memory.py)\n\n"
+                     f"- date: {machine.date()} (every row's first column)\n"
+                     f"- machine: {machine.describe()}\n\n"
                      "| date | mode | file MiB | budget MiB | daemon VmHWM MiB | max VmRSS MiB | "
                      "max src page cache MiB | max mnt page cache MiB | max (mnt pc + cache) MiB | "
                      "max cache used MiB | MB/s |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
