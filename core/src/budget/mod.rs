@@ -54,7 +54,7 @@ pub mod probe;
 pub mod watch;
 
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -63,6 +63,7 @@ use crate::cache::ChunkCache;
 use crate::models::ModelStore;
 use crate::size::format_size;
 use crate::stats::Counters;
+use crate::sync::{lock, Mutex, MutexGuard};
 pub use probe::{Probe, Reading};
 
 const MIB: u64 = 1 << 20;
@@ -85,6 +86,31 @@ pub const GROW_EVERY: Duration = Duration::from_secs(1);
 /// cache is back to its full budget 8 s after the calm period, and a step taken too early
 /// costs at most an eighth of the budget to give back.
 pub const GROW_SHARE: u64 = 8;
+
+/// The governor's clocks and step size; [`Default`] is the constants above.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GovernorConfig {
+    /// How often the watcher reads the sources when the kernel does not wake it ([`POLL`]).
+    pub poll: Duration,
+    /// How long memory must stay plentiful before the cache grows back ([`CALM`]).
+    pub calm: Duration,
+    /// Interval between two growth steps, and between two shrink steps on kernel events
+    /// ([`GROW_EVERY`]).
+    pub grow_every: Duration,
+    /// One step is `1 / grow_share` of the configured budget ([`GROW_SHARE`]).
+    pub grow_share: u64,
+}
+
+impl Default for GovernorConfig {
+    fn default() -> Self {
+        GovernorConfig {
+            poll: POLL,
+            calm: CALM,
+            grow_every: GROW_EVERY,
+            grow_share: GROW_SHARE,
+        }
+    }
+}
 
 /// The default floor (see the module docs): an eighth of the budget and at least 256 MiB, but
 /// never more than the budget. 256 MiB keeps the read path working as designed: reads in
@@ -149,6 +175,7 @@ pub struct Policy {
     pub limit: u64,
     last_pressure: Option<Instant>,
     last_step: Option<Instant>,
+    config: GovernorConfig,
 }
 
 /// What a reading changed.
@@ -161,11 +188,7 @@ pub enum Change {
 
 impl Default for Policy {
     fn default() -> Self {
-        Policy {
-            limit: u64::MAX,
-            last_pressure: None,
-            last_step: None,
-        }
+        Policy::with_config(GovernorConfig::default())
     }
 }
 
@@ -180,11 +203,21 @@ pub struct Held {
 }
 
 impl Policy {
+    /// No pressure yet, steered by `config`.
+    pub fn with_config(config: GovernorConfig) -> Policy {
+        Policy {
+            limit: u64::MAX,
+            last_pressure: None,
+            last_step: None,
+            config,
+        }
+    }
+
     pub fn step(&mut self, reading: &Reading, me: Held, now: Instant) -> Change {
-        let step = (me.configured / GROW_SHARE).max(1);
+        let step = (me.configured / self.config.grow_share.max(1)).max(1);
         let stepped_recently = self
             .last_step
-            .is_some_and(|t| now.duration_since(t) < GROW_EVERY);
+            .is_some_and(|t| now.duration_since(t) < self.config.grow_every);
         if reading.headroom < 0 {
             let deficit = reading.headroom.unsigned_abs();
             self.last_pressure = Some(now);
@@ -205,7 +238,7 @@ impl Policy {
         }
         let calm = self
             .last_pressure
-            .is_none_or(|t| now.duration_since(t) >= CALM);
+            .is_none_or(|t| now.duration_since(t) >= self.config.calm);
         if self.limit == u64::MAX || !calm || stepped_recently {
             return Change::None;
         }
@@ -276,6 +309,7 @@ struct State {
 
 /// Steers the cache budget between the floor and the configured budget.
 pub struct Governor {
+    config: GovernorConfig,
     target: Arc<dyn BudgetTarget>,
     state: Mutex<State>,
     pressure_events: AtomicU64,
@@ -287,13 +321,24 @@ impl Governor {
     /// A governor for `target` with `configured` bytes (the mount-time clamp already applied)
     /// and `floor` (at most `configured`). Sets the target's budget.
     pub fn new(target: Arc<dyn BudgetTarget>, configured: u64, floor: u64) -> Governor {
+        Governor::with_config(target, configured, floor, GovernorConfig::default())
+    }
+
+    /// [`Governor::new`] with other clocks and step size than the defaults.
+    pub fn with_config(
+        target: Arc<dyn BudgetTarget>,
+        configured: u64,
+        floor: u64,
+        config: GovernorConfig,
+    ) -> Governor {
         let governor = Governor {
+            config,
             target,
             state: Mutex::new(State {
                 configured,
                 floor: floor.min(configured),
                 other_tiers: 0,
-                policy: Policy::default(),
+                policy: Policy::with_config(config),
                 applied: configured,
                 watching: Vec::new(),
             }),
@@ -320,6 +365,11 @@ impl Governor {
         let mut state = self.lock();
         state.other_tiers = bytes;
         self.apply(state);
+    }
+
+    /// The clocks and step size this governor runs with.
+    pub fn config(&self) -> GovernorConfig {
+        self.config
     }
 
     /// The budget in force.
@@ -397,7 +447,7 @@ impl Governor {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.state)
     }
 }
 

@@ -72,12 +72,12 @@ pub mod residency;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use lru::LruCache;
 use serde::Serialize;
 
 use crate::source::SourceIdentity;
+use crate::sync::{lock, Mutex, MutexGuard};
 
 /// Parked files remembered at most. Each is a path and a few numbers; 1024 is more model files
 /// than any workflow keeps warm, and bounds the state a hostile folder can grow.
@@ -438,10 +438,11 @@ impl PassthroughTier {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.state)
     }
 }
 
 // The tests measure and drop real page cache, which only Linux reports (cachestat).
-#[cfg(all(test, target_os = "linux"))]
+#[cfg(test)]
+#[cfg(target_os = "linux")]
 mod tests;

@@ -37,7 +37,8 @@ pub fn raise_descriptor_limit() -> io::Result<u64> {
     Ok(limit.rlim_cur)
 }
 
-#[cfg(all(test, target_os = "linux"))]
+#[cfg(test)]
+#[cfg(target_os = "linux")]
 mod tests {
     #[test]
     fn the_soft_limit_ends_at_the_hard_limit() {

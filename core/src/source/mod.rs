@@ -23,7 +23,7 @@
 //! zeroes every page first (a profile of a cold streaming pass showed the prefetch workers'
 //! reads taking 22 % of the machine's CPU, 16 % in `do_anonymous_page`, taken from the reader), and
 //! dropping it unmaps them again. The cache evicts a chunk just before it loads the next one, so
-//! the mappings of the last few dropped buffers are kept (`SPARE_BUFFERS`) and a read of the
+//! the mappings of the last few dropped buffers are kept ([`SpareBuffersConfig`]) and a read of the
 //! same size reuses one, already faulted in. Every byte a reused buffer exposes is overwritten by
 //! the read first (a short read is an error, not a partly stale buffer).
 
@@ -31,7 +31,7 @@ use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock, PoisonError};
+use std::sync::{Arc, OnceLock};
 
 use thiserror::Error;
 
@@ -50,7 +50,7 @@ compile_error!("tierfs-core reads sources on Linux and Windows only");
 pub mod limits;
 pub mod slot;
 
-use crate::sync::StaticMutex;
+use crate::sync::{lock_static, StaticMutex};
 pub use platform::open_direct;
 use platform::ChunkMemory;
 
@@ -160,47 +160,100 @@ impl PathAccess for PlainPaths {
     }
 }
 
-/// Mappings of dropped buffers kept for reuse: four is one per prefetch worker, and the cache
-/// frees a chunk right before each load (in a cold streaming pass, once the budget was full,
-/// about 6 in 10 chunk reads reused one). They are at most 16 MiB of 4 MiB chunks outside the
-/// cache budget.
-const SPARE_BUFFERS: usize = 4;
+/// Which mappings of dropped buffers are kept for reuse (see the module docs). Process-wide:
+/// [`set_spare_buffers_config`] changes it; tests make their own [`SpareBuffers`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpareBuffersConfig {
+    /// Mappings kept at most: four is one per prefetch worker, and the cache frees a chunk
+    /// right before each load. They are at most 16 MiB of 4 MiB chunks outside the cache
+    /// budget ([measured](../../../docs/PERFORMANCE.md#spare-chunk-buffers)).
+    pub max_spares: usize,
+    /// Buffers smaller than this are not kept: cheap to map, and they would crowd out
+    /// chunk-sized ones.
+    pub min_bytes: usize,
+}
 
-/// Buffers smaller than this are not kept: cheap to map, and they would crowd out chunk-sized
-/// ones.
-const SPARE_MIN_BYTES: usize = 1 << 20;
+impl SpareBuffersConfig {
+    /// Today's values (a `const`, for the process-wide pool).
+    pub const DEFAULT: SpareBuffersConfig = SpareBuffersConfig {
+        max_spares: 4,
+        min_bytes: 1 << 20,
+    };
+}
 
-/// The spare mappings, oldest first. Process-wide, like the allocator it stands in front of.
-static SPARE: StaticMutex<Vec<ChunkMemory>> = StaticMutex::new(Vec::new());
+impl Default for SpareBuffersConfig {
+    fn default() -> Self {
+        SpareBuffersConfig::DEFAULT
+    }
+}
+
+/// Mappings of dropped buffers, oldest first, kept by the rules of a [`SpareBuffersConfig`].
+struct SpareBuffers {
+    config: SpareBuffersConfig,
+    maps: Vec<ChunkMemory>,
+}
+
+impl SpareBuffers {
+    const fn with_config(config: SpareBuffersConfig) -> SpareBuffers {
+        SpareBuffers {
+            config,
+            maps: Vec::new(),
+        }
+    }
+
+    /// A kept mapping of exactly `len` bytes, the most recently kept first.
+    fn take(&mut self, len: usize) -> Option<ChunkMemory> {
+        let at = self.maps.iter().rposition(|map| map.len() == len)?;
+        Some(self.maps.remove(at))
+    }
+
+    /// Keeps `map` (dropping the oldest if there are enough), unless it is too small.
+    fn keep(&mut self, map: ChunkMemory) {
+        if map.len() < self.config.min_bytes || self.config.max_spares == 0 {
+            return;
+        }
+        while self.maps.len() >= self.config.max_spares {
+            self.maps.remove(0);
+        }
+        self.maps.push(map);
+    }
+
+    fn set_config(&mut self, config: SpareBuffersConfig) {
+        self.config = config;
+        let excess = self.maps.len().saturating_sub(config.max_spares);
+        self.maps.drain(..excess);
+        self.maps.retain(|map| map.len() >= config.min_bytes);
+    }
+}
+
+/// The spare mappings. Process-wide, like the allocator it stands in front of.
+static SPARE: StaticMutex<SpareBuffers> =
+    StaticMutex::new(SpareBuffers::with_config(SpareBuffersConfig::DEFAULT));
 
 /// A mapping of `len` bytes: a spare one of exactly that size if there is one, else a new one.
 fn map_buffer(len: usize) -> io::Result<ChunkMemory> {
-    let mut spare = SPARE.lock().unwrap_or_else(PoisonError::into_inner);
-    match spare.iter().rposition(|map| map.len() == len) {
-        Some(at) => Ok(spare.remove(at)),
-        None => {
-            drop(spare);
-            ChunkMemory::new(len)
-        }
+    let spare = lock_static(&SPARE).take(len);
+    match spare {
+        Some(map) => Ok(map),
+        None => ChunkMemory::new(len),
     }
 }
 
 /// Unmaps the spare mappings, so that the daemon's RSS is the cache's again (after `drop` or a
 /// smaller budget).
 pub fn release_spare_buffers() {
-    SPARE.lock().unwrap_or_else(PoisonError::into_inner).clear();
+    lock_static(&SPARE).maps.clear();
+}
+
+/// Changes which dropped mappings the process keeps; spares the new rules do not keep are
+/// unmapped at once.
+pub fn set_spare_buffers_config(config: SpareBuffersConfig) {
+    lock_static(&SPARE).set_config(config);
 }
 
 /// Keeps `map` as a spare (dropping the oldest spare if there are enough).
 fn keep_spare(map: ChunkMemory) {
-    if map.len() < SPARE_MIN_BYTES {
-        return;
-    }
-    let mut spare = SPARE.lock().unwrap_or_else(PoisonError::into_inner);
-    if spare.len() >= SPARE_BUFFERS {
-        spare.remove(0);
-    }
-    spare.push(map);
+    lock_static(&SPARE).keep(map);
 }
 
 /// Bytes `[start, end)` of a source file, held in their own page-aligned mapping.
@@ -586,7 +639,7 @@ mod tests {
     #[test]
     fn dropped_buffers_are_reused_and_fully_overwritten() {
         // A footprint no other test uses, so that only this test takes these spares.
-        let len = 2 * SPARE_MIN_BYTES + 5 * 4096;
+        let len = 2 * SpareBuffersConfig::DEFAULT.min_bytes + 5 * 4096;
         // Two files of different bytes: a buffer that held one file's chunk must show only the
         // other's bytes once reused.
         let first = pattern(len + 4096);
@@ -608,6 +661,36 @@ mod tests {
             base(&got) == address
         });
         assert!(reused, "a dropped chunk's mapping was not reused");
+    }
+
+    #[test]
+    fn spare_buffers_keep_what_their_config_says() {
+        let big = 2 * 4096;
+        let map = || ChunkMemory::new(big).unwrap();
+        let mut two = SpareBuffers::with_config(SpareBuffersConfig {
+            max_spares: 2,
+            min_bytes: 4096,
+        });
+        for _ in 0..3 {
+            two.keep(map());
+        }
+        assert_eq!(two.maps.len(), 2, "the oldest is dropped past max_spares");
+        two.keep(ChunkMemory::new(1024).unwrap());
+        assert_eq!(two.maps.len(), 2, "smaller than min_bytes: not kept");
+        assert!(two.take(big).is_some());
+
+        let mut none = SpareBuffers::with_config(SpareBuffersConfig {
+            max_spares: 0,
+            ..SpareBuffersConfig::default()
+        });
+        none.keep(ChunkMemory::new(SpareBuffersConfig::DEFAULT.min_bytes).unwrap());
+        assert!(none.take(SpareBuffersConfig::DEFAULT.min_bytes).is_none());
+
+        two.set_config(SpareBuffersConfig {
+            max_spares: 0,
+            min_bytes: 4096,
+        });
+        assert!(two.maps.is_empty(), "a smaller config unmaps the excess");
     }
 
     #[test]
