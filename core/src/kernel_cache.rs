@@ -63,9 +63,7 @@ const FRESH_WINDOWS: u64 = 32;
 /// How far past the window fresh ranges may take the recorded total for a mount whose kernel
 /// readahead is `readahead` bytes (see the module docs).
 pub fn headroom_for_readahead(readahead: u64) -> u64 {
-    readahead
-        .saturating_mul(FRESH_WINDOWS)
-        .clamp(MIN_FRESH_HEADROOM, MAX_FRESH_HEADROOM)
+    KernelCacheConfig::default().headroom_for_readahead(readahead)
 }
 
 /// A served range and when it was (last) extended.
@@ -80,9 +78,71 @@ struct Served {
 /// than a sliver of the window.
 const MAX_RANGE_BYTES: u64 = 2 << 20;
 
-/// The window for a cache budget (see the module docs).
+/// The window is this share of the cache budget (a tenth)...
+const WINDOW_SHARE: u64 = 10;
+
+/// ...at least a few readahead windows...
+const MIN_WINDOW: u64 = 8 << 20;
+
+/// ...and at most 64 MiB.
+const MAX_WINDOW: u64 = 64 << 20;
+
+/// The window for a cache budget (see the module docs), by the default [`KernelCacheConfig`].
 pub fn window_for_budget(budget: u64) -> u64 {
-    (budget / 10).clamp(8 << 20, 64 << 20)
+    KernelCacheConfig::default().window_for_budget(budget)
+}
+
+/// The window's sizes and clocks; [`Default`] is the constants above, which give each a reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelCacheConfig {
+    /// How long a served range is spared ([`FRESH`]).
+    pub fresh: Duration,
+    /// Adjacent reads merge into one range up to this length ([`MAX_RANGE_BYTES`]).
+    pub max_range_bytes: u64,
+    /// The window is `1 / window_share` of the budget ([`WINDOW_SHARE`])...
+    pub window_share: u64,
+    /// ...at least this ([`MIN_WINDOW`])...
+    pub min_window: u64,
+    /// ...and at most this ([`MAX_WINDOW`]).
+    pub max_window: u64,
+    /// Readahead windows of fresh ranges spared past the window ([`FRESH_WINDOWS`])...
+    pub fresh_windows: u64,
+    /// ...at least this many bytes ([`MIN_FRESH_HEADROOM`])...
+    pub min_fresh_headroom: u64,
+    /// ...and at most this many ([`MAX_FRESH_HEADROOM`]).
+    pub max_fresh_headroom: u64,
+}
+
+impl Default for KernelCacheConfig {
+    fn default() -> Self {
+        KernelCacheConfig {
+            fresh: FRESH,
+            max_range_bytes: MAX_RANGE_BYTES,
+            window_share: WINDOW_SHARE,
+            min_window: MIN_WINDOW,
+            max_window: MAX_WINDOW,
+            fresh_windows: FRESH_WINDOWS,
+            min_fresh_headroom: MIN_FRESH_HEADROOM,
+            max_fresh_headroom: MAX_FRESH_HEADROOM,
+        }
+    }
+}
+
+impl KernelCacheConfig {
+    /// The window for a cache budget (see the module docs).
+    pub fn window_for_budget(&self, budget: u64) -> u64 {
+        (budget / self.window_share.max(1))
+            .clamp(self.min_window, self.max_window.max(self.min_window))
+    }
+
+    /// How far past the window fresh ranges may take the recorded total for a mount whose
+    /// kernel readahead is `readahead` bytes (see the module docs).
+    pub fn headroom_for_readahead(&self, readahead: u64) -> u64 {
+        readahead.saturating_mul(self.fresh_windows).clamp(
+            self.min_fresh_headroom,
+            self.max_fresh_headroom.max(self.min_fresh_headroom),
+        )
+    }
 }
 
 /// Served ranges, oldest first, and what to invalidate to stay within the window.
@@ -90,6 +150,10 @@ pub fn window_for_budget(budget: u64) -> u64 {
 pub struct KernelCacheWindow {
     limit: u64,
     headroom: u64,
+    /// [`KernelCacheConfig::fresh`].
+    fresh: Duration,
+    /// [`KernelCacheConfig::max_range_bytes`].
+    max_range_bytes: u64,
     ranges: Mutex<(VecDeque<Served>, u64)>,
 }
 
@@ -101,9 +165,16 @@ impl KernelCacheWindow {
 
     /// A window of `limit` bytes whose fresh ranges may take it `headroom` bytes further.
     pub fn with_headroom(limit: u64, headroom: u64) -> KernelCacheWindow {
+        KernelCacheWindow::with_config(limit, headroom, &KernelCacheConfig::default())
+    }
+
+    /// [`Self::with_headroom`], sparing fresh ranges and merging reads as `config` says.
+    pub fn with_config(limit: u64, headroom: u64, config: &KernelCacheConfig) -> KernelCacheWindow {
         KernelCacheWindow {
             limit,
             headroom,
+            fresh: config.fresh,
+            max_range_bytes: config.max_range_bytes,
             ranges: Mutex::new((VecDeque::new(), 0)),
         }
     }
@@ -130,7 +201,7 @@ impl KernelCacheWindow {
             Some(last)
                 if last.range.ino == ino
                     && last.range.offset + last.range.len == offset
-                    && last.range.len + len <= MAX_RANGE_BYTES =>
+                    && last.range.len + len <= self.max_range_bytes =>
             {
                 last.range.len += len;
                 last.at = now;
@@ -146,7 +217,7 @@ impl KernelCacheWindow {
             let Some(oldest) = ranges.front() else {
                 break;
             };
-            let fresh = now.saturating_duration_since(oldest.at) < FRESH;
+            let fresh = now.saturating_duration_since(oldest.at) < self.fresh;
             if fresh && *total <= self.hard_limit() {
                 break;
             }
@@ -240,6 +311,35 @@ mod tests {
         let expired = window.record_at(99, 0, 1 << 20, later);
         assert_eq!(expired.len(), 56 + 1 - 8);
         assert_eq!(window.hard_limit(), 56 << 20);
+    }
+
+    #[test]
+    fn the_config_sets_merging_sparing_and_sizes() {
+        let config = KernelCacheConfig {
+            fresh: Duration::ZERO,
+            max_range_bytes: 512 << 10,
+            window_share: 4,
+            fresh_windows: 8,
+            ..KernelCacheConfig::default()
+        };
+        assert_eq!(config.window_for_budget(128 << 20), 32 << 20);
+        assert_eq!(config.headroom_for_readahead(2 << 20), 16 << 20);
+        let window = KernelCacheWindow::with_config(1 << 20, 48 << 20, &config);
+        let now = Instant::now();
+        let mut expired = Vec::new();
+        for i in 0..12u64 {
+            expired.extend(window.record_at(7, i * (128 << 10), 128 << 10, now));
+        }
+        // Nothing is fresh, so the headroom spares nothing: 1.5 MiB read through a 1 MiB
+        // window expires its oldest 512 KiB merged range.
+        assert_eq!(
+            expired,
+            vec![InodeRange {
+                ino: 7,
+                offset: 0,
+                len: 512 << 10
+            }]
+        );
     }
 
     #[test]

@@ -9,9 +9,9 @@
 //!   its number of handles.
 //! - **Parking**: at the last close, the file's page cache is left in place (a reload is a
 //!   page-cache hit) and counted as measured by `cachestat(2)`. A parked file is known by
-//!   path and identity only (no descriptor is kept); at most [`MAX_PARKED`] are remembered.
+//!   path and identity only (no descriptor is kept); at most [`PassthroughConfig::max_parked`] are remembered.
 //! - **Re-measuring**: before the tier decides with the parked figures (an admission, making
-//!   room), it measures the most recently parked files again ([`REMEASURED_PARKED`]). A loader
+//!   room), it measures the most recently parked files again ([`PassthroughConfig::remeasured_parked`]). A loader
 //!   may close the file and go on reading through a mapping it made while the file was open:
 //!   the kernel maps the source file itself, so the mount sees the close and none of the reads
 //!   after it. A torch `safe_open` load (open, map, close, then copy every tensor) parked
@@ -79,15 +79,27 @@ use serde::Serialize;
 use crate::source::SourceIdentity;
 use crate::sync::{lock, Mutex, MutexGuard};
 
-/// Parked files remembered at most. Each is a path and a few numbers; 1024 is more model files
-/// than any workflow keeps warm, and bounds the state a hostile folder can grow.
-const MAX_PARKED: usize = 1024;
+/// The tier's bounds; [`Default`] is today's values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PassthroughConfig {
+    /// Parked files remembered at most. Each is a path and a few numbers; 1024 is more model
+    /// files than any workflow keeps warm, and bounds the state a hostile folder can grow.
+    pub max_parked: usize,
+    /// Parked files measured again before each admission or room-making, most recently parked
+    /// first. A mapping outlives its file's close only while its loader runs, which is long
+    /// done for files parked before the last few models; 64 bounds what an admission costs
+    /// (one `open`, `fstat` and `cachestat` each) however many files are parked.
+    pub remeasured_parked: usize,
+}
 
-/// Parked files measured again before each admission or room-making, most recently parked
-/// first. A mapping outlives its file's close only while its loader runs, which is long done
-/// for files parked before the last few models; 64 bounds what an admission costs (one
-/// `open`, `fstat` and `cachestat` each) however many files are parked.
-const REMEASURED_PARKED: usize = 64;
+impl Default for PassthroughConfig {
+    fn default() -> Self {
+        PassthroughConfig {
+            max_parked: 1024,
+            remeasured_parked: 64,
+        }
+    }
+}
 
 /// The source object a passthrough file is (device and inode, plus the version fields, so a
 /// rewritten file is another key).
@@ -111,6 +123,8 @@ struct Parked {
 
 #[derive(Default)]
 struct State {
+    /// [`PassthroughConfig::max_parked`].
+    max_parked: usize,
     open: HashMap<FileKey, OpenFile>,
     open_bytes: u64,
     parked: Option<LruCache<FileKey, Parked>>,
@@ -126,17 +140,17 @@ struct State {
 impl State {
     fn parked(&mut self) -> &mut LruCache<FileKey, Parked> {
         self.parked
-            .get_or_insert_with(|| LruCache::new(lru_capacity()))
+            .get_or_insert_with(|| LruCache::new(lru_capacity(self.max_parked)))
     }
 
     fn competing(&mut self) -> &mut LruCache<FileKey, ()> {
         self.competing
-            .get_or_insert_with(|| LruCache::new(lru_capacity()))
+            .get_or_insert_with(|| LruCache::new(lru_capacity(self.max_parked)))
     }
 }
 
-fn lru_capacity() -> std::num::NonZeroUsize {
-    std::num::NonZeroUsize::new(MAX_PARKED).unwrap_or(std::num::NonZeroUsize::MIN)
+fn lru_capacity(max_parked: usize) -> std::num::NonZeroUsize {
+    std::num::NonZeroUsize::new(max_parked).unwrap_or(std::num::NonZeroUsize::MIN)
 }
 
 /// `cache.passthrough` section of the stats.
@@ -161,12 +175,29 @@ pub struct PassthroughSnapshot {
 }
 
 /// Budget bookkeeping for files served by passthrough (see the module docs).
-#[derive(Default)]
 pub struct PassthroughTier {
+    config: PassthroughConfig,
     state: Mutex<State>,
 }
 
+impl Default for PassthroughTier {
+    fn default() -> Self {
+        PassthroughTier::with_config(PassthroughConfig::default())
+    }
+}
+
 impl PassthroughTier {
+    /// An empty tier bounded by `config`.
+    pub fn with_config(config: PassthroughConfig) -> PassthroughTier {
+        PassthroughTier {
+            config,
+            state: Mutex::new(State {
+                max_parked: config.max_parked,
+                ..State::default()
+            }),
+        }
+    }
+
     /// Admits one more open of the file `abs` (version `identity`) if it fits in `room` bytes
     /// (the budget minus what other tiers hold, passthrough excluded). An already open file is
     /// always admitted: its reservation is counted once. Returns whether the open may use
@@ -328,7 +359,7 @@ impl PassthroughTier {
         self.give_back(dropped)
     }
 
-    /// Measures the [`REMEASURED_PARKED`] most recently parked files again (see the module
+    /// Measures the [`PassthroughConfig::remeasured_parked`] most recently parked files again (see the module
     /// docs), without the lock: it opens them by path, on a source that may stall. A file that
     /// cannot be measured keeps its figure.
     fn remeasure_parked(&self) {
@@ -336,7 +367,7 @@ impl PassthroughTier {
             .lock()
             .parked()
             .iter()
-            .take(REMEASURED_PARKED)
+            .take(self.config.remeasured_parked)
             .map(|(key, p)| (*key, p.path.clone(), p.identity))
             .collect();
         let measured: Vec<(FileKey, SourceIdentity, u64)> = recent
