@@ -285,6 +285,7 @@ pub unsafe extern "C" fn tierfs_gpu_load(
             },
             chunk_bytes: h.plan.chunk_bytes,
             read_mode: None,
+            ..defaults
         };
         let report = if device < 0 {
             load_host(h, dst, dst_len, options)?
