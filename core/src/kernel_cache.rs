@@ -1,32 +1,31 @@
 //! Keeping the kernel's page cache of the *mounted* files bounded.
 //!
-//! What an `mmap` reader faults in through the mount lands in the kernel page cache of the FUSE
-//! file (model files are opened with `FOPEN_DIRECT_IO`, so plain `read()`s bypass it, but mmap
-//! cannot; on kernels without `FUSE_DIRECT_IO_ALLOW_MMAP` every read goes through it). Left
+//! **Contract.** The adapter records here each range it serves ([`KernelCacheWindow::record`]);
+//! `record` returns the oldest ranges once more than the window is recorded, for the adapter to
+//! invalidate (FUSE `NOTIFY_INVAL_INODE`; invalidating a range the kernel does not hold costs
+//! next to nothing). The recorded total, and so the mounted files' page cache, never exceeds
+//! [`KernelCacheWindow::hard_limit`] (window + headroom): with the tierfs cache it stays within
+//! 1.1 × budget + 64 MiB. One mutex (the ranges), a leaf taken through [`crate::sync`].
+//!
+//! Why: what an `mmap` reader faults in through the mount lands in the kernel page cache of the
+//! FUSE file (model files are opened with `FOPEN_DIRECT_IO`, so plain `read()`s bypass it, but
+//! mmap cannot; on kernels without `FUSE_DIRECT_IO_ALLOW_MMAP` every read goes through it). Left
 //! alone, that second copy of the model grows like the source's page cache would, which defeats
-//! the byte budget. So the adapter records each range it serves here, and once more than a
-//! window's worth is recorded, the oldest ranges are handed back to be invalidated (FUSE
-//! `NOTIFY_INVAL_INODE`; invalidating a range the kernel does not hold costs next to nothing).
-//! Pages a reader touches again are refetched from the tierfs cache, not the disk.
+//! the byte budget. Pages a reader touches again are refetched from the tierfs cache, not the
+//! disk.
 //!
 //! The window is [`window_for_budget`]: a tenth of the budget, at least 8 MiB (a few readahead
 //! windows) and at most 64 MiB.
 //!
-//! **Fresh ranges are spared.** A range served in the last `FRESH` is not invalidated while
-//! the recorded total stays under the window plus a headroom. Pages the kernel has just
-//! read for an `mmap` fault may not be mapped yet; dropping them makes the reader fault again,
-//! and with many readers each faulting in a readahead window larger than the window's share,
-//! that turns into a livelock: the stress test's 16 `mmap` readers with a 64 MiB budget saw no
-//! progress for 30 s while the disk ran at full speed (see tests/python/test_stress.py). The
-//! bound stays hard: the mounted files' page cache never exceeds window + headroom, so with the
-//! tierfs cache it stays within 1.1 × budget + 64 MiB.
-//!
-//! The headroom follows the mount's readahead ([`headroom_for_readahead`]): what must be spared
-//! is the read-around of the faults in flight, one readahead window each. A fixed 48 MiB, sized
-//! for 4 MiB windows, is too much at the 128 KiB default: a streaming `mmap` reader kept all
-//! 48 MiB fresh, and an `mmap` copy of a file three times a 519 MiB budget peaked at 637 MiB
-//! against the 635 MiB bound (acceptance benchmark part 4, memory: 537 MiB daemon, 100 MiB
-//! mounted page cache; `tests/bench/acceptance.py`).
+//! **Fresh ranges are spared.** A range served in the last [`FRESH`] is not invalidated while
+//! the recorded total stays under the window plus a headroom: pages the kernel has just read for
+//! an `mmap` fault may not be mapped yet, and dropping them made many `mmap` readers livelock
+//! ([measured](../../docs/PERFORMANCE.md#page-cache-of-the-mounted-files)). The headroom follows
+//! the mount's readahead ([`headroom_for_readahead`]): what must be spared is the read-around of
+//! the faults in flight, one readahead window each; a fixed headroom sized for 4 MiB windows
+//! overshot the memory bound at the 128 KiB default
+//! ([measured](../../docs/PERFORMANCE.md#page-cache-of-the-mounted-files)). All of these are a
+//! [`KernelCacheConfig`].
 
 use crate::sync::{lock, Mutex};
 use std::collections::VecDeque;

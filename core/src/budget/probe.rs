@@ -53,15 +53,10 @@ pub struct Reading {
 /// a sixteenth, between 128 MiB and 512 MiB.
 ///
 /// The reserve must cover what other programs allocate between the moment the usage crosses
-/// into it and the moment the evicted chunks are unmapped. The cgroup watcher wakes on the
-/// kernel's threshold event, not at the next poll: in `test_pressure.py` (a process touching
-/// pages at about 800 MiB/s) it found deficits of 0.1–2.4 MiB, and giving back 100 MiB took
-/// 3–4 ms on a quiet machine but 25–35 ms with the 2-core VM loaded by eight builds, where a
-/// 64 MiB minimum let the cgroup reach its limit (15 failed charges, reclaimed from file pages,
-/// nothing killed); 128 MiB doubles that margin. At the 4 GiB/s a fast machine faults pages
-/// in, 35 ms is 140 MiB, which the step the governor gives back beyond the deficit covers.
-/// Without an event (system-wide, v2) the 50 ms poll adds 200 MiB at that rate, which the
-/// system reserve (a sixteenth of RAM, so 512 MiB from 8 GiB up) absorbs.
+/// into it and the moment the evicted chunks are unmapped: 128 MiB is twice what a loaded
+/// machine needed, and a sixteenth of RAM absorbs a poll period of fast allocation where no
+/// kernel event wakes the watcher
+/// ([measured](../../../docs/PERFORMANCE.md#memory-pressure-governor)).
 pub fn reserve_for(limit: u64) -> u64 {
     (limit / 16).clamp(128 * MIB, 512 * MIB)
 }

@@ -14,10 +14,7 @@
 //!   room), it measures the most recently parked files again ([`PassthroughConfig::remeasured_parked`]). A loader
 //!   may close the file and go on reading through a mapping it made while the file was open:
 //!   the kernel maps the source file itself, so the mount sees the close and none of the reads
-//!   after it. A torch `safe_open` load (open, map, close, then copy every tensor) parked
-//!   0.3 MiB at its close and held the whole 804 MiB model when the next model opened, so both
-//!   models of a two-model workflow stayed resident: 1608 MiB of page cache under a 983 MiB
-//!   budget (workflow benchmark, `safe_open_pt` rows).
+//!   after it ([measured](../../../docs/PERFORMANCE.md#passthrough-tier)).
 //! - **What a drop leaves**: `POSIX_FADV_DONTNEED` skips pages a process still maps. A dropped
 //!   file is measured after the drop, and what is left stays parked and counted, to be dropped
 //!   at the next room-making once the mapping is gone.
@@ -36,8 +33,8 @@
 //!
 //! Files on a file system held in RAM (tmpfs, ramfs) never enter the tier: their pages are the
 //! files themselves, always resident, and `DONTNEED` gives none back, so once parked they would
-//! hold the budget for good (two models of a tmpfs folder read through a 256 MiB mount stayed
-//! parked at 392 MiB, and the chunk cache shrank to what was left). The model store passes
+//! hold the budget for good ([measured](../../../docs/PERFORMANCE.md#passthrough-tier)). The
+//! model store passes
 //! them through outside the budget (`ModelStore::choose_mode`).
 //!
 //! One inode of the mount is served in one mode while it has open handles (the kernel cannot mix
@@ -46,17 +43,16 @@
 //!
 //! Why passthrough: the reader's `read()` and `mmap` go straight to the source file's page
 //! cache with the source's own readahead (FUSE passthrough, `FOPEN_PASSTHROUGH`, Linux ≥ 6.9,
-//! root). The acceptance benchmark (`tests/bench/acceptance-results.md`) measured cold loads at
-//! 1.00–1.08× the plain file's speed this way, where the chunk cache served the same loaders
-//! warm at 0.09–0.54× (`tests/bench/loader-results.md`: the FUSE page cache's 4 KiB folios).
+//! root): cold loads at about the plain file's speed, where the chunk cache's FUSE path serves
+//! them several times slower ([measured](../../../docs/PERFORMANCE.md#passthrough-tier)).
 //!
 //! Why competition: models that take turns and do not fit the budget together (a workflow's
 //! two experts, a text encoder and a diffusion model) would otherwise drop each other whole at
 //! every switch and be read whole each time, since the tier can only keep or drop a closed
 //! file's page cache and never sees an open one's reads. The chunk cache shares the budget
-//! between them by the rule it uses within one model (the chunk needed soonest stays).
-//! `tests/bench/workflow.py` (`workflow-results.md`, `workflow-results-no-competition.md`):
-//! 2.3–2.6 × (models − budget) read per cycle without the rule, 1.01–1.12 × with it. The first
+//! between them by the rule it uses within one model (the chunk needed soonest stays): about
+//! (models − budget) read per cycle, where models dropping each other whole read more than
+//! twice that ([measured](../../../docs/PERFORMANCE.md#passthrough-tier)). The first
 //! switch is still passthrough's: a user who moves on to another model for good keeps
 //! passthrough's speed for it.
 //!
@@ -64,7 +60,7 @@
 //! keep what they asked for: their reads go to the source device and leave no page cache, so
 //! such an open reserves the file's size while open and parks nothing. Serving them from the
 //! chunk cache instead made reloads faster but cold loads slower than the plain file
-//! (`tests/bench/odirect.py`; figures in `docs/PERFORMANCE.md`, "`O_DIRECT` loaders"); where the chunk cache serves them (a
+//! ([measured](../../../docs/PERFORMANCE.md#o_direct-loaders)); where the chunk cache serves them (a
 //! model larger than the room, or already cached), `FUSE_ASYNC_DIO` lets their reads run in
 //! parallel.
 
@@ -288,10 +284,8 @@ impl PassthroughTier {
         let mut dropped = Vec::new();
         if let Some((_, old)) = evicted {
             // The file itself, parked by another close while this one measured (without the
-            // lock): replaced by this measurement. Counted again, each such race left the old
-            // figure in `parked_bytes` for good, and the chunk cache, which gets the budget
-            // less what the tier holds, was held at its floor for the rest of the mount
-            // (workflow benchmark: a model-switching loop read both models whole every cycle).
+            // lock): replaced by this measurement, so that its old figure does not stay in
+            // `parked_bytes` for good (see docs/PERFORMANCE.md#passthrough-tier).
             state.parked_bytes -= old.resident;
             if old.identity != *identity {
                 state.dropped_bytes += old.resident;

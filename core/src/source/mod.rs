@@ -1,31 +1,36 @@
 //! Reading source files without filling the kernel page cache.
 //!
+//! **Contract.** Every byte tierfs caches is read from the source file exactly once per miss,
+//! and the kernel keeps no second copy of it in its page cache ("double caching": on a machine
+//! with less RAM than the model, that second copy is what pushes everything else out).
+//! [`SourceFile::read_aligned`] returns exactly the bytes asked for, in page-aligned memory of
+//! its own, or an error (a short read is [`SourceError::Truncated`], never a partly stale
+//! buffer). A [`SourceFile`] reads one version of a file ([`SourceIdentity`]). The only lock
+//! here guards the spare buffers: a leaf, taken through [`crate::sync::lock_static`].
+//!
 //! The platform parts live in `linux.rs` (`O_DIRECT`, `posix_fadvise`, anonymous `mmap`) and
 //! `windows.rs` (`FILE_FLAG_NO_BUFFERING`, `VirtualAlloc`); this file holds what both share: the
-//! buffer reuse, the aligned read with its buffered fallback, and the error type. The text below
-//! describes Linux; `windows.rs` says what differs there.
+//! buffer reuse, the aligned read with its buffered fallback, and the error type. What follows
+//! names the Linux calls; `windows.rs` says what differs there.
 //!
-//! Every byte tierfs caches is read from the source file exactly once per miss, and the kernel
-//! must not keep a second copy of it in its page cache ("double caching"): on a machine with less
-//! RAM than the model, that second copy is what pushes everything else out. So chunk reads use
-//! `O_DIRECT` into page-aligned anonymous memory, which also makes them zero-copy. Where the
-//! source filesystem refuses `O_DIRECT` (tmpfs, some network and FUSE filesystems), reads fall
-//! back to buffered `pread` followed by `posix_fadvise(DONTNEED)` on the range just read, so the
-//! page cache holds at most the chunks in flight.
+//! **Aligned reads.** Chunk reads use `O_DIRECT` into page-aligned anonymous memory, which also
+//! makes them zero-copy. Where the source filesystem refuses `O_DIRECT` (tmpfs, some network and
+//! FUSE filesystems), reads fall back to buffered `pread` followed by `posix_fadvise(DONTNEED)` on
+//! the range just read, so the page cache holds at most the chunks in flight.
 //!
-//! Chunk buffers are anonymous `mmap`s (via `memmap2`) rather than heap allocations: glibc's
-//! malloc raises its mmap threshold after the first large free and then serves multi-MiB buffers
-//! from the heap, where freed memory is not returned to the OS. With one mapping per chunk,
-//! dropping a chunk gives its pages back at once, so the daemon's RSS follows the cache budget
-//! (give or take the few spare mappings below, which `drop` and budget shrinks release).
+//! **Buffers.** Chunk buffers are anonymous `mmap`s (via `memmap2`) rather than heap
+//! allocations: glibc's malloc raises its mmap threshold after the first large free and then
+//! serves multi-MiB buffers from the heap, where freed memory is not returned to the OS. With one
+//! mapping per chunk, dropping a chunk gives its pages back at once, so the daemon's RSS follows
+//! the cache budget (give or take the few spare mappings, which `drop` and budget shrinks
+//! release).
 //!
-//! A fresh mapping costs more than the read into it, though: the `O_DIRECT` read faults in and
-//! zeroes every page first (a profile of a cold streaming pass showed the prefetch workers'
-//! reads taking 22 % of the machine's CPU, 16 % in `do_anonymous_page`, taken from the reader), and
-//! dropping it unmaps them again. The cache evicts a chunk just before it loads the next one, so
-//! the mappings of the last few dropped buffers are kept ([`SpareBuffersConfig`]) and a read of the
-//! same size reuses one, already faulted in. Every byte a reused buffer exposes is overwritten by
-//! the read first (a short read is an error, not a partly stale buffer).
+//! **Spare buffers.** A fresh mapping costs more than the read into it (the read faults in and
+//! zeroes every page first), and the cache evicts a chunk just before it loads the next one, so
+//! the mappings of the last few dropped buffers are kept ([`SpareBuffersConfig`]) and a read of
+//! the same size reuses one, already faulted in
+//! ([measured](../../../docs/PERFORMANCE.md#spare-chunk-buffers)). Every byte a reused buffer
+//! exposes is overwritten by the read first.
 
 use std::fs::File;
 use std::io;
@@ -351,10 +356,8 @@ pub type ReadWrapper = Arc<dyn Fn(File) -> Arc<dyn ReadAt> + Send + Sync>;
 ///
 /// It opens one descriptor at first, and its `O_DIRECT` twin only at the first aligned read:
 /// most opens of a model file only read its header, which is in memory, and a folder scan
-/// opens thousands, each closed again at release (see [`slot`]). With that, and the FUSE
-/// adapter's own open adopted ([`Self::adopt`]), a header scan of 5 000 files runs at 0.98–1.05x
-/// the rate of the build that kept three descriptors per file open
-/// (`tests/bench/header-scan-results.md`).
+/// opens thousands, each closed again at release (see [`slot`];
+/// [measured](../../../docs/PERFORMANCE.md#source-descriptors-per-file)).
 pub struct SourceFile {
     path: PathBuf,
     /// The plain descriptor: page-cache advice, and the reads `O_DIRECT` cannot do.
