@@ -490,8 +490,8 @@ mod tests {
         assert_eq!(text(&small), "");
     }
 
-    /// A load to GPU 1 runs to completion while a load to GPU 0 is in progress (the old
-    /// process-wide lock made it wait); loads to one GPU still take turns.
+    /// A load to GPU 1 runs to completion while a load to GPU 0 is in progress (a process-wide
+    /// lock would make it wait); loads to one GPU still take turns.
     #[test]
     fn loads_to_different_gpus_do_not_wait_for_each_other() {
         let slots: Arc<GpuSlots<u32>> = Arc::new(GpuSlots::new());
