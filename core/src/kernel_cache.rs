@@ -43,21 +43,21 @@ pub struct InodeRange {
 /// map pages once they are read (microseconds to a few milliseconds, tens under heavy load),
 /// short enough that a reader streaming at 1 GB/s keeps at most a few hundred MiB "fresh",
 /// which the headroom then caps.
-const FRESH: Duration = Duration::from_millis(500);
+pub const FRESH: Duration = Duration::from_millis(500);
 
 /// The most fresh ranges may take the recorded total past the window: a dozen 4 MiB readahead
 /// windows in flight at once. It keeps window + headroom under the 64 MiB of page cache the
 /// memory bound allows on top of a tenth of the budget, with 16 MiB left for the daemon's own
 /// memory beside its cache.
-const MAX_FRESH_HEADROOM: u64 = 48 << 20;
+pub const MAX_FRESH_HEADROOM: u64 = 48 << 20;
 
 /// The least headroom: 64 faults of 128 KiB (the default readahead) in flight, four per reader
 /// of the stress test's sixteen.
-const MIN_FRESH_HEADROOM: u64 = 8 << 20;
+pub const MIN_FRESH_HEADROOM: u64 = 8 << 20;
 
 /// Readahead windows of fresh ranges spared past the window: two per reader of the stress test
 /// (a fault being mapped and the next one's read-around).
-const FRESH_WINDOWS: u64 = 32;
+pub const FRESH_WINDOWS: u64 = 32;
 
 /// How far past the window fresh ranges may take the recorded total for a mount whose kernel
 /// readahead is `readahead` bytes (see the module docs).
@@ -75,16 +75,16 @@ struct Served {
 /// Adjacent reads are merged into one range up to this length: large enough that a sequential
 /// reader produces few entries, small enough that invalidating the oldest range never drops more
 /// than a sliver of the window.
-const MAX_RANGE_BYTES: u64 = 2 << 20;
+pub const MAX_RANGE_BYTES: u64 = 2 << 20;
 
 /// The window is this share of the cache budget (a tenth)...
-const WINDOW_SHARE: u64 = 10;
+pub const WINDOW_SHARE: u64 = 10;
 
 /// ...at least a few readahead windows...
-const MIN_WINDOW: u64 = 8 << 20;
+pub const MIN_WINDOW: u64 = 8 << 20;
 
 /// ...and at most 64 MiB.
-const MAX_WINDOW: u64 = 64 << 20;
+pub const MAX_WINDOW: u64 = 64 << 20;
 
 /// The window for a cache budget (see the module docs), by the default [`KernelCacheConfig`].
 pub fn window_for_budget(budget: u64) -> u64 {

@@ -8,7 +8,7 @@
 //!   explore every interleaving of their threads up to a bounded number of preemptions. A lock
 //!   taken around this module would be invisible to them. In ordinary builds these are the
 //!   standard library's types, at no cost.
-//! - **Poisoning** is ignored everywhere ([`lock`], [`wait`], [`read`], [`write`],
+//! - **Poisoning** is ignored everywhere ([`lock`], [`wait`], [`read`], [`write()`],
 //!   [`lock_static`]): every critical section in the core leaves its state consistent before
 //!   any call that could panic, so a panicking thread cannot leave it half-updated, and one
 //!   panicking request must not take the mount down with it.

@@ -22,7 +22,7 @@
 //! Return codes: 0 success, -1 failure (message in the buffer). No call panics across the
 //! boundary: every body runs under `catch_unwind`, and a panic becomes an error message.
 //! One [`Loader`] per GPU is kept for the life of the process (its pinned staging buffers and
-//! the cuFile driver are reused), each behind its own mutex ([`GpuSlots`]): concurrent loads to
+//! the cuFile driver are reused), each behind its own mutex (`GpuSlots`): concurrent loads to
 //! one GPU take turns, loads to different GPUs run side by side (the table of GPUs is locked
 //! only to find a GPU's slot, never during a load).
 

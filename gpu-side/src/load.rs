@@ -44,7 +44,7 @@ pub const DEFAULT_THREADS: usize = 8;
 /// Staging buffers per reader thread (see the module docs).
 pub const BUFFERS_PER_THREAD: usize = 2;
 /// Piece size of the plain route: a typical read size of a simple loader.
-const PLAIN_PIECE: usize = 64 << 20;
+pub const PLAIN_PIECE: usize = 64 << 20;
 
 /// What `--gds` asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]

@@ -19,7 +19,7 @@ const UNLIMITED: u64 = 1 << 62;
 /// Share of elapsed time in memory stalls (PSI "some") above which the memory is considered
 /// contended and the cache does not grow back. 10 %: the kernel's own `psi` examples use
 /// 150 ms per second as "memory pressure"; an idle machine here reads 0.
-const STALL_SHARE: f64 = 0.10;
+pub const STALL_SHARE: f64 = 0.10;
 
 /// A memory source could not be read.
 #[derive(Debug, Error)]

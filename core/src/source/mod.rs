@@ -166,7 +166,7 @@ impl PathAccess for PlainPaths {
 }
 
 /// Which mappings of dropped buffers are kept for reuse (see the module docs). Process-wide:
-/// [`set_spare_buffers_config`] changes it; tests make their own [`SpareBuffers`].
+/// [`set_spare_buffers_config`] changes it; tests make their own pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SpareBuffersConfig {
     /// Mappings kept at most: four is one per prefetch worker, and the cache frees a chunk
