@@ -1,32 +1,31 @@
 //! Keeping the kernel's page cache of the *mounted* files bounded.
 //!
-//! What an `mmap` reader faults in through the mount lands in the kernel page cache of the FUSE
-//! file (model files are opened with `FOPEN_DIRECT_IO`, so plain `read()`s bypass it, but mmap
-//! cannot; on kernels without `FUSE_DIRECT_IO_ALLOW_MMAP` every read goes through it). Left
+//! **Contract.** The adapter records here each range it serves ([`KernelCacheWindow::record`]);
+//! `record` returns the oldest ranges once more than the window is recorded, for the adapter to
+//! invalidate (FUSE `NOTIFY_INVAL_INODE`; invalidating a range the kernel does not hold costs
+//! next to nothing). The recorded total, and so the mounted files' page cache, never exceeds
+//! [`KernelCacheWindow::hard_limit`] (window + headroom): with the tierfs cache it stays within
+//! 1.1 × budget + 64 MiB. One mutex (the ranges), a leaf taken through [`crate::sync`].
+//!
+//! Why: what an `mmap` reader faults in through the mount lands in the kernel page cache of the
+//! FUSE file (model files are opened with `FOPEN_DIRECT_IO`, so plain `read()`s bypass it, but
+//! mmap cannot; on kernels without `FUSE_DIRECT_IO_ALLOW_MMAP` every read goes through it). Left
 //! alone, that second copy of the model grows like the source's page cache would, which defeats
-//! the byte budget. So the adapter records each range it serves here, and once more than a
-//! window's worth is recorded, the oldest ranges are handed back to be invalidated (FUSE
-//! `NOTIFY_INVAL_INODE`; invalidating a range the kernel does not hold costs next to nothing).
-//! Pages a reader touches again are refetched from the tierfs cache, not the disk.
+//! the byte budget. Pages a reader touches again are refetched from the tierfs cache, not the
+//! disk.
 //!
 //! The window is [`window_for_budget`]: a tenth of the budget, at least 8 MiB (a few readahead
 //! windows) and at most 64 MiB.
 //!
-//! **Fresh ranges are spared.** A range served in the last `FRESH` is not invalidated while
-//! the recorded total stays under the window plus a headroom. Pages the kernel has just
-//! read for an `mmap` fault may not be mapped yet; dropping them makes the reader fault again,
-//! and with many readers each faulting in a readahead window larger than the window's share,
-//! that turns into a livelock: the stress test's 16 `mmap` readers with a 64 MiB budget saw no
-//! progress for 30 s while the disk ran at full speed (see tests/python/test_stress.py). The
-//! bound stays hard: the mounted files' page cache never exceeds window + headroom, so with the
-//! tierfs cache it stays within 1.1 × budget + 64 MiB.
-//!
-//! The headroom follows the mount's readahead ([`headroom_for_readahead`]): what must be spared
-//! is the read-around of the faults in flight, one readahead window each. A fixed 48 MiB, sized
-//! for 4 MiB windows, is too much at the 128 KiB default: a streaming `mmap` reader kept all
-//! 48 MiB fresh, and an `mmap` copy of a file three times a 519 MiB budget peaked at 637 MiB
-//! against the 635 MiB bound (acceptance benchmark part 4, memory: 537 MiB daemon, 100 MiB
-//! mounted page cache; `tests/bench/acceptance.py`).
+//! **Fresh ranges are spared.** A range served in the last [`FRESH`] is not invalidated while
+//! the recorded total stays under the window plus a headroom: pages the kernel has just read for
+//! an `mmap` fault may not be mapped yet, and dropping them made many `mmap` readers livelock
+//! ([measured](../../docs/PERFORMANCE.md#page-cache-of-the-mounted-files)). The headroom follows
+//! the mount's readahead ([`headroom_for_readahead`]): what must be spared is the read-around of
+//! the faults in flight, one readahead window each; a fixed headroom sized for 4 MiB windows
+//! overshot the memory bound at the 128 KiB default
+//! ([measured](../../docs/PERFORMANCE.md#page-cache-of-the-mounted-files)). All of these are a
+//! [`KernelCacheConfig`].
 
 use crate::sync::{lock, Mutex};
 use std::collections::VecDeque;
@@ -44,28 +43,26 @@ pub struct InodeRange {
 /// map pages once they are read (microseconds to a few milliseconds, tens under heavy load),
 /// short enough that a reader streaming at 1 GB/s keeps at most a few hundred MiB "fresh",
 /// which the headroom then caps.
-const FRESH: Duration = Duration::from_millis(500);
+pub const FRESH: Duration = Duration::from_millis(500);
 
 /// The most fresh ranges may take the recorded total past the window: a dozen 4 MiB readahead
 /// windows in flight at once. It keeps window + headroom under the 64 MiB of page cache the
 /// memory bound allows on top of a tenth of the budget, with 16 MiB left for the daemon's own
 /// memory beside its cache.
-const MAX_FRESH_HEADROOM: u64 = 48 << 20;
+pub const MAX_FRESH_HEADROOM: u64 = 48 << 20;
 
 /// The least headroom: 64 faults of 128 KiB (the default readahead) in flight, four per reader
 /// of the stress test's sixteen.
-const MIN_FRESH_HEADROOM: u64 = 8 << 20;
+pub const MIN_FRESH_HEADROOM: u64 = 8 << 20;
 
 /// Readahead windows of fresh ranges spared past the window: two per reader of the stress test
 /// (a fault being mapped and the next one's read-around).
-const FRESH_WINDOWS: u64 = 32;
+pub const FRESH_WINDOWS: u64 = 32;
 
 /// How far past the window fresh ranges may take the recorded total for a mount whose kernel
 /// readahead is `readahead` bytes (see the module docs).
 pub fn headroom_for_readahead(readahead: u64) -> u64 {
-    readahead
-        .saturating_mul(FRESH_WINDOWS)
-        .clamp(MIN_FRESH_HEADROOM, MAX_FRESH_HEADROOM)
+    KernelCacheConfig::default().headroom_for_readahead(readahead)
 }
 
 /// A served range and when it was (last) extended.
@@ -78,11 +75,73 @@ struct Served {
 /// Adjacent reads are merged into one range up to this length: large enough that a sequential
 /// reader produces few entries, small enough that invalidating the oldest range never drops more
 /// than a sliver of the window.
-const MAX_RANGE_BYTES: u64 = 2 << 20;
+pub const MAX_RANGE_BYTES: u64 = 2 << 20;
 
-/// The window for a cache budget (see the module docs).
+/// The window is this share of the cache budget (a tenth)...
+pub const WINDOW_SHARE: u64 = 10;
+
+/// ...at least a few readahead windows...
+pub const MIN_WINDOW: u64 = 8 << 20;
+
+/// ...and at most 64 MiB.
+pub const MAX_WINDOW: u64 = 64 << 20;
+
+/// The window for a cache budget (see the module docs), by the default [`KernelCacheConfig`].
 pub fn window_for_budget(budget: u64) -> u64 {
-    (budget / 10).clamp(8 << 20, 64 << 20)
+    KernelCacheConfig::default().window_for_budget(budget)
+}
+
+/// The window's sizes and clocks; [`Default`] is the constants above, which give each a reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelCacheConfig {
+    /// How long a served range is spared ([`FRESH`]).
+    pub fresh: Duration,
+    /// Adjacent reads merge into one range up to this length ([`MAX_RANGE_BYTES`]).
+    pub max_range_bytes: u64,
+    /// The window is `1 / window_share` of the budget ([`WINDOW_SHARE`])...
+    pub window_share: u64,
+    /// ...at least this ([`MIN_WINDOW`])...
+    pub min_window: u64,
+    /// ...and at most this ([`MAX_WINDOW`]).
+    pub max_window: u64,
+    /// Readahead windows of fresh ranges spared past the window ([`FRESH_WINDOWS`])...
+    pub fresh_windows: u64,
+    /// ...at least this many bytes ([`MIN_FRESH_HEADROOM`])...
+    pub min_fresh_headroom: u64,
+    /// ...and at most this many ([`MAX_FRESH_HEADROOM`]).
+    pub max_fresh_headroom: u64,
+}
+
+impl Default for KernelCacheConfig {
+    fn default() -> Self {
+        KernelCacheConfig {
+            fresh: FRESH,
+            max_range_bytes: MAX_RANGE_BYTES,
+            window_share: WINDOW_SHARE,
+            min_window: MIN_WINDOW,
+            max_window: MAX_WINDOW,
+            fresh_windows: FRESH_WINDOWS,
+            min_fresh_headroom: MIN_FRESH_HEADROOM,
+            max_fresh_headroom: MAX_FRESH_HEADROOM,
+        }
+    }
+}
+
+impl KernelCacheConfig {
+    /// The window for a cache budget (see the module docs).
+    pub fn window_for_budget(&self, budget: u64) -> u64 {
+        (budget / self.window_share.max(1))
+            .clamp(self.min_window, self.max_window.max(self.min_window))
+    }
+
+    /// How far past the window fresh ranges may take the recorded total for a mount whose
+    /// kernel readahead is `readahead` bytes (see the module docs).
+    pub fn headroom_for_readahead(&self, readahead: u64) -> u64 {
+        readahead.saturating_mul(self.fresh_windows).clamp(
+            self.min_fresh_headroom,
+            self.max_fresh_headroom.max(self.min_fresh_headroom),
+        )
+    }
 }
 
 /// Served ranges, oldest first, and what to invalidate to stay within the window.
@@ -90,6 +149,10 @@ pub fn window_for_budget(budget: u64) -> u64 {
 pub struct KernelCacheWindow {
     limit: u64,
     headroom: u64,
+    /// [`KernelCacheConfig::fresh`].
+    fresh: Duration,
+    /// [`KernelCacheConfig::max_range_bytes`].
+    max_range_bytes: u64,
     ranges: Mutex<(VecDeque<Served>, u64)>,
 }
 
@@ -101,9 +164,16 @@ impl KernelCacheWindow {
 
     /// A window of `limit` bytes whose fresh ranges may take it `headroom` bytes further.
     pub fn with_headroom(limit: u64, headroom: u64) -> KernelCacheWindow {
+        KernelCacheWindow::with_config(limit, headroom, &KernelCacheConfig::default())
+    }
+
+    /// [`Self::with_headroom`], sparing fresh ranges and merging reads as `config` says.
+    pub fn with_config(limit: u64, headroom: u64, config: &KernelCacheConfig) -> KernelCacheWindow {
         KernelCacheWindow {
             limit,
             headroom,
+            fresh: config.fresh,
+            max_range_bytes: config.max_range_bytes,
             ranges: Mutex::new((VecDeque::new(), 0)),
         }
     }
@@ -130,7 +200,7 @@ impl KernelCacheWindow {
             Some(last)
                 if last.range.ino == ino
                     && last.range.offset + last.range.len == offset
-                    && last.range.len + len <= MAX_RANGE_BYTES =>
+                    && last.range.len + len <= self.max_range_bytes =>
             {
                 last.range.len += len;
                 last.at = now;
@@ -146,7 +216,7 @@ impl KernelCacheWindow {
             let Some(oldest) = ranges.front() else {
                 break;
             };
-            let fresh = now.saturating_duration_since(oldest.at) < FRESH;
+            let fresh = now.saturating_duration_since(oldest.at) < self.fresh;
             if fresh && *total <= self.hard_limit() {
                 break;
             }
@@ -240,6 +310,35 @@ mod tests {
         let expired = window.record_at(99, 0, 1 << 20, later);
         assert_eq!(expired.len(), 56 + 1 - 8);
         assert_eq!(window.hard_limit(), 56 << 20);
+    }
+
+    #[test]
+    fn the_config_sets_merging_sparing_and_sizes() {
+        let config = KernelCacheConfig {
+            fresh: Duration::ZERO,
+            max_range_bytes: 512 << 10,
+            window_share: 4,
+            fresh_windows: 8,
+            ..KernelCacheConfig::default()
+        };
+        assert_eq!(config.window_for_budget(128 << 20), 32 << 20);
+        assert_eq!(config.headroom_for_readahead(2 << 20), 16 << 20);
+        let window = KernelCacheWindow::with_config(1 << 20, 48 << 20, &config);
+        let now = Instant::now();
+        let mut expired = Vec::new();
+        for i in 0..12u64 {
+            expired.extend(window.record_at(7, i * (128 << 10), 128 << 10, now));
+        }
+        // Nothing is fresh, so the headroom spares nothing: 1.5 MiB read through a 1 MiB
+        // window expires its oldest 512 KiB merged range.
+        assert_eq!(
+            expired,
+            vec![InodeRange {
+                ino: 7,
+                offset: 0,
+                len: 512 << 10
+            }]
+        );
     }
 
     #[test]

@@ -1,18 +1,22 @@
-//! Every lock of the core goes through this module, so that model-checked tests can swap in
-//! [`loom`](https://docs.rs/loom)'s versions: built with `RUSTFLAGS="--cfg loom"`, `Mutex`,
-//! `Condvar` and `RwLock` here are loom's, and `cargo test -p tierfs-core --release loom` runs
-//! the model-checked tests (`core/src/cache/loom_tests.rs`, and [`Gates`]' below), which
-//! explore every interleaving of their threads up to a bounded number of preemptions. In ordinary builds these are the
-//! standard library's types, at no cost.
+//! Every lock of the core goes through this module: no `Mutex`, `RwLock` or `Condvar` of
+//! `tierfs-core` is taken anywhere else, and no other file handles poisoning.
 //!
-//! Poisoning is ignored everywhere ([`lock`], [`wait`]): every critical section in the core
-//! leaves its state consistent before any call that could panic, so a panicking thread cannot
-//! leave it half-updated, and one panicking request must not take the mount down with it.
+//! Why one place:
+//! - **Model checking.** Built with `RUSTFLAGS="--cfg loom"`, `Mutex`, `Condvar` and `RwLock`
+//!   here are [`loom`](https://docs.rs/loom)'s, and `cargo test -p tierfs-core --release loom`
+//!   runs the model-checked tests (`core/src/cache/loom_tests.rs`, and [`Gates`]' below), which
+//!   explore every interleaving of their threads up to a bounded number of preemptions. A lock
+//!   taken around this module would be invisible to them. In ordinary builds these are the
+//!   standard library's types, at no cost.
+//! - **Poisoning** is ignored everywhere ([`lock`], [`wait`], [`read`], [`write()`],
+//!   [`lock_static`]): every critical section in the core leaves its state consistent before
+//!   any call that could panic, so a panicking thread cannot leave it half-updated, and one
+//!   panicking request must not take the mount down with it.
 //!
 //! Process-wide statics (the spare chunk buffers in [`crate::source`]) need a `const`
-//! constructor, which loom's types lack: they use [`StaticMutex`], always the standard one.
-//! They guard leaf state (a list of spare buffers, no other lock taken under them), which
-//! needs no model.
+//! constructor, which loom's types lack: they use [`StaticMutex`], always the standard one, and
+//! [`lock_static`]. They guard leaf state (a list of spare buffers, no other lock taken under
+//! them), which needs no model.
 
 #[cfg(loom)]
 pub use loom::sync::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -28,6 +32,11 @@ use std::sync::{Arc, PoisonError, Weak};
 
 /// Locks `mutex`, ignoring poisoning (see the module docs).
 pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Locks the process-wide `mutex`, ignoring poisoning (see the module docs).
+pub fn lock_static<T>(mutex: &StaticMutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 

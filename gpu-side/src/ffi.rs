@@ -22,7 +22,7 @@
 //! Return codes: 0 success, -1 failure (message in the buffer). No call panics across the
 //! boundary: every body runs under `catch_unwind`, and a panic becomes an error message.
 //! One [`Loader`] per GPU is kept for the life of the process (its pinned staging buffers and
-//! the cuFile driver are reused), each behind its own mutex ([`GpuSlots`]): concurrent loads to
+//! the cuFile driver are reused), each behind its own mutex (`GpuSlots`): concurrent loads to
 //! one GPU take turns, loads to different GPUs run side by side (the table of GPUs is locked
 //! only to find a GPU's slot, never during a load).
 
@@ -285,6 +285,7 @@ pub unsafe extern "C" fn tierfs_gpu_load(
             },
             chunk_bytes: h.plan.chunk_bytes,
             read_mode: None,
+            ..defaults
         };
         let report = if device < 0 {
             load_host(h, dst, dst_len, options)?
@@ -489,8 +490,8 @@ mod tests {
         assert_eq!(text(&small), "");
     }
 
-    /// A load to GPU 1 runs to completion while a load to GPU 0 is in progress (the old
-    /// process-wide lock made it wait); loads to one GPU still take turns.
+    /// A load to GPU 1 runs to completion while a load to GPU 0 is in progress (a process-wide
+    /// lock would make it wait); loads to one GPU still take turns.
     #[test]
     fn loads_to_different_gpus_do_not_wait_for_each_other() {
         let slots: Arc<GpuSlots<u32>> = Arc::new(GpuSlots::new());

@@ -44,7 +44,7 @@ pub const DEFAULT_THREADS: usize = 8;
 /// Staging buffers per reader thread (see the module docs).
 pub const BUFFERS_PER_THREAD: usize = 2;
 /// Piece size of the plain route: a typical read size of a simple loader.
-const PLAIN_PIECE: usize = 64 << 20;
+pub const PLAIN_PIECE: usize = 64 << 20;
 
 /// What `--gds` asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
@@ -100,14 +100,23 @@ impl fmt::Display for Route {
     }
 }
 
-/// Load settings.
+/// Load settings; [`Default`] is the constants of the module docs.
 #[derive(Debug, Clone, Copy)]
 pub struct LoadOptions {
     pub gds: GdsMode,
+    /// Reader threads ([`DEFAULT_THREADS`]).
     pub threads: usize,
+    /// Bytes per read ([`DEFAULT_CHUNK_BYTES`]).
     pub chunk_bytes: u64,
     /// Force direct or buffered reads; `None` chooses by page-cache residency.
     pub read_mode: Option<ReadMode>,
+    /// Staging buffers per reader thread ([`BUFFERS_PER_THREAD`]).
+    pub buffers_per_thread: usize,
+    /// Share of the plan's bytes in the page cache from which reads go through it
+    /// ([`WARM_FRACTION`]).
+    pub warm_fraction: f64,
+    /// Piece size of the plain route ([`PLAIN_PIECE`]).
+    pub plain_piece: usize,
 }
 
 impl Default for LoadOptions {
@@ -117,6 +126,9 @@ impl Default for LoadOptions {
             threads: DEFAULT_THREADS,
             chunk_bytes: DEFAULT_CHUNK_BYTES,
             read_mode: None,
+            buffers_per_thread: BUFFERS_PER_THREAD,
+            warm_fraction: WARM_FRACTION,
+            plain_piece: PLAIN_PIECE,
         }
     }
 }
@@ -226,9 +238,9 @@ fn residency(source: &Source, plan: &LoadPlan) -> Option<f64> {
     io::resident_fraction(source.reader.file(), start, end)
 }
 
-fn read_mode(forced: Option<ReadMode>, resident: Option<f64>) -> ReadMode {
-    forced.unwrap_or(match resident {
-        Some(r) if r >= WARM_FRACTION => ReadMode::Buffered,
+fn read_mode(options: &LoadOptions, resident: Option<f64>) -> ReadMode {
+    options.read_mode.unwrap_or(match resident {
+        Some(r) if r >= options.warm_fraction => ReadMode::Buffered,
         _ => ReadMode::Direct,
     })
 }
@@ -312,7 +324,7 @@ fn run_on_host(
     route: Route,
 ) -> Result<LoadReport, LoadError> {
     let reporter = reporter(source, plan, options, destination.into());
-    let mode = read_mode(options.read_mode, reporter.resident);
+    let mode = read_mode(&options, reporter.resident);
     let mut pool = host_pool(options, plan)?;
     let stats = pipeline::run(plan, &source.reader, &mut pool, sink, config(options, mode))?;
     Ok(reporter.finish(route, stats.seconds, Some(mode), stats.direct_io, None))
@@ -341,7 +353,7 @@ fn host_pool(options: LoadOptions, plan: &LoadPlan) -> Result<StagingPool, Stagi
 }
 
 fn buffer_count(options: LoadOptions, plan: &LoadPlan) -> usize {
-    (options.threads.max(1) * BUFFERS_PER_THREAD).min(plan.chunks.len().max(1))
+    (options.threads.max(1) * options.buffers_per_thread.max(1)).min(plan.chunks.len().max(1))
 }
 
 fn config(options: LoadOptions, mode: ReadMode) -> PipelineConfig {
@@ -465,7 +477,7 @@ impl Loader {
         fallback: Option<String>,
     ) -> Result<LoadReport, LoadError> {
         let plan = reporter.plan;
-        let mode = read_mode(self.options.read_mode, reporter.resident);
+        let mode = read_mode(&self.options, reporter.resident);
         let count = self.options.threads.max(1) * BUFFERS_PER_THREAD;
         let pool = match self.pool.take() {
             Some(p) if p.count() >= count && p.buffer_len() as u64 >= plan.chunk_bytes => p,
@@ -536,11 +548,12 @@ impl Loader {
             format!("cuda:{}", self.gpu.ordinal()),
         );
         let started = Instant::now();
-        let mut piece = vec![0u8; PLAIN_PIECE];
+        let plain_piece = self.options.plain_piece.max(1);
+        let mut piece = vec![0u8; plain_piece];
         for e in &plan.extents {
             let mut offset = e.data_start;
             while offset < e.data_end {
-                let n = PLAIN_PIECE.min((e.data_end - offset) as usize);
+                let n = plain_piece.min((e.data_end - offset) as usize);
                 source
                     .reader
                     .read_at_least(&mut piece[..n], offset, n as u64, ReadMode::Buffered)
@@ -645,6 +658,30 @@ mod tests {
         );
         assert!(report.direct_io);
         assert_eq!(report.read_bytes, plan.read_bytes);
+    }
+
+    #[test]
+    fn the_options_set_the_read_mode_threshold_and_the_buffer_count() {
+        let bytes = file_bytes(&[("a", "F32", &[300_000])], None, 3);
+        let f = temp_file(&bytes);
+        let source = crate::resolve::open(f.path()).unwrap();
+        let plan = LoadPlan::new(&source.index, &Selection::All, 64 << 10).unwrap();
+        assert!(plan.chunks.len() > 8);
+        // Just written, so cached; a threshold above 1 reads it with O_DIRECT all the same.
+        let never_warm = LoadOptions {
+            warm_fraction: 1.5,
+            ..LoadOptions::default()
+        };
+        let mut arena = vec![0u8; plan.arena_bytes as usize];
+        let report = load_host(&source, &plan, &mut arena, never_warm).unwrap();
+        assert_eq!(report.read_mode, Some(ReadMode::Direct));
+        let options = |threads, buffers_per_thread| LoadOptions {
+            threads,
+            buffers_per_thread,
+            ..LoadOptions::default()
+        };
+        assert_eq!(buffer_count(options(2, 2), &plan), 4);
+        assert_eq!(buffer_count(options(2, 3), &plan), 6);
     }
 
     #[test]

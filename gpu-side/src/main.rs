@@ -181,6 +181,7 @@ fn run(command: Command) -> Result<(), Failure> {
                 threads: tuning.threads,
                 chunk_bytes: tuning.chunk,
                 read_mode: None,
+                ..LoadOptions::default()
             };
             load_cmd(&file, &selection, device, options, verify, json)
         }

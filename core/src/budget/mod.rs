@@ -43,18 +43,19 @@
 //!   shrink below one reserve, grow only above two), counting budget not yet filled as used.
 //!   At the configured budget the limit is lifted.
 //!
-//! ## Measured
-//! `tests/python/test_pressure.py` (figures in docs/MEMORY.md): a 576 MiB allocation into a
-//! 1152 MiB cgroup holding a full 768 MiB cache succeeds (peak 1025 MiB, `failcnt` 0) where a
-//! daemon without the governor is OOM-killed; `tests/bench/read_patterns.py --rows 4`: no cost without
-//! pressure. The watcher costs 70 ms of CPU in 20 s on an idle mount (0.35 % of a core).
+//! Measured: the governor lets a program allocate into a full cache's cgroup where a daemon
+//! without it is OOM-killed, at no cost without pressure
+//! ([measured](../../../docs/PERFORMANCE.md#memory-pressure-governor)).
+//!
+//! Locks: one mutex (the state), a leaf taken through [`crate::sync`]; the target's budget is
+//! set after it is released. The clocks and step size are a [`GovernorConfig`].
 
 pub mod probe;
 #[cfg(target_os = "linux")]
 pub mod watch;
 
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -63,13 +64,14 @@ use crate::cache::ChunkCache;
 use crate::models::ModelStore;
 use crate::size::format_size;
 use crate::stats::Counters;
+use crate::sync::{lock, Mutex, MutexGuard};
 pub use probe::{Probe, Reading};
 
 const MIB: u64 = 1 << 20;
 
-/// How often the watcher reads the sources when the kernel does not wake it. 20 readings a
-/// second cost 0.35 % of a core here (measured on an idle mount); at 4 GiB/s of page faults a program allocates 200 MiB in one period, which
-/// the system reserve (a sixteenth of RAM, at most 512 MiB) absorbs on machines of 4 GiB and up.
+/// How often the watcher reads the sources when the kernel does not wake it: cheap when idle,
+/// and what a fast program allocates in one period fits the system reserve
+/// ([measured](../../../docs/PERFORMANCE.md#memory-pressure-governor)).
 pub const POLL: Duration = Duration::from_millis(50);
 
 /// How long memory must stay plentiful before the cache grows back. Loaders and samplers
@@ -85,6 +87,31 @@ pub const GROW_EVERY: Duration = Duration::from_secs(1);
 /// cache is back to its full budget 8 s after the calm period, and a step taken too early
 /// costs at most an eighth of the budget to give back.
 pub const GROW_SHARE: u64 = 8;
+
+/// The governor's clocks and step size; [`Default`] is the constants above.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GovernorConfig {
+    /// How often the watcher reads the sources when the kernel does not wake it ([`POLL`]).
+    pub poll: Duration,
+    /// How long memory must stay plentiful before the cache grows back ([`CALM`]).
+    pub calm: Duration,
+    /// Interval between two growth steps, and between two shrink steps on kernel events
+    /// ([`GROW_EVERY`]).
+    pub grow_every: Duration,
+    /// One step is `1 / grow_share` of the configured budget ([`GROW_SHARE`]).
+    pub grow_share: u64,
+}
+
+impl Default for GovernorConfig {
+    fn default() -> Self {
+        GovernorConfig {
+            poll: POLL,
+            calm: CALM,
+            grow_every: GROW_EVERY,
+            grow_share: GROW_SHARE,
+        }
+    }
+}
 
 /// The default floor (see the module docs): an eighth of the budget and at least 256 MiB, but
 /// never more than the budget. 256 MiB keeps the read path working as designed: reads in
@@ -149,6 +176,7 @@ pub struct Policy {
     pub limit: u64,
     last_pressure: Option<Instant>,
     last_step: Option<Instant>,
+    config: GovernorConfig,
 }
 
 /// What a reading changed.
@@ -161,11 +189,7 @@ pub enum Change {
 
 impl Default for Policy {
     fn default() -> Self {
-        Policy {
-            limit: u64::MAX,
-            last_pressure: None,
-            last_step: None,
-        }
+        Policy::with_config(GovernorConfig::default())
     }
 }
 
@@ -180,11 +204,21 @@ pub struct Held {
 }
 
 impl Policy {
+    /// No pressure yet, steered by `config`.
+    pub fn with_config(config: GovernorConfig) -> Policy {
+        Policy {
+            limit: u64::MAX,
+            last_pressure: None,
+            last_step: None,
+            config,
+        }
+    }
+
     pub fn step(&mut self, reading: &Reading, me: Held, now: Instant) -> Change {
-        let step = (me.configured / GROW_SHARE).max(1);
+        let step = (me.configured / self.config.grow_share.max(1)).max(1);
         let stepped_recently = self
             .last_step
-            .is_some_and(|t| now.duration_since(t) < GROW_EVERY);
+            .is_some_and(|t| now.duration_since(t) < self.config.grow_every);
         if reading.headroom < 0 {
             let deficit = reading.headroom.unsigned_abs();
             self.last_pressure = Some(now);
@@ -205,7 +239,7 @@ impl Policy {
         }
         let calm = self
             .last_pressure
-            .is_none_or(|t| now.duration_since(t) >= CALM);
+            .is_none_or(|t| now.duration_since(t) >= self.config.calm);
         if self.limit == u64::MAX || !calm || stepped_recently {
             return Change::None;
         }
@@ -276,6 +310,7 @@ struct State {
 
 /// Steers the cache budget between the floor and the configured budget.
 pub struct Governor {
+    config: GovernorConfig,
     target: Arc<dyn BudgetTarget>,
     state: Mutex<State>,
     pressure_events: AtomicU64,
@@ -287,13 +322,24 @@ impl Governor {
     /// A governor for `target` with `configured` bytes (the mount-time clamp already applied)
     /// and `floor` (at most `configured`). Sets the target's budget.
     pub fn new(target: Arc<dyn BudgetTarget>, configured: u64, floor: u64) -> Governor {
+        Governor::with_config(target, configured, floor, GovernorConfig::default())
+    }
+
+    /// [`Governor::new`] with other clocks and step size than the defaults.
+    pub fn with_config(
+        target: Arc<dyn BudgetTarget>,
+        configured: u64,
+        floor: u64,
+        config: GovernorConfig,
+    ) -> Governor {
         let governor = Governor {
+            config,
             target,
             state: Mutex::new(State {
                 configured,
                 floor: floor.min(configured),
                 other_tiers: 0,
-                policy: Policy::default(),
+                policy: Policy::with_config(config),
                 applied: configured,
                 watching: Vec::new(),
             }),
@@ -320,6 +366,11 @@ impl Governor {
         let mut state = self.lock();
         state.other_tiers = bytes;
         self.apply(state);
+    }
+
+    /// The clocks and step size this governor runs with.
+    pub fn config(&self) -> GovernorConfig {
+        self.config
     }
 
     /// The budget in force.
@@ -397,7 +448,7 @@ impl Governor {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.state)
     }
 }
 

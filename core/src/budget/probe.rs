@@ -19,7 +19,23 @@ const UNLIMITED: u64 = 1 << 62;
 /// Share of elapsed time in memory stalls (PSI "some") above which the memory is considered
 /// contended and the cache does not grow back. 10 %: the kernel's own `psi` examples use
 /// 150 ms per second as "memory pressure"; an idle machine here reads 0.
-const STALL_SHARE: f64 = 0.10;
+pub const STALL_SHARE: f64 = 0.10;
+
+/// What the probe calls contended; [`Default`] is [`STALL_SHARE`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ProbeConfig {
+    /// Share of elapsed time in memory stalls above which a reading is `stalled`
+    /// ([`STALL_SHARE`]).
+    pub stall_share: f64,
+}
+
+impl Default for ProbeConfig {
+    fn default() -> Self {
+        ProbeConfig {
+            stall_share: STALL_SHARE,
+        }
+    }
+}
 
 /// A memory source could not be read.
 #[derive(Debug, Error)]
@@ -53,15 +69,10 @@ pub struct Reading {
 /// a sixteenth, between 128 MiB and 512 MiB.
 ///
 /// The reserve must cover what other programs allocate between the moment the usage crosses
-/// into it and the moment the evicted chunks are unmapped. The cgroup watcher wakes on the
-/// kernel's threshold event, not at the next poll: in `test_pressure.py` (a process touching
-/// pages at about 800 MiB/s) it found deficits of 0.1–2.4 MiB, and giving back 100 MiB took
-/// 3–4 ms on a quiet machine but 25–35 ms with the 2-core VM loaded by eight builds, where a
-/// 64 MiB minimum let the cgroup reach its limit (15 failed charges, reclaimed from file pages,
-/// nothing killed); 128 MiB doubles that margin. At the 4 GiB/s a fast machine faults pages
-/// in, 35 ms is 140 MiB, which the step the governor gives back beyond the deficit covers.
-/// Without an event (system-wide, v2) the 50 ms poll adds 200 MiB at that rate, which the
-/// system reserve (a sixteenth of RAM, so 512 MiB from 8 GiB up) absorbs.
+/// into it and the moment the evicted chunks are unmapped: 128 MiB is twice what a loaded
+/// machine needed, and a sixteenth of RAM absorbs a poll period of fast allocation where no
+/// kernel event wakes the watcher
+/// ([measured](../../../docs/PERFORMANCE.md#memory-pressure-governor)).
 pub fn reserve_for(limit: u64) -> u64 {
     (limit / 16).clamp(128 * MIB, 512 * MIB)
 }
@@ -79,15 +90,21 @@ struct System {
 struct Psi {
     path: PathBuf,
     last: Option<(Instant, u64)>,
+    /// [`ProbeConfig::stall_share`].
+    stall_share: f64,
 }
 
 impl Psi {
     fn new(path: PathBuf) -> Option<Psi> {
         fs::metadata(&path).ok()?;
-        Some(Psi { path, last: None })
+        Some(Psi {
+            path,
+            last: None,
+            stall_share: STALL_SHARE,
+        })
     }
 
-    /// Whether the share of time stalled since the last call exceeds [`STALL_SHARE`].
+    /// Whether the share of time stalled since the last call exceeds the stall share.
     fn stalled(&mut self) -> bool {
         let Some(total) = fs::read_to_string(&self.path)
             .ok()
@@ -98,7 +115,7 @@ impl Psi {
         let now = Instant::now();
         let stalled = self.last.is_some_and(|(then, before)| {
             let elapsed_us = now.duration_since(then).as_micros().max(1) as f64;
-            total.saturating_sub(before) as f64 / elapsed_us > STALL_SHARE
+            total.saturating_sub(before) as f64 / elapsed_us > self.stall_share
         });
         self.last = Some((now, total));
         stalled
@@ -274,6 +291,23 @@ pub struct Probe {
 impl Probe {
     /// The machine and the daemon's memory cgroup (if any).
     pub fn discover() -> Result<Probe, ProbeError> {
+        Probe::discover_with(ProbeConfig::default())
+    }
+
+    /// [`Probe::discover`], calling memory contended as `config` says.
+    pub fn discover_with(config: ProbeConfig) -> Result<Probe, ProbeError> {
+        let mut probe = Probe::discover_default()?;
+        let psis = [
+            probe.system.psi.as_mut(),
+            probe.cgroup.as_mut().and_then(|c| c.psi.as_mut()),
+        ];
+        for psi in psis.into_iter().flatten() {
+            psi.stall_share = config.stall_share;
+        }
+        Ok(probe)
+    }
+
+    fn discover_default() -> Result<Probe, ProbeError> {
         let path = Path::new("/proc/meminfo");
         let meminfo = read(path)?;
         let total = meminfo_value(&meminfo, "MemTotal").ok_or(ProbeError::Missing {
@@ -439,6 +473,29 @@ mod tests {
         assert_eq!(stat_value(text, "inactive_file"), Some(81920));
         assert_eq!(stat_value(text, "total_inactive_file"), Some(90000));
         assert_eq!(stat_value(text, "file"), None);
+    }
+
+    #[test]
+    fn the_stall_share_decides_what_is_stalled() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("memory.pressure");
+        let write = |total: u64| {
+            let text = format!("some avg10=0.00 avg60=0.00 avg300=0.00 total={total}\n");
+            std::fs::write(&path, text).unwrap();
+        };
+        let mut psis = [0.9, 200.0].map(|stall_share| {
+            write(0);
+            let mut psi = Psi::new(path.clone()).unwrap();
+            psi.stall_share = stall_share;
+            assert!(!psi.stalled(), "the first reading has nothing to compare");
+            psi
+        });
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        // One second of stalls in at least 10 ms and well under a second.
+        write(1_000_000);
+        let [contended, calm] = &mut psis;
+        assert!(contended.stalled());
+        assert!(!calm.stalled());
     }
 
     #[test]

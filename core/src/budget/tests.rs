@@ -260,3 +260,29 @@ fn enormous_budgets_do_not_overflow() {
     governor.observe(&reading(i64::MAX), t0 + CALM + GROW_EVERY);
     assert!(cache.used() >= default_floor(u64::MAX));
 }
+
+#[test]
+fn a_shorter_calm_and_larger_steps_regrow_sooner_and_faster() {
+    let cache = Arc::new(FullCache::default());
+    let target: Arc<dyn BudgetTarget> = cache.clone();
+    let config = GovernorConfig {
+        calm: Duration::from_secs(1),
+        grow_share: 4,
+        ..GovernorConfig::default()
+    };
+    let governor = Governor::with_config(target, 4 * GIB, default_floor(4 * GIB), config);
+    assert_eq!(governor.config(), config);
+    let t0 = Instant::now();
+    governor.observe(&reading(-(3 * GIB as i64)), t0);
+    assert_eq!(cache.used(), 512 * MIB);
+    let plenty = reading(100 * GIB as i64);
+    // Within the default calm period, but past this one.
+    assert_eq!(
+        governor.observe(&plenty, t0 + Duration::from_secs(1)),
+        Change::Grown
+    );
+    assert_eq!(cache.used(), GIB);
+    // Steps of a quarter of the budget, not an eighth.
+    governor.observe(&plenty, t0 + Duration::from_secs(2));
+    assert_eq!(cache.used(), 2 * GIB);
+}

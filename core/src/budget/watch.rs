@@ -1,6 +1,6 @@
 //! The watcher thread and the daemon's standing with the OOM killer.
 //!
-//! The thread sleeps in `poll(2)` for at most [`super::POLL`] on eventfds the kernel signals
+//! The thread sleeps in `poll(2)` for at most [`super::GovernorConfig::poll`] on eventfds the kernel signals
 //! (cgroup v1: `memory.usage_in_bytes` crossing the limit minus the reserve, and
 //! `memory.pressure_level` at "medium", both registered through `cgroup.event_control`), then
 //! reads the sources and hands the reading to the governor. The threshold event is what makes
@@ -18,7 +18,7 @@ use std::thread::{self, JoinHandle};
 use std::time::Instant;
 
 use super::probe::{reserve_for, CgroupVersion, Probe};
-use super::{Governor, POLL};
+use super::Governor;
 
 /// The daemon's `oom_score_adj` when it runs as root.
 ///
@@ -162,9 +162,12 @@ fn run(governor: &Weak<Governor>, mut probe: Probe, registrations: &[Registratio
             tracing::debug!("cannot raise the pressure watcher's priority");
         }
     }
+    let poll = governor
+        .upgrade()
+        .map_or(super::POLL, |governor| governor.config().poll);
     let mut warned = false;
     loop {
-        let kernel_event = wait(registrations);
+        let kernel_event = wait(registrations, poll);
         let Some(governor) = governor.upgrade() else {
             return;
         };
@@ -183,8 +186,8 @@ fn run(governor: &Weak<Governor>, mut probe: Probe, registrations: &[Registratio
     }
 }
 
-/// Waits for a kernel event or [`POLL`]; returns whether a pressure-level event came.
-fn wait(registrations: &[Registration]) -> bool {
+/// Waits for a kernel event or `poll`; returns whether a pressure-level event came.
+fn wait(registrations: &[Registration], poll: std::time::Duration) -> bool {
     let mut fds: Vec<libc::pollfd> = registrations
         .iter()
         .map(|r| libc::pollfd {
@@ -193,7 +196,7 @@ fn wait(registrations: &[Registration]) -> bool {
             revents: 0,
         })
         .collect();
-    let timeout = POLL.as_millis() as libc::c_int;
+    let timeout = poll.as_millis() as libc::c_int;
     // SAFETY: `fds` is a valid array of `fds.len()` pollfd structures. With no descriptors,
     // poll just sleeps for the timeout.
     let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };

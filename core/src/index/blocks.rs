@@ -43,13 +43,9 @@
 //! (the *sub-models*), each sub-model's non-block tensors form their own group,
 //! `<first segment>.(other)` (`cond_stage_model.(other)`), and the rest stay in `(other)`. A
 //! file of one model keeps the single `(other)`. Why: a loader entering a block has the rest of
-//! that block read ahead, and with one `(other)` of 237 MiB (the token embedding, the whole VAE
-//! and the UNet's embeddings, spread over the file), ComfyUI's load of an SD1.5 checkpoint
-//! touching the UNet's `time_embed` had the VAE and the token embedding read ahead of the UNet's
-//! blocks, to be evicted before their turn through a budget an eighth of the file: 13–15 % of the
-//! checkpoint read for nothing, 1.29–1.32× the file read from disk, against 1.11–1.12× with a
-//! group per model (a real ComfyUI server, `tests/bench/comfyui_server.py`;
-//! `comfyui-server-results-one-other-group.md` and `comfyui-server-results.md`).
+//! that block read ahead, and with one `(other)` for all sub-models, a load entering one
+//! sub-model's embeddings had the other sub-models' tensors read ahead, to be evicted before
+//! their turn ([measured](../../../docs/PERFORMANCE.md#one-non-block-group-per-sub-model)).
 //!
 //! Block numbers must be canonical decimal `u32`s (no sign, no leading zeros except `0` itself), so
 //! that the display name `family.number` is exactly the prefix that appears in the tensor names and

@@ -9,15 +9,12 @@
 //!   its number of handles.
 //! - **Parking**: at the last close, the file's page cache is left in place (a reload is a
 //!   page-cache hit) and counted as measured by `cachestat(2)`. A parked file is known by
-//!   path and identity only (no descriptor is kept); at most [`MAX_PARKED`] are remembered.
+//!   path and identity only (no descriptor is kept); at most [`PassthroughConfig::max_parked`] are remembered.
 //! - **Re-measuring**: before the tier decides with the parked figures (an admission, making
-//!   room), it measures the most recently parked files again ([`REMEASURED_PARKED`]). A loader
+//!   room), it measures the most recently parked files again ([`PassthroughConfig::remeasured_parked`]). A loader
 //!   may close the file and go on reading through a mapping it made while the file was open:
 //!   the kernel maps the source file itself, so the mount sees the close and none of the reads
-//!   after it. A torch `safe_open` load (open, map, close, then copy every tensor) parked
-//!   0.3 MiB at its close and held the whole 804 MiB model when the next model opened, so both
-//!   models of a two-model workflow stayed resident: 1608 MiB of page cache under a 983 MiB
-//!   budget (workflow benchmark, `safe_open_pt` rows).
+//!   after it ([measured](../../../docs/PERFORMANCE.md#passthrough-tier)).
 //! - **What a drop leaves**: `POSIX_FADV_DONTNEED` skips pages a process still maps. A dropped
 //!   file is measured after the drop, and what is left stays parked and counted, to be dropped
 //!   at the next room-making once the mapping is gone.
@@ -36,8 +33,8 @@
 //!
 //! Files on a file system held in RAM (tmpfs, ramfs) never enter the tier: their pages are the
 //! files themselves, always resident, and `DONTNEED` gives none back, so once parked they would
-//! hold the budget for good (two models of a tmpfs folder read through a 256 MiB mount stayed
-//! parked at 392 MiB, and the chunk cache shrank to what was left). The model store passes
+//! hold the budget for good ([measured](../../../docs/PERFORMANCE.md#passthrough-tier)). The
+//! model store passes
 //! them through outside the budget (`ModelStore::choose_mode`).
 //!
 //! One inode of the mount is served in one mode while it has open handles (the kernel cannot mix
@@ -46,17 +43,16 @@
 //!
 //! Why passthrough: the reader's `read()` and `mmap` go straight to the source file's page
 //! cache with the source's own readahead (FUSE passthrough, `FOPEN_PASSTHROUGH`, Linux ≥ 6.9,
-//! root). The acceptance benchmark (`tests/bench/acceptance-results.md`) measured cold loads at
-//! 1.00–1.08× the plain file's speed this way, where the chunk cache served the same loaders
-//! warm at 0.09–0.54× (`tests/bench/loader-results.md`: the FUSE page cache's 4 KiB folios).
+//! root): cold loads at about the plain file's speed, where the chunk cache's FUSE path serves
+//! them several times slower ([measured](../../../docs/PERFORMANCE.md#passthrough-tier)).
 //!
 //! Why competition: models that take turns and do not fit the budget together (a workflow's
 //! two experts, a text encoder and a diffusion model) would otherwise drop each other whole at
 //! every switch and be read whole each time, since the tier can only keep or drop a closed
 //! file's page cache and never sees an open one's reads. The chunk cache shares the budget
-//! between them by the rule it uses within one model (the chunk needed soonest stays).
-//! `tests/bench/workflow.py` (`workflow-results.md`, `workflow-results-no-competition.md`):
-//! 2.3–2.6 × (models − budget) read per cycle without the rule, 1.01–1.12 × with it. The first
+//! between them by the rule it uses within one model (the chunk needed soonest stays): about
+//! (models − budget) read per cycle, where models dropping each other whole read more than
+//! twice that ([measured](../../../docs/PERFORMANCE.md#passthrough-tier)). The first
 //! switch is still passthrough's: a user who moves on to another model for good keeps
 //! passthrough's speed for it.
 //!
@@ -64,7 +60,7 @@
 //! keep what they asked for: their reads go to the source device and leave no page cache, so
 //! such an open reserves the file's size while open and parks nothing. Serving them from the
 //! chunk cache instead made reloads faster but cold loads slower than the plain file
-//! (`tests/bench/odirect.py`; figures in `docs/PERFORMANCE.md`, "`O_DIRECT` loaders"); where the chunk cache serves them (a
+//! ([measured](../../../docs/PERFORMANCE.md#o_direct-loaders)); where the chunk cache serves them (a
 //! model larger than the room, or already cached), `FUSE_ASYNC_DIO` lets their reads run in
 //! parallel.
 
@@ -72,22 +68,34 @@ pub mod residency;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use lru::LruCache;
 use serde::Serialize;
 
 use crate::source::SourceIdentity;
+use crate::sync::{lock, Mutex, MutexGuard};
 
-/// Parked files remembered at most. Each is a path and a few numbers; 1024 is more model files
-/// than any workflow keeps warm, and bounds the state a hostile folder can grow.
-const MAX_PARKED: usize = 1024;
+/// The tier's bounds; [`Default`] is today's values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PassthroughConfig {
+    /// Parked files remembered at most. Each is a path and a few numbers; 1024 is more model
+    /// files than any workflow keeps warm, and bounds the state a hostile folder can grow.
+    pub max_parked: usize,
+    /// Parked files measured again before each admission or room-making, most recently parked
+    /// first. A mapping outlives its file's close only while its loader runs, which is long
+    /// done for files parked before the last few models; 64 bounds what an admission costs
+    /// (one `open`, `fstat` and `cachestat` each) however many files are parked.
+    pub remeasured_parked: usize,
+}
 
-/// Parked files measured again before each admission or room-making, most recently parked
-/// first. A mapping outlives its file's close only while its loader runs, which is long done
-/// for files parked before the last few models; 64 bounds what an admission costs (one
-/// `open`, `fstat` and `cachestat` each) however many files are parked.
-const REMEASURED_PARKED: usize = 64;
+impl Default for PassthroughConfig {
+    fn default() -> Self {
+        PassthroughConfig {
+            max_parked: 1024,
+            remeasured_parked: 64,
+        }
+    }
+}
 
 /// The source object a passthrough file is (device and inode, plus the version fields, so a
 /// rewritten file is another key).
@@ -111,6 +119,8 @@ struct Parked {
 
 #[derive(Default)]
 struct State {
+    /// [`PassthroughConfig::max_parked`].
+    max_parked: usize,
     open: HashMap<FileKey, OpenFile>,
     open_bytes: u64,
     parked: Option<LruCache<FileKey, Parked>>,
@@ -126,17 +136,17 @@ struct State {
 impl State {
     fn parked(&mut self) -> &mut LruCache<FileKey, Parked> {
         self.parked
-            .get_or_insert_with(|| LruCache::new(lru_capacity()))
+            .get_or_insert_with(|| LruCache::new(lru_capacity(self.max_parked)))
     }
 
     fn competing(&mut self) -> &mut LruCache<FileKey, ()> {
         self.competing
-            .get_or_insert_with(|| LruCache::new(lru_capacity()))
+            .get_or_insert_with(|| LruCache::new(lru_capacity(self.max_parked)))
     }
 }
 
-fn lru_capacity() -> std::num::NonZeroUsize {
-    std::num::NonZeroUsize::new(MAX_PARKED).unwrap_or(std::num::NonZeroUsize::MIN)
+fn lru_capacity(max_parked: usize) -> std::num::NonZeroUsize {
+    std::num::NonZeroUsize::new(max_parked).unwrap_or(std::num::NonZeroUsize::MIN)
 }
 
 /// `cache.passthrough` section of the stats.
@@ -161,12 +171,29 @@ pub struct PassthroughSnapshot {
 }
 
 /// Budget bookkeeping for files served by passthrough (see the module docs).
-#[derive(Default)]
 pub struct PassthroughTier {
+    config: PassthroughConfig,
     state: Mutex<State>,
 }
 
+impl Default for PassthroughTier {
+    fn default() -> Self {
+        PassthroughTier::with_config(PassthroughConfig::default())
+    }
+}
+
 impl PassthroughTier {
+    /// An empty tier bounded by `config`.
+    pub fn with_config(config: PassthroughConfig) -> PassthroughTier {
+        PassthroughTier {
+            config,
+            state: Mutex::new(State {
+                max_parked: config.max_parked,
+                ..State::default()
+            }),
+        }
+    }
+
     /// Admits one more open of the file `abs` (version `identity`) if it fits in `room` bytes
     /// (the budget minus what other tiers hold, passthrough excluded). An already open file is
     /// always admitted: its reservation is counted once. Returns whether the open may use
@@ -257,10 +284,8 @@ impl PassthroughTier {
         let mut dropped = Vec::new();
         if let Some((_, old)) = evicted {
             // The file itself, parked by another close while this one measured (without the
-            // lock): replaced by this measurement. Counted again, each such race left the old
-            // figure in `parked_bytes` for good, and the chunk cache, which gets the budget
-            // less what the tier holds, was held at its floor for the rest of the mount
-            // (workflow benchmark: a model-switching loop read both models whole every cycle).
+            // lock): replaced by this measurement, so that its old figure does not stay in
+            // `parked_bytes` for good (see docs/PERFORMANCE.md#passthrough-tier).
             state.parked_bytes -= old.resident;
             if old.identity != *identity {
                 state.dropped_bytes += old.resident;
@@ -328,7 +353,7 @@ impl PassthroughTier {
         self.give_back(dropped)
     }
 
-    /// Measures the [`REMEASURED_PARKED`] most recently parked files again (see the module
+    /// Measures the [`PassthroughConfig::remeasured_parked`] most recently parked files again (see the module
     /// docs), without the lock: it opens them by path, on a source that may stall. A file that
     /// cannot be measured keeps its figure.
     fn remeasure_parked(&self) {
@@ -336,7 +361,7 @@ impl PassthroughTier {
             .lock()
             .parked()
             .iter()
-            .take(REMEASURED_PARKED)
+            .take(self.config.remeasured_parked)
             .map(|(key, p)| (*key, p.path.clone(), p.identity))
             .collect();
         let measured: Vec<(FileKey, SourceIdentity, u64)> = recent
@@ -438,10 +463,11 @@ impl PassthroughTier {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.state)
     }
 }
 
 // The tests measure and drop real page cache, which only Linux reports (cachestat).
-#[cfg(all(test, target_os = "linux"))]
+#[cfg(test)]
+#[cfg(target_os = "linux")]
 mod tests;

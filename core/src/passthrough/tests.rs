@@ -276,3 +276,23 @@ fn a_dropped_file_still_mapped_stays_parked_until_unmapped() {
     );
     assert_eq!(tier.held_bytes(), 0);
 }
+
+#[test]
+fn max_parked_bounds_the_files_remembered() {
+    let tier = PassthroughTier::with_config(PassthroughConfig {
+        max_parked: 1,
+        ..PassthroughConfig::default()
+    });
+    let (a, id_a) = temp_file("bound-a", MIB);
+    let (b, id_b) = temp_file("bound-b", MIB);
+    for (file, id) in [(&a, &id_a), (&b, &id_b)] {
+        assert!(tier.admit(&file.path, id, 8 * MIB));
+        tier.release(id);
+    }
+    assert_eq!(
+        tier.snapshot().parked_files,
+        1,
+        "one parked file remembered"
+    );
+    assert_eq!(tier.parked_bytes_of(&id_a), 0, "the older one forgotten");
+}

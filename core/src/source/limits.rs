@@ -1,12 +1,12 @@
 //! The daemon's descriptor limit.
 //!
-//! The daemon holds three source descriptors per model file version that readers have open
+//! The daemon holds up to two source descriptors per model file version that readers have open
 //! ([`super::slot`]), one per other file open without passthrough, and a few of its own. Most
 //! systems start processes with a soft `RLIMIT_NOFILE` of 1024 for the sake of `select(2)`,
 //! which cannot watch higher descriptors, and a hard limit of 2^19 or more. tierfs never calls
 //! `select` (fuser reads `/dev/fuse` with blocking reads, everything else is threads), so at
 //! startup it raises its soft limit to the hard one, as systemd recommends for such programs:
-//! with 1024, readers holding 330 model files open at once would already exhaust it.
+//! with 1024, readers holding about 500 model files open at once would already exhaust it.
 //! Descriptors do not grow with the files ever opened, so the raise is headroom for readers
 //! that hold many files open at once.
 
@@ -37,7 +37,8 @@ pub fn raise_descriptor_limit() -> io::Result<u64> {
     Ok(limit.rlim_cur)
 }
 
-#[cfg(all(test, target_os = "linux"))]
+#[cfg(test)]
+#[cfg(target_os = "linux")]
 mod tests {
     #[test]
     fn the_soft_limit_ends_at_the_hard_limit() {

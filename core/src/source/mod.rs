@@ -1,37 +1,42 @@
 //! Reading source files without filling the kernel page cache.
 //!
+//! **Contract.** Every byte tierfs caches is read from the source file exactly once per miss,
+//! and the kernel keeps no second copy of it in its page cache ("double caching": on a machine
+//! with less RAM than the model, that second copy is what pushes everything else out).
+//! [`SourceFile::read_aligned`] returns exactly the bytes asked for, in page-aligned memory of
+//! its own, or an error (a short read is [`SourceError::Truncated`], never a partly stale
+//! buffer). A [`SourceFile`] reads one version of a file ([`SourceIdentity`]). The only lock
+//! here guards the spare buffers: a leaf, taken through [`crate::sync::lock_static`].
+//!
 //! The platform parts live in `linux.rs` (`O_DIRECT`, `posix_fadvise`, anonymous `mmap`) and
 //! `windows.rs` (`FILE_FLAG_NO_BUFFERING`, `VirtualAlloc`); this file holds what both share: the
-//! buffer reuse, the aligned read with its buffered fallback, and the error type. The text below
-//! describes Linux; `windows.rs` says what differs there.
+//! buffer reuse, the aligned read with its buffered fallback, and the error type. What follows
+//! names the Linux calls; `windows.rs` says what differs there.
 //!
-//! Every byte tierfs caches is read from the source file exactly once per miss, and the kernel
-//! must not keep a second copy of it in its page cache ("double caching"): on a machine with less
-//! RAM than the model, that second copy is what pushes everything else out. So chunk reads use
-//! `O_DIRECT` into page-aligned anonymous memory, which also makes them zero-copy. Where the
-//! source filesystem refuses `O_DIRECT` (tmpfs, some network and FUSE filesystems), reads fall
-//! back to buffered `pread` followed by `posix_fadvise(DONTNEED)` on the range just read, so the
-//! page cache holds at most the chunks in flight.
+//! **Aligned reads.** Chunk reads use `O_DIRECT` into page-aligned anonymous memory, which also
+//! makes them zero-copy. Where the source filesystem refuses `O_DIRECT` (tmpfs, some network and
+//! FUSE filesystems), reads fall back to buffered `pread` followed by `posix_fadvise(DONTNEED)` on
+//! the range just read, so the page cache holds at most the chunks in flight.
 //!
-//! Chunk buffers are anonymous `mmap`s (via `memmap2`) rather than heap allocations: glibc's
-//! malloc raises its mmap threshold after the first large free and then serves multi-MiB buffers
-//! from the heap, where freed memory is not returned to the OS. With one mapping per chunk,
-//! dropping a chunk gives its pages back at once, so the daemon's RSS follows the cache budget
-//! (give or take the few spare mappings below, which `drop` and budget shrinks release).
+//! **Buffers.** Chunk buffers are anonymous `mmap`s (via `memmap2`) rather than heap
+//! allocations: glibc's malloc raises its mmap threshold after the first large free and then
+//! serves multi-MiB buffers from the heap, where freed memory is not returned to the OS. With one
+//! mapping per chunk, dropping a chunk gives its pages back at once, so the daemon's RSS follows
+//! the cache budget (give or take the few spare mappings, which `drop` and budget shrinks
+//! release).
 //!
-//! A fresh mapping costs more than the read into it, though: the `O_DIRECT` read faults in and
-//! zeroes every page first (a profile of a cold streaming pass showed the prefetch workers'
-//! reads taking 22 % of the machine's CPU, 16 % in `do_anonymous_page`, taken from the reader), and
-//! dropping it unmaps them again. The cache evicts a chunk just before it loads the next one, so
-//! the mappings of the last few dropped buffers are kept (`SPARE_BUFFERS`) and a read of the
-//! same size reuses one, already faulted in. Every byte a reused buffer exposes is overwritten by
-//! the read first (a short read is an error, not a partly stale buffer).
+//! **Spare buffers.** A fresh mapping costs more than the read into it (the read faults in and
+//! zeroes every page first), and the cache evicts a chunk just before it loads the next one, so
+//! the mappings of the last few dropped buffers are kept ([`SpareBuffersConfig`]) and a read of
+//! the same size reuses one, already faulted in
+//! ([measured](../../../docs/PERFORMANCE.md#spare-chunk-buffers)). Every byte a reused buffer
+//! exposes is overwritten by the read first.
 
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock, PoisonError};
+use std::sync::{Arc, OnceLock};
 
 use thiserror::Error;
 
@@ -50,7 +55,7 @@ compile_error!("tierfs-core reads sources on Linux and Windows only");
 pub mod limits;
 pub mod slot;
 
-use crate::sync::StaticMutex;
+use crate::sync::{lock_static, StaticMutex};
 pub use platform::open_direct;
 use platform::ChunkMemory;
 
@@ -160,47 +165,100 @@ impl PathAccess for PlainPaths {
     }
 }
 
-/// Mappings of dropped buffers kept for reuse: four is one per prefetch worker, and the cache
-/// frees a chunk right before each load (in a cold streaming pass, once the budget was full,
-/// about 6 in 10 chunk reads reused one). They are at most 16 MiB of 4 MiB chunks outside the
-/// cache budget.
-const SPARE_BUFFERS: usize = 4;
+/// Which mappings of dropped buffers are kept for reuse (see the module docs). Process-wide:
+/// [`set_spare_buffers_config`] changes it; tests make their own pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpareBuffersConfig {
+    /// Mappings kept at most: four is one per prefetch worker, and the cache frees a chunk
+    /// right before each load. They are at most 16 MiB of 4 MiB chunks outside the cache
+    /// budget ([measured](../../../docs/PERFORMANCE.md#spare-chunk-buffers)).
+    pub max_spares: usize,
+    /// Buffers smaller than this are not kept: cheap to map, and they would crowd out
+    /// chunk-sized ones.
+    pub min_bytes: usize,
+}
 
-/// Buffers smaller than this are not kept: cheap to map, and they would crowd out chunk-sized
-/// ones.
-const SPARE_MIN_BYTES: usize = 1 << 20;
+impl SpareBuffersConfig {
+    /// Today's values (a `const`, for the process-wide pool).
+    pub const DEFAULT: SpareBuffersConfig = SpareBuffersConfig {
+        max_spares: 4,
+        min_bytes: 1 << 20,
+    };
+}
 
-/// The spare mappings, oldest first. Process-wide, like the allocator it stands in front of.
-static SPARE: StaticMutex<Vec<ChunkMemory>> = StaticMutex::new(Vec::new());
+impl Default for SpareBuffersConfig {
+    fn default() -> Self {
+        SpareBuffersConfig::DEFAULT
+    }
+}
+
+/// Mappings of dropped buffers, oldest first, kept by the rules of a [`SpareBuffersConfig`].
+struct SpareBuffers {
+    config: SpareBuffersConfig,
+    maps: Vec<ChunkMemory>,
+}
+
+impl SpareBuffers {
+    const fn with_config(config: SpareBuffersConfig) -> SpareBuffers {
+        SpareBuffers {
+            config,
+            maps: Vec::new(),
+        }
+    }
+
+    /// A kept mapping of exactly `len` bytes, the most recently kept first.
+    fn take(&mut self, len: usize) -> Option<ChunkMemory> {
+        let at = self.maps.iter().rposition(|map| map.len() == len)?;
+        Some(self.maps.remove(at))
+    }
+
+    /// Keeps `map` (dropping the oldest if there are enough), unless it is too small.
+    fn keep(&mut self, map: ChunkMemory) {
+        if map.len() < self.config.min_bytes || self.config.max_spares == 0 {
+            return;
+        }
+        while self.maps.len() >= self.config.max_spares {
+            self.maps.remove(0);
+        }
+        self.maps.push(map);
+    }
+
+    fn set_config(&mut self, config: SpareBuffersConfig) {
+        self.config = config;
+        let excess = self.maps.len().saturating_sub(config.max_spares);
+        self.maps.drain(..excess);
+        self.maps.retain(|map| map.len() >= config.min_bytes);
+    }
+}
+
+/// The spare mappings. Process-wide, like the allocator it stands in front of.
+static SPARE: StaticMutex<SpareBuffers> =
+    StaticMutex::new(SpareBuffers::with_config(SpareBuffersConfig::DEFAULT));
 
 /// A mapping of `len` bytes: a spare one of exactly that size if there is one, else a new one.
 fn map_buffer(len: usize) -> io::Result<ChunkMemory> {
-    let mut spare = SPARE.lock().unwrap_or_else(PoisonError::into_inner);
-    match spare.iter().rposition(|map| map.len() == len) {
-        Some(at) => Ok(spare.remove(at)),
-        None => {
-            drop(spare);
-            ChunkMemory::new(len)
-        }
+    let spare = lock_static(&SPARE).take(len);
+    match spare {
+        Some(map) => Ok(map),
+        None => ChunkMemory::new(len),
     }
 }
 
 /// Unmaps the spare mappings, so that the daemon's RSS is the cache's again (after `drop` or a
 /// smaller budget).
 pub fn release_spare_buffers() {
-    SPARE.lock().unwrap_or_else(PoisonError::into_inner).clear();
+    lock_static(&SPARE).maps.clear();
+}
+
+/// Changes which dropped mappings the process keeps; spares the new rules do not keep are
+/// unmapped at once.
+pub fn set_spare_buffers_config(config: SpareBuffersConfig) {
+    lock_static(&SPARE).set_config(config);
 }
 
 /// Keeps `map` as a spare (dropping the oldest spare if there are enough).
 fn keep_spare(map: ChunkMemory) {
-    if map.len() < SPARE_MIN_BYTES {
-        return;
-    }
-    let mut spare = SPARE.lock().unwrap_or_else(PoisonError::into_inner);
-    if spare.len() >= SPARE_BUFFERS {
-        spare.remove(0);
-    }
-    spare.push(map);
+    lock_static(&SPARE).keep(map);
 }
 
 /// Bytes `[start, end)` of a source file, held in their own page-aligned mapping.
@@ -298,10 +356,8 @@ pub type ReadWrapper = Arc<dyn Fn(File) -> Arc<dyn ReadAt> + Send + Sync>;
 ///
 /// It opens one descriptor at first, and its `O_DIRECT` twin only at the first aligned read:
 /// most opens of a model file only read its header, which is in memory, and a folder scan
-/// opens thousands, each closed again at release (see [`slot`]). With that, and the FUSE
-/// adapter's own open adopted ([`Self::adopt`]), a header scan of 5 000 files runs at 0.98–1.05x
-/// the rate of the build that kept three descriptors per file open
-/// (`tests/bench/header-scan-results.md`).
+/// opens thousands, each closed again at release (see [`slot`];
+/// [measured](../../../docs/PERFORMANCE.md#source-descriptors-per-file)).
 pub struct SourceFile {
     path: PathBuf,
     /// The plain descriptor: page-cache advice, and the reads `O_DIRECT` cannot do.
@@ -586,7 +642,7 @@ mod tests {
     #[test]
     fn dropped_buffers_are_reused_and_fully_overwritten() {
         // A footprint no other test uses, so that only this test takes these spares.
-        let len = 2 * SPARE_MIN_BYTES + 5 * 4096;
+        let len = 2 * SpareBuffersConfig::DEFAULT.min_bytes + 5 * 4096;
         // Two files of different bytes: a buffer that held one file's chunk must show only the
         // other's bytes once reused.
         let first = pattern(len + 4096);
@@ -608,6 +664,36 @@ mod tests {
             base(&got) == address
         });
         assert!(reused, "a dropped chunk's mapping was not reused");
+    }
+
+    #[test]
+    fn spare_buffers_keep_what_their_config_says() {
+        let big = 2 * 4096;
+        let map = || ChunkMemory::new(big).unwrap();
+        let mut two = SpareBuffers::with_config(SpareBuffersConfig {
+            max_spares: 2,
+            min_bytes: 4096,
+        });
+        for _ in 0..3 {
+            two.keep(map());
+        }
+        assert_eq!(two.maps.len(), 2, "the oldest is dropped past max_spares");
+        two.keep(ChunkMemory::new(1024).unwrap());
+        assert_eq!(two.maps.len(), 2, "smaller than min_bytes: not kept");
+        assert!(two.take(big).is_some());
+
+        let mut none = SpareBuffers::with_config(SpareBuffersConfig {
+            max_spares: 0,
+            ..SpareBuffersConfig::default()
+        });
+        none.keep(ChunkMemory::new(SpareBuffersConfig::DEFAULT.min_bytes).unwrap());
+        assert!(none.take(SpareBuffersConfig::DEFAULT.min_bytes).is_none());
+
+        two.set_config(SpareBuffersConfig {
+            max_spares: 0,
+            min_bytes: 4096,
+        });
+        assert!(two.maps.is_empty(), "a smaller config unmaps the excess");
     }
 
     #[test]

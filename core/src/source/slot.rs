@@ -1,14 +1,14 @@
 //! The source descriptors of one file version, open only while someone uses them.
 //!
-//! **Contract.** The daemon's descriptors are bounded by what readers hold open (three per open
-//! model file version), never by how many files were ever opened; a version nobody holds has no
+//! **Contract.** The daemon's descriptors are bounded by what readers hold open (at most two
+//! per open model file version), never by how many files were ever opened; a version nobody holds has no
 //! descriptor, so its disk space is freed as soon as SOURCE deletes it; and a reopen never reads
 //! another file than the version indexed.
 //!
-//! A [`SourceFile`] holds three descriptors (buffered, `O_DIRECT`, and a duplicate for page-cache
-//! advice). Kept for every version ever indexed, they would run the daemon out of descriptors:
-//! a header scan of 20 000 small `.safetensors` (ComfyUI's startup scan of a large LoRA
-//! collection) would fail with `EMFILE` after 6 661 files (`tests/python/test_lifecycle.py`).
+//! A [`SourceFile`] holds up to two descriptors (a plain one, and its `O_DIRECT` twin from the
+//! first aligned read on). Kept for every version ever indexed, they would run the daemon out of
+//! descriptors (`EMFILE`) on a header scan of 20 000 small `.safetensors` (ComfyUI's startup scan
+//! of a large LoRA collection; `tests/python/test_lifecycle.py`).
 //!
 //! So a file version keeps only what identifies it (path and [`SourceIdentity`]) and a *weak*
 //! reference to its open descriptors. Whoever needs to read takes a strong one
@@ -19,10 +19,10 @@
 //!   plain file would;
 //! - a read or a prefetch, for the duration of one chunk read. A prefetch that outlives the
 //!   file's handles (the `prefetch` command, or readahead queued just before a close) opens the
-//!   file again for each chunk it reads: three `open`s and an `fstat`, a few microseconds next
+//!   file again for each chunk it reads: two `open`s and a few `fstat`s, a few microseconds next
 //!   to a 4 MiB read.
 //!
-//! The daemon's descriptors are therefore bounded by what readers hold open (three per open
+//! The daemon's descriptors are therefore bounded by what readers hold open (at most two per open
 //! model file version, however many handles share it), not by how many files were ever opened,
 //! and a version that nobody holds has none: its disk space is freed as soon as SOURCE deletes it.
 //!
