@@ -23,11 +23,11 @@
 use std::io::{self, ErrorKind};
 use std::path::Path;
 use std::process::Command;
-use std::sync::Mutex;
 
 use anyhow::{bail, Result};
 use serde::Serialize;
 use tierfs_core::size::format_size;
+use tierfs_core::sync::{lock_static, StaticMutex};
 
 /// The FUSE device every mount opens.
 const DEV_FUSE: &str = "/dev/fuse";
@@ -143,16 +143,14 @@ struct Modes {
     readahead: Option<(u64, Option<String>)>,
 }
 
-static MODES: Mutex<Modes> = Mutex::new(Modes {
+static MODES: StaticMutex<Modes> = StaticMutex::new(Modes {
     passthrough_requested: false,
     readahead_requested: 0,
     readahead: None,
 });
 
 fn modes() -> std::sync::MutexGuard<'static, Modes> {
-    MODES
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    lock_static(&MODES)
 }
 
 /// Decides whether to ask for passthrough, recording the request; logs the fallback.
