@@ -17,7 +17,7 @@
 //! sequential reader pays for this once per run (its first megabyte is read in requests of
 //! its own size instead of whole chunks), which is nothing next to a block.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use crate::sync::{lock, Mutex, MutexGuard};
 
 /// Runs remembered per file: a multi-threaded reader (8 threads reading 2 MiB pieces) keeps
 /// one run per thread, and kernel readahead adds one more; sixteen covers both twice.
@@ -87,7 +87,7 @@ impl Runs {
     }
 
     fn lock(&self) -> MutexGuard<'_, (Vec<Run>, usize)> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.state)
     }
 }
 
