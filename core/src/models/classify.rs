@@ -66,8 +66,8 @@ impl ModelFile {
 
     /// Whether byte `offset`, in chunk `chunk`, is where a stream runs on in *file* order past
     /// the end of its block into one the reader is not heading for: within the first
-    /// `spill_bytes` ([`super::ModelsConfig::spill_bytes`]) of a stretch of another block that is neither the stream's nor the next
-    /// one in the order.
+    /// `spill_bytes` ([`super::ModelsConfig::spill_bytes`]) of a stretch of another block that
+    /// is neither the stream's nor the next one in the order.
     ///
     /// Kernel readahead does that at the end of every tensor an `mmap` reader copies, and a
     /// checkpoint whose file order is not its loading order has a block boundary of that kind

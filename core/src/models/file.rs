@@ -97,8 +97,8 @@ pub struct ModelFile {
     /// The source version, with its descriptors open only while someone reads
     /// ([`crate::source::slot`]).
     pub(super) source: SourceSlot,
-    /// The first `header_bytes` of the file and up to [`ModelsConfig::header_tail_bytes`](super::ModelsConfig::header_tail_bytes) after them (empty
-    /// when malformed).
+    /// The first `header_bytes` of the file and up to
+    /// [`ModelsConfig::header_tail_bytes`] after them (empty when malformed).
     pub(super) header: Vec<u8>,
     pub(super) layout: Layout,
     /// Where each chunk of the plan is, kept by the cache (none for a raw file).

@@ -75,7 +75,8 @@ mod fault_tests;
 #[cfg(test)]
 mod gguf_tests;
 
-#[cfg(all(test, target_os = "linux"))]
+#[cfg(test)]
+#[cfg(target_os = "linux")]
 mod lifecycle_tests;
 
 #[cfg(test)]

@@ -5,9 +5,10 @@
 //! file's bytes fall in three regions, each served its own way:
 //! - the header: from memory ([`ModelFile`]'s header, with the tail after it);
 //! - the data region: cut into tensor-aligned chunks served through the mount-wide
-//!   [`ChunkCache`](crate::cache::ChunkCache) ([`ModelStore::chunk_slice`]), unless the request is a probe or a spill
-//!   ([`super::classify`]), or an `O_DIRECT` read of a file larger than the cache
-//!   ([`ModelStore::read_direct`]): those are served exactly and uncached;
+//!   [`ChunkCache`](crate::cache::ChunkCache) ([`ModelStore::chunk_slice`]), unless the
+//!   request is a probe or a spill ([`super::classify`]), or an `O_DIRECT` read of a file
+//!   larger than the cache ([`ModelStore::read_direct`]): those are served exactly and
+//!   uncached;
 //! - anything after the last tensor, and a raw file: from the source, uncached.
 //!
 //! **What a read triggers.** A read of a chunk records the reader's block
@@ -16,8 +17,9 @@
 //! chunk lets sequential read-ahead go on, into the next shard at a shard's end
 //! ([`ModelStore::after_read`]). A file's first stream since its open records it in the
 //! sequence of models ([`ModelStore::first_stream`]). Probes and spills trigger none of this.
-//! Counters are updated per file and mount-wide as the bytes are served. No lock of this
-//! module is held across I/O; the cache's own locks are taken inside [`ChunkCache`](crate::cache::ChunkCache).
+//! Counters are updated per file and mount-wide as the bytes are served. The read path holds
+//! no lock of its own across I/O; the cache's locks are taken inside
+//! [`ChunkCache`](crate::cache::ChunkCache).
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,6 +29,7 @@ use std::time::Instant;
 use thiserror::Error;
 
 use super::shards::ShardedModel;
+use super::store::OpenedBy;
 #[cfg(doc)]
 use super::ModelsConfig;
 use super::{ModelFile, ModelStore};
@@ -463,7 +466,7 @@ impl ModelStore {
         shard: usize,
     ) -> Option<Arc<ModelFile>> {
         let s = model.shards.get(shard)?;
-        match self.open_version((&s.rel, &s.abs, None), false) {
+        match self.open_version((&s.rel, &s.abs, None), OpenedBy::Store) {
             Ok((file, _)) => file
                 .shard_of
                 .as_ref()

@@ -68,6 +68,18 @@ pub struct ModelStore {
     pub(super) config: ModelsConfig,
 }
 
+/// Who opens a file version ([`ModelStore::open_version`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum OpenedBy {
+    /// A reader: a new load starts ([`ModelFile::opened`]), and a sharded model may be formed
+    /// (discovery reads the files beside this one with the reader's rights).
+    Reader,
+    /// The store itself: prefetch crossing into a shard ([`shards`]) or the warm of the next
+    /// model. It must not reset the runs of a reader that may be streaming that file, and forms
+    /// no sharded model.
+    Store,
+}
+
 /// Bytes of the model that followed the one just closed to warm: a share of the budget
 /// ([`ModelsConfig::next_model_head_share`]; a share of 0 warms nothing).
 fn next_model_head(budget: u64, config: &ModelsConfig) -> u64 {
@@ -179,7 +191,10 @@ impl ModelStore {
         };
         // Not as a reader: nothing is discovered beside it (no shard set is formed for a file
         // nobody opened), and it does not count as an open.
-        let opened = self.open_version((&saved.next_path, &saved.next_source, None), false);
+        let opened = self.open_version(
+            (&saved.next_path, &saved.next_source, None),
+            OpenedBy::Store,
+        );
         match opened.map(|(file, _)| file) {
             Ok(next) if sequence::key_of(&next) == saved.next_key => {
                 if next.handles.load(Ordering::Acquire) == 0 {
@@ -279,21 +294,18 @@ impl ModelStore {
     /// The current version of the model file at `path` (relative to the mount root), whose
     /// source is `abs`: the known one if the source is unchanged, else a freshly indexed one.
     pub fn open(&self, path: &Path, abs: &Path) -> Result<Arc<ModelFile>, OpenError> {
-        self.open_version((path, abs, None), true)
+        self.open_version((path, abs, None), OpenedBy::Reader)
             .map(|(file, _)| file)
     }
 
     /// [`Self::open`], with the descriptors the file was indexed through when it was indexed
     /// just now (`None` for a known version: its descriptors are opened on demand).
-    /// `by_reader`: a reader's open (a new load starts, see [`ModelFile::opened`]); false for
-    /// prefetch crossing into a shard ([`shards`]), which must not reset the runs of a reader
-    /// that may be streaming that shard, and which forms no sharded model: discovery reads
-    /// the files beside this one, which only a reader's open does, with its rights.
+    /// `by`: who opens it ([`OpenedBy`]).
     /// `opened`: the requester's descriptor of `abs`, whose version is the one opened.
     pub(super) fn open_version(
         &self,
         (path, abs, opened): (&Path, &Path, Option<&File>),
-        by_reader: bool,
+        by: OpenedBy,
     ) -> Result<(Arc<ModelFile>, Option<Arc<SourceFile>>), OpenError> {
         let paths = self.paths();
         let current = match opened {
@@ -306,13 +318,13 @@ impl ModelStore {
         })?;
         if let Some(known) = self.lock().get(path) {
             if known.source.identity() == current && is_reusable(known) {
-                if by_reader {
+                if by == OpenedBy::Reader {
                     known.opened();
                 }
                 return Ok((Arc::clone(known), None));
             }
         }
-        let discovery = by_reader.then_some(paths.as_ref());
+        let discovery = (by == OpenedBy::Reader).then_some(paths.as_ref());
         let membership = self
             .shards
             .membership((path, abs), &current, &self.saved, discovery);
@@ -330,7 +342,7 @@ impl ModelStore {
         // use it (same identity) rather than replace it and drop its cached bytes.
         if let Some(known) = files.get(path) {
             if known.source.identity() == file.source.identity() && is_reusable(known) {
-                if by_reader {
+                if by == OpenedBy::Reader {
                     known.opened();
                 }
                 return Ok((Arc::clone(known), None));

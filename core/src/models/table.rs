@@ -34,11 +34,8 @@ use crate::stats::IndexSnapshot;
 pub const DEFAULT_INDEX_CAP: u64 = 256 << 20;
 
 /// Evicted bytes after which the allocator is asked to return free memory to the OS
-/// (`malloc_trim`). Headers are freed by whichever request thread evicts them, into that
-/// thread's malloc arena, and glibc keeps freed memory in each of its per-thread arenas: with 8
-/// request threads, 10 000 files of 32 KiB headers under a 32 MiB cap left the daemon at
-/// 100 MiB RSS without trimming, 53 MiB with a single arena. Trimming every 16 MiB of
-/// evictions costs one walk of the arenas per 16 MiB of headers indexed.
+/// (`malloc_trim`): glibc keeps the headers freed by each request thread in that thread's
+/// arena ([measured](../../../docs/PERFORMANCE.md#heap-trimming-after-index-evictions)).
 pub const TRIM_AFTER_EVICTED_BYTES: u64 = 16 << 20;
 
 /// Memory of a known file besides its header and index: the `ModelFile`, its access state,

@@ -1,7 +1,8 @@
-//! Sharded checkpoints as one model, the registry of the models formed ([`Registry`],
-//! [`ShardedModel`]) and each file's membership in one ([`ShardOf`], [`Membership`]): `NAME-00001-of-00003.safetensors` … plus, usually,
+//! Sharded checkpoints as one model: `NAME-00001-of-00003.safetensors` … plus, usually,
 //! `NAME.safetensors.index.json` (the `weight_map` of diffusers' and transformers'
-//! `save_pretrained`).
+//! `save_pretrained`). This module is the registry of the models formed ([`Registry`],
+//! [`ShardedModel`]) and each file's place in one ([`ShardOf`], [`Membership`]); which files
+//! are one model, and whose rights that is found with, is [`discovery`].
 //!
 //! **What one model means.** The model's blocks are grouped over the tensors of all its shards
 //! (shards in name order, tensors in offset order: the order a reader following the index goes;
@@ -11,14 +12,13 @@
 //! [`ReaderTracker`]. From that single change follow:
 //! - one learned order over the shards, saved under the model's key, not a shard's;
 //! - prefetch that crosses shards: the next block in the model's order may live in another
-//!   shard, and [`ModelStore::prefetch_on_block_entry`] hands the prefetcher that shard's file, opening
-//!   it (header read and index, as a reader's open would) when no reader has opened it yet;
+//!   shard, and [`ModelStore::prefetch_on_block_entry`] hands the prefetcher that shard's file,
+//!   opening it (header read and index, as a reader's open would) when no reader has opened it
+//!   yet;
 //!   sequential read-ahead that reaches the end of a shard goes on into the next shard's first
 //!   chunks (same rule as within a file: they belong to the reader's block or the next one);
 //! - eviction ranked over the whole model: a chunk's distance is its block's distance from the
 //!   reader's block in the model's order, whichever shard either is in.
-//!
-//! Discovery (which files are one model, and whose rights it runs with) is [`discovery`].
 //!
 //! **Versions.** A model records each shard's identity when it is formed. When a shard is
 //! opened with another identity (it was replaced), the model is formed again with a fresh
@@ -30,7 +30,6 @@
 //! mount restarts; a shard opened under another path (a symlink elsewhere) finds no siblings
 //! and stands alone. Cached bytes are served only to a reader whose own open of that version
 //! succeeded.
-//!
 //!
 //! **Locks.** See [`Registry`]: a directory's gate, then `models`; neither is held across
 //! another lock of the store.
