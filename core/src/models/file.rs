@@ -70,7 +70,7 @@ pub enum RawReason {
     /// Its header does not parse.
     Malformed(String),
     /// Its header and index would not fit the index cap beside those of open files, which
-    /// cannot be evicted ([`table`]).
+    /// cannot be evicted ([`super::table`]).
     IndexCapFull { needed: u64, cap: u64 },
 }
 
@@ -108,7 +108,7 @@ pub struct ModelFile {
     /// Key of the file's learned order in [`SavedOrders`] (a shard's is its model's).
     pub(super) order_key: String,
     /// The file's own key (its path and version), under which the model file that follows it
-    /// is saved ([`sequence`]).
+    /// is saved ([`super::sequence`]).
     pub(super) file_key: String,
     /// How the last open of this version is served ([`ServeMode`]), and why ([`ModeReason`]).
     pub(super) mode: AtomicU8,
@@ -119,11 +119,11 @@ pub struct ModelFile {
     /// see [`ModelFile::opened`]).
     pub(super) stream_block: std::sync::atomic::AtomicUsize,
     /// Whether a reader streamed the file since its last open (not only probed it: a header
-    /// scan is no step of a workflow, [`sequence`]).
+    /// scan is no step of a workflow, [`super::sequence`]).
     pub(super) streamed: std::sync::atomic::AtomicBool,
-    /// Open handles of this version ([`OpenModel`]).
+    /// Open handles of this version ([`super::OpenModel`]).
     pub(super) handles: std::sync::atomic::AtomicUsize,
-    /// Set once the version was pruned ([`open`]): no chunk of it may stay cached.
+    /// Set once the version was pruned ([`super::open`]): no chunk of it may stay cached.
     pub(super) pruned: std::sync::atomic::AtomicBool,
     /// The sharded model this file is a shard of ([`shards`]): its blocks are the model's.
     pub(super) shard_of: Option<shards::ShardOf>,

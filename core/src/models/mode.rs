@@ -11,7 +11,7 @@
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use super::{shards, Layout, ModelFile, ModelStore, RawReason};
+use super::{Layout, ModelFile, ModelStore, RawReason};
 
 /// How an open model file is served, as the stats show it (`files[].mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,7 +127,7 @@ impl ModelStore {
             .saturating_sub(self.cache.snapshot().used_bytes);
         // A shard of a model larger than the budget is read through the cache: passthrough
         // would keep it out of the model's order, prefetch and eviction.
-        let room = if shards::too_large(file, self.budget()) {
+        let room = if too_large(file, self.budget()) {
             0
         } else {
             room
@@ -146,7 +146,7 @@ impl ModelStore {
             Some(ModeReason::AlreadyCached)
         } else if self.passthrough.admit(file.source.path(), &identity, room) {
             None
-        } else if room == 0 && shards::too_large(file, self.budget()) {
+        } else if room == 0 && too_large(file, self.budget()) {
             Some(ModeReason::ModelLargerThanBudget)
         } else {
             Some(ModeReason::LargerThanRoom)
@@ -185,4 +185,11 @@ impl ModelStore {
         self.passthrough.release(&file.source.identity());
         self.rebalance();
     }
+}
+
+/// Whether `file` is a shard of a model larger than `budget`.
+fn too_large(file: &ModelFile, budget: u64) -> bool {
+    file.shard_of
+        .as_ref()
+        .is_some_and(|of| of.model.size > budget)
 }

@@ -246,7 +246,7 @@ impl ModelStore {
         Ok((bytes, range, stop))
     }
 
-    /// Serves a probe ([`runs`]): exactly `[offset, end)`, with no chunk cached, no prefetch
+    /// Serves a probe ([`super::runs`]): exactly `[offset, end)`, with no chunk cached, no prefetch
     /// and no visit of the block recorded. From resident chunks when they hold all of it
     /// ([`ChunkCache::peek`]), else read from the source bypassing the page cache.
     ///

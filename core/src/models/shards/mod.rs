@@ -279,13 +279,6 @@ pub(super) fn join(
     }
 }
 
-/// Whether `file` is a shard of a model larger than `budget`.
-pub(super) fn too_large(file: &ModelFile, budget: u64) -> bool {
-    file.shard_of
-        .as_ref()
-        .is_some_and(|of| of.model.size > budget)
-}
-
 /// Whether `file`'s model (if any) is still current (see "Versions").
 pub(super) fn is_current(file: &ModelFile) -> bool {
     file.shard_of.as_ref().is_none_or(ShardOf::is_current)
