@@ -1,5 +1,5 @@
 //! Telling a reader's requests apart: a *probe* (a touch of a tensor, a header scan, a
-//! multi-threaded reader's first request after a jump) from a *stream* ([`runs`]), and a
+//! multi-threaded reader's first request after a jump) from a *stream* ([`super::runs`]), and a
 //! *spill* (kernel readahead running past the end of a block into one the reader is not
 //! heading for) from a reader's own read.
 //!
@@ -13,7 +13,7 @@
 use std::sync::atomic::Ordering;
 
 use super::read::ReadKind;
-use super::{runs, ModelFile};
+use super::{ModelFile, ModelsConfig};
 
 impl ModelFile {
     /// A process opened this version: its recent runs and stream are over as far as new
@@ -23,8 +23,8 @@ impl ModelFile {
     /// unloading it) would inherit the previous load's last stream: its tensor touches would be
     /// served as stream reads, and prefetch would sweep the file ahead of them
     /// ([measured](../../../docs/PERFORMANCE.md#a-reloads-touches-are-probes)). A stream still
-    /// running in another process pays one [`runs::STREAM_AFTER`] of probes to become a stream
-    /// again.
+    /// running in another process pays one [`ModelsConfig::stream_after`] of probes to become
+    /// a stream again.
     pub(super) fn opened(&self) {
         self.runs.clear();
         self.stream_block.store(usize::MAX, Ordering::Relaxed);
@@ -35,23 +35,24 @@ impl ModelFile {
     }
 
     /// Whether the request `[offset, end)`, whose data starts in chunk `chunk`, is a probe
-    /// ([`runs`]): it does not continue a run of [`runs::STREAM_AFTER`] bytes, and its block is
-    /// neither the one a stream of this file is in nor the next one in the order (other threads
-    /// of a reader streaming that block, or a reader following a learned order, are no probes).
+    /// ([`super::runs`]): it does not continue a run of [`ModelsConfig::stream_after`] bytes,
+    /// and its block is neither the one a stream of this file is in nor the next one in the
+    /// order (other threads of a reader streaming that block, or a reader following a learned
+    /// order, are no probes).
     pub(super) fn is_probe(
         &self,
         chunk: usize,
         (offset, end): (u64, u64),
         kind: ReadKind,
-        spill_bytes: u64,
+        config: &ModelsConfig,
     ) -> bool {
         let run_before = self.runs.record(offset, end);
         let (Some(access), Some(span)) = (self.tracker(), self.plan().and_then(|p| p.get(chunk)))
         else {
             return false;
         };
-        if run_before >= runs::STREAM_AFTER {
-            if kind == ReadKind::Readahead && self.is_spill(chunk, offset, spill_bytes) {
+        if run_before >= config.stream_after {
+            if kind == ReadKind::Readahead && self.is_spill(chunk, offset, config.spill_bytes) {
                 return true;
             }
             self.stream_block.store(span.block, Ordering::Relaxed);

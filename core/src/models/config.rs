@@ -2,8 +2,8 @@
 //! the probe and spill checks and `O_DIRECT` serving. [`ModelsConfig::default`] is what the
 //! daemon runs with; tests vary the fields through [`super::ModelStore::with_config`].
 
-use super::sequence;
-use super::table::DEFAULT_INDEX_CAP;
+use super::table::{DEFAULT_INDEX_CAP, TRIM_AFTER_EVICTED_BYTES};
+use super::{runs, sequence};
 
 /// Tuning of a [`super::ModelStore`]. Each field's default is the value the daemon runs with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,11 +25,20 @@ pub struct ModelsConfig {
     /// and the async window ahead of it (one or two readahead sizes, 128 KiB by default), with
     /// margin ([measured](../../../docs/PERFORMANCE.md#readahead-spilling-into-a-block-not-next)).
     pub spill_bytes: u64,
+    /// A run of requests becomes a stream once it covers this many bytes ([`super::runs`]):
+    /// 1 MiB, more than one `mmap` fault's read-around, so that touching one page of a tensor
+    /// never looks like a stream ([measured](../../../docs/PERFORMANCE.md#probes-and-streams)).
+    pub stream_after: u64,
     /// Cap on the memory of known files' headers and indexes (`--index-cache`;
     /// [`DEFAULT_INDEX_CAP`], see [`super::table`]).
     pub index_cap: u64,
+    /// Evicted header bytes after which the allocator is asked to return free memory
+    /// (`malloc_trim`): 16 MiB, one walk of the arenas per 16 MiB of headers indexed
+    /// ([measured](../../../docs/PERFORMANCE.md#heap-trimming-after-index-evictions)).
+    pub trim_after_evicted_bytes: u64,
     /// The share of the budget warmed of the model that followed the one just closed
-    /// (`budget / next_model_head_share`, see [`super::sequence`]).
+    /// (`budget / next_model_head_share`, see [`super::sequence`]): an eighth, enough for its
+    /// first blocks without pushing out much of what the budget keeps of the others.
     pub next_model_head_share: u64,
 }
 
@@ -40,7 +49,9 @@ impl Default for ModelsConfig {
             header_probe_bytes: 256 << 10,
             header_tail_bytes: 64 << 10,
             spill_bytes: 512 << 10,
+            stream_after: runs::STREAM_AFTER,
             index_cap: DEFAULT_INDEX_CAP,
+            trim_after_evicted_bytes: TRIM_AFTER_EVICTED_BYTES,
             next_model_head_share: sequence::HEAD_SHARE,
         }
     }

@@ -39,7 +39,9 @@ fn the_default_config_is_the_daemons() {
     assert_eq!(config.header_probe_bytes, 256 << 10);
     assert_eq!(config.header_tail_bytes, 64 << 10);
     assert_eq!(config.spill_bytes, 512 << 10);
+    assert_eq!(config.stream_after, 1 << 20);
     assert_eq!(config.index_cap, DEFAULT_INDEX_CAP);
+    assert_eq!(config.trim_after_evicted_bytes, 16 << 20);
     assert_eq!(config.next_model_head_share, 8);
     let store = ModelStore::new(1 << 20, SavedOrders::default());
     assert_eq!(*store.config(), config);
@@ -109,4 +111,33 @@ fn the_header_probe_and_tail_sizes_are_what_the_config_says() {
         0,
         "served from the header's tail"
     );
+}
+
+/// A sequential reader is served as probes until its run covers `stream_after` bytes: never,
+/// with no limit, and from its first request, with none.
+#[test]
+fn stream_after_decides_when_a_run_is_a_stream() {
+    for (stream_after, streams) in [(u64::MAX, false), (0, true)] {
+        let config = ModelsConfig {
+            stream_after,
+            ..ModelsConfig::default()
+        };
+        let (_dir, bytes, store, file) = opened_with(config, 8 << 20, 64 << 20);
+        let start = file.header_end().unwrap();
+        let mut pos = start;
+        while pos < start + (2 << 20) {
+            let got = store.read(&file, pos, 128 << 10).unwrap();
+            assert_eq!(&got[..], &bytes[pos as usize..pos as usize + got.len()]);
+            pos += got.len() as u64;
+        }
+        let probes = Counters::get(&store.counters().probe_bytes);
+        let cached = store.cache().snapshot().used_bytes;
+        if streams {
+            assert_eq!(probes, 0, "no request was a probe");
+            assert!(cached > 0, "the stream's chunks were cached");
+        } else {
+            assert_eq!(probes, pos - start, "every request was a probe");
+            assert_eq!(cached, 0, "nothing cached");
+        }
+    }
 }

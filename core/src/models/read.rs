@@ -131,7 +131,7 @@ impl ModelStore {
             (end > h).then(|| plan.chunk_at(offset.max(h))).flatten()
         });
         if let Some(first) = first_data_chunk {
-            if file.is_probe(first, (offset, end), kind, self.config.spill_bytes) {
+            if file.is_probe(first, (offset, end), kind, &self.config) {
                 return self.read_probe(file, offset, end);
             }
             // A load first: the swap writes, and every stream request of the file comes here.

@@ -218,7 +218,10 @@ impl ModelStore {
     /// Tunes the store with `config` (its index cap included): for files opened from now on,
     /// and for every read.
     pub fn with_config(mut self, config: ModelsConfig) -> ModelStore {
-        self.lock().set_cap(config.index_cap);
+        let mut files = self.lock();
+        files.set_cap(config.index_cap);
+        files.set_trim_after(config.trim_after_evicted_bytes);
+        drop(files);
         self.config = config;
         self
     }
@@ -367,7 +370,7 @@ impl ModelStore {
     }
 
     /// Gives the memory of forgotten headers back to the OS once enough was forgotten (see
-    /// [`table::TRIM_AFTER_EVICTED_BYTES`]).
+    /// [`ModelsConfig::trim_after_evicted_bytes`]).
     pub(super) fn trim_after_evictions(&self) {
         if self.lock().take_trim_due() {
             #[cfg(all(target_os = "linux", target_env = "gnu"))]

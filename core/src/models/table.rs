@@ -61,6 +61,9 @@ pub struct ModelTable {
     refusals: u64,
     /// Bytes evicted since the allocator was last trimmed.
     untrimmed: u64,
+    /// Evicted bytes after which the allocator is trimmed ([`TRIM_AFTER_EVICTED_BYTES`] by
+    /// default).
+    trim_after: u64,
 }
 
 impl ModelTable {
@@ -73,7 +76,13 @@ impl ModelTable {
             evictions: 0,
             refusals: 0,
             untrimmed: 0,
+            trim_after: TRIM_AFTER_EVICTED_BYTES,
         }
+    }
+
+    /// Trims the allocator after `bytes` of evictions instead.
+    pub fn set_trim_after(&mut self, bytes: u64) {
+        self.trim_after = bytes;
     }
 
     pub fn set_cap(&mut self, cap: u64) {
@@ -198,7 +207,7 @@ impl ModelTable {
 
     /// Whether enough was evicted since the last call that returned true to trim the heap.
     pub fn take_trim_due(&mut self) -> bool {
-        let due = self.untrimmed >= TRIM_AFTER_EVICTED_BYTES;
+        let due = self.untrimmed >= self.trim_after;
         if due {
             self.untrimmed = 0;
         }
