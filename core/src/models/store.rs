@@ -9,9 +9,10 @@
 //! cache gets what the tier does not hold, never less than the floor
 //! ([`ModelStore::rebalance`]).
 //!
-//! **Locks.** `files` (the [`ModelTable`]) is held only to look up, insert or remove a version,
-//! never across I/O (a header read happens outside it); `sequence` only to record a stream or a
-//! close. Neither is held while the other or a cache lock is taken.
+//! **Locks.** `files` (the [`ModelTable`]) is held only to look up, insert or remove a
+//! version: never across I/O (a header read happens outside it) nor while the chunk cache is
+//! called (dropped chunks are forgotten after it is released); `sequence` only to record a
+//! stream or a close.
 
 use std::fs::File;
 use std::path::Path;
