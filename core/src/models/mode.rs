@@ -90,7 +90,7 @@ impl ModeReason {
 
 impl ModelFile {
     /// How the last open of this version was served.
-    pub(super) fn set_mode(&self, mode: ServeMode, reason: ModeReason) {
+    fn set_mode(&self, mode: ServeMode, reason: ModeReason) {
         self.mode.store(mode as u8, Ordering::Relaxed);
         self.mode_reason.store(reason as u8, Ordering::Relaxed);
     }

@@ -110,7 +110,7 @@ impl ModelStore {
         self.read_as(file, offset, len, ReadKind::Readahead)
     }
 
-    pub(super) fn read_as(
+    fn read_as(
         &self,
         file: &Arc<ModelFile>,
         offset: u64,
@@ -158,7 +158,7 @@ impl ModelStore {
     }
 
     /// A read that spans regions or chunks, copied together into one buffer.
-    pub(super) fn read_assembled(
+    fn read_assembled(
         &self,
         file: &Arc<ModelFile>,
         offset: u64,
@@ -203,7 +203,7 @@ impl ModelStore {
 
     /// The part of chunk `chunk` that serves `[pos, end)`: the chunk, the byte range within it,
     /// and the file offset where that part stops.
-    pub(super) fn chunk_slice(
+    fn chunk_slice(
         &self,
         file: &Arc<ModelFile>,
         chunk: usize,
@@ -254,7 +254,7 @@ impl ModelStore {
     /// reload's tensor views entering the next block as predicted would sweep prefetch through
     /// the whole file ahead of the copies
     /// ([measured](../../../docs/PERFORMANCE.md#a-reloads-touches-are-probes)).
-    pub(super) fn read_probe(
+    fn read_probe(
         &self,
         file: &ModelFile,
         offset: u64,
@@ -265,7 +265,7 @@ impl ModelStore {
 
     /// Exactly `[offset, end)`, from resident chunks when they hold all of it, else from the
     /// source (bypassing the page cache) with its bytes also counted in `kind`.
-    pub(super) fn read_exact_uncached(
+    fn read_exact_uncached(
         &self,
         file: &ModelFile,
         offset: u64,
@@ -318,7 +318,7 @@ impl ModelStore {
     /// common case, it is borrowed, not copied: a probe is a whole kernel request (up to 1 MiB),
     /// and a multi-threaded reader's requests start new runs often (8 threads × 2 MiB `pread`s:
     /// each thread's first request after a jump).
-    pub(super) fn probe_from_cache(
+    fn probe_from_cache(
         &self,
         file: &ModelFile,
         offset: u64,
@@ -352,7 +352,7 @@ impl ModelStore {
 
     /// Serves `[pos, stop)` straight from the source, where `stop` is `end` or the start of the
     /// next chunk (only the tail after the last tensor, or a malformed file, gets here).
-    pub(super) fn copy_uncached(
+    fn copy_uncached(
         &self,
         file: &ModelFile,
         pos: u64,
@@ -443,7 +443,7 @@ impl ModelStore {
     /// end the read-ahead reaches, on into the next shard (index order), as if the shards were
     /// one file: a loader going through the shards one by one finds the next one's first
     /// chunks in memory when it gets there.
-    pub(super) fn after_read(&self, file: &Arc<ModelFile>, chunk: usize) {
+    fn after_read(&self, file: &Arc<ModelFile>, chunk: usize) {
         let Some(left) = self.prefetcher.after_read(file, chunk) else {
             return;
         };
@@ -460,7 +460,7 @@ impl ModelStore {
 
     /// Shard `shard` of `model`, opened (indexed) if no reader opened it yet; `None` if it
     /// cannot be, or is no longer a shard of this model version.
-    pub(super) fn open_shard(
+    fn open_shard(
         &self,
         model: &Arc<ShardedModel>,
         shard: usize,

@@ -87,7 +87,7 @@ pub struct ShardSnapshot {
 impl ModelFile {
     /// The file's residency strip ([`residency`]), read from its chunk marks without the
     /// cache's lock; `None` for a file without an index.
-    pub(super) fn residency(&self) -> Option<Residency> {
+    fn residency(&self) -> Option<Residency> {
         let access = self.access.as_ref()?;
         let part = self.residency_part()?;
         Some(residency::strip(
@@ -99,7 +99,7 @@ impl ModelFile {
     }
 
     /// The file's part of a strip: its plan and where its chunks are.
-    pub(super) fn residency_part(&self) -> Option<residency::Part<'_>> {
+    fn residency_part(&self) -> Option<residency::Part<'_>> {
         Some(residency::Part {
             plan: self.plan()?,
             states: self.marks.states(),
@@ -197,7 +197,7 @@ impl ModelStore {
     }
 
     /// Fills in what the passthrough tier keeps of `file` and why the file is served as it is.
-    pub(super) fn explain_mode(&self, file: &ModelFile, snapshot: &mut FileSnapshot) {
+    fn explain_mode(&self, file: &ModelFile, snapshot: &mut FileSnapshot) {
         snapshot.page_cache_kept_bytes = self.passthrough.parked_bytes_of(&file.source.identity());
         snapshot.mode_reason = ModeReason::load(&file.mode_reason).text();
     }
@@ -212,7 +212,7 @@ impl ModelStore {
             .collect()
     }
 
-    pub(super) fn model_snapshot(
+    fn model_snapshot(
         &self,
         model: &Arc<ShardedModel>,
         files: &[Arc<ModelFile>],

@@ -109,7 +109,7 @@ impl ModelStore {
         ModelStore::with_prefetcher(cache, prefetcher, saved)
     }
 
-    pub(super) fn with_prefetcher(
+    fn with_prefetcher(
         cache: Arc<ChunkCache>,
         prefetcher: Prefetcher,
         saved: SavedOrders,
@@ -372,7 +372,7 @@ impl ModelStore {
 
     /// Gives the memory of forgotten headers back to the OS once enough was forgotten (see
     /// [`ModelsConfig::trim_after_evicted_bytes`]).
-    pub(super) fn trim_after_evictions(&self) {
+    fn trim_after_evictions(&self) {
         if self.lock().take_trim_due() {
             #[cfg(all(target_os = "linux", target_env = "gnu"))]
             // SAFETY: malloc_trim only returns free heap pages to the OS.
