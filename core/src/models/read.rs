@@ -254,12 +254,7 @@ impl ModelStore {
     /// reload's tensor views entering the next block as predicted would sweep prefetch through
     /// the whole file ahead of the copies
     /// ([measured](../../../docs/PERFORMANCE.md#a-reloads-touches-are-probes)).
-    fn read_probe(
-        &self,
-        file: &ModelFile,
-        offset: u64,
-        end: u64,
-    ) -> Result<ReadBytes, ReadError> {
+    fn read_probe(&self, file: &ModelFile, offset: u64, end: u64) -> Result<ReadBytes, ReadError> {
         self.read_exact_uncached(file, offset, end, &self.counters().probe_bytes)
     }
 
@@ -318,12 +313,7 @@ impl ModelStore {
     /// common case, it is borrowed, not copied: a probe is a whole kernel request (up to 1 MiB),
     /// and a multi-threaded reader's requests start new runs often (8 threads × 2 MiB `pread`s:
     /// each thread's first request after a jump).
-    fn probe_from_cache(
-        &self,
-        file: &ModelFile,
-        offset: u64,
-        end: u64,
-    ) -> Option<ReadBytes> {
+    fn probe_from_cache(&self, file: &ModelFile, offset: u64, end: u64) -> Option<ReadBytes> {
         let plan = file.plan()?;
         let header_end = file.header_end()?;
         let mut out = Vec::new();
@@ -460,11 +450,7 @@ impl ModelStore {
 
     /// Shard `shard` of `model`, opened (indexed) if no reader opened it yet; `None` if it
     /// cannot be, or is no longer a shard of this model version.
-    fn open_shard(
-        &self,
-        model: &Arc<ShardedModel>,
-        shard: usize,
-    ) -> Option<Arc<ModelFile>> {
+    fn open_shard(&self, model: &Arc<ShardedModel>, shard: usize) -> Option<Arc<ModelFile>> {
         let s = model.shards.get(shard)?;
         match self.open_version((&s.rel, &s.abs, None), OpenedBy::Store) {
             Ok((file, _)) => file

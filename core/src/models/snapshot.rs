@@ -212,11 +212,7 @@ impl ModelStore {
             .collect()
     }
 
-    fn model_snapshot(
-        &self,
-        model: &Arc<ShardedModel>,
-        files: &[Arc<ModelFile>],
-    ) -> ModelSnapshot {
+    fn model_snapshot(&self, model: &Arc<ShardedModel>, files: &[Arc<ModelFile>]) -> ModelSnapshot {
         let shard_files: Vec<Option<&Arc<ModelFile>>> = model
             .shards
             .iter()
