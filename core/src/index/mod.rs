@@ -290,15 +290,16 @@ impl TensorIndex {
                 source,
             })?
             .len();
-        let mut buf = read_prefix(file, LEN_PREFIX.min(file_size), file_size)?;
-        loop {
-            match format.parse(&buf, file_size) {
-                Err(IndexError::NeedMore { header_bytes }) if header_bytes as usize > buf.len() => {
-                    buf = read_prefix(file, header_bytes, file_size)?;
-                }
-                other => return other,
-            }
-        }
+        // `read_prefix` returns exactly the bytes asked for (or fails), so `wanted` is the
+        // length of what was parsed.
+        let (_, index) = read_header(
+            format,
+            file_size,
+            LEN_PREFIX.min(file_size),
+            |len| read_prefix(file, len, file_size),
+            |header_bytes, wanted| Ok(header_bytes as usize > wanted as usize),
+        )?;
+        Ok(index)
     }
 
     /// Index of the tensor containing absolute file offset `offset`, if any.
@@ -335,6 +336,33 @@ impl TensorIndex {
             tensors,
             blocks: grouping.blocks,
             metadata,
+        }
+    }
+}
+
+/// The header-read loop of tierfs, shared by [`TensorIndex::read_format`] and the model store's
+/// first open of a file (`crate::models::header`): reads the first `first` bytes of a file of
+/// `file_size` bytes with `read`, parses them as `format` and, while the parser needs a longer
+/// prefix (`NeedMore { header_bytes }`) and `read_more(header_bytes, wanted)` says to read it
+/// (`wanted`: the length last asked of `read`), reads the first `header_bytes` and parses again.
+/// Returns the bytes parsed last with their index; a parse error that is not read again
+/// becomes `E` (`IndexError` itself for `read_format`).
+pub fn read_header<E: From<IndexError>>(
+    format: Format,
+    file_size: u64,
+    first: u64,
+    mut read: impl FnMut(u64) -> Result<Vec<u8>, E>,
+    mut read_more: impl FnMut(u64, u64) -> Result<bool, E>,
+) -> Result<(Vec<u8>, TensorIndex), E> {
+    let mut wanted = first;
+    loop {
+        let buf = read(wanted)?;
+        match format.parse(&buf, file_size) {
+            Ok(index) => return Ok((buf, index)),
+            Err(IndexError::NeedMore { header_bytes }) if read_more(header_bytes, wanted)? => {
+                wanted = header_bytes;
+            }
+            Err(e) => return Err(e.into()),
         }
     }
 }

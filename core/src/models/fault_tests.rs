@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use super::*;
 use crate::prefetch::saved::SavedOrders;
 use crate::source::ReadAt;
+use crate::stats::Counters;
 use crate::synth::{write_checkpoint, Layout as SynthLayout, SynthDtype, SynthSpec};
 
 /// What the faulty layer does to the reads overlapping `start..end`.

@@ -7,7 +7,9 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::index::gguf::tests::Gguf;
+use crate::index::Format;
 use crate::prefetch::saved::SavedOrders;
+use std::sync::Arc;
 
 /// A llama-style file of about 14 MiB: Q8_0 weights of 1.1 MiB (just over the packing limit)
 /// and 2.2 MiB, F32 norms, six `blk.N` blocks, 32-byte alignment padding between tensors.

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use super::*;
 use crate::prefetch::saved::SavedOrders;
 use crate::prefetch::ManualExecutor;
+use crate::source::SourceIdentity;
 use crate::synth::{write_checkpoint, Layout as SynthLayout, SynthDtype, SynthSpec};
 
 fn checkpoint(path: &Path, bytes: u64, seed: u64) -> Vec<u8> {

@@ -19,6 +19,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use super::store::OpenedBy;
 use super::{sequence, ModelFile, ModelStore, OpenError};
 use crate::source::SourceFile;
 use crate::sync::lock;
@@ -74,7 +75,7 @@ impl ModelStore {
     /// the returned handle is dropped. Fails with [`crate::source::SourceError::Changed`] when
     /// `abs` was replaced between the two.
     pub fn open_handle(self: &Arc<Self>, path: &Path, abs: &Path) -> Result<OpenModel, OpenError> {
-        let (file, source) = self.open_version((path, abs, None), true)?;
+        let (file, source) = self.open_version((path, abs, None), OpenedBy::Reader)?;
         let source = match source {
             Some(source) => source,
             None => file.source.get()?,
@@ -96,7 +97,7 @@ impl ModelStore {
         abs: &Path,
         opened: std::fs::File,
     ) -> Result<Option<OpenModel>, OpenError> {
-        let (file, source) = self.open_version((path, abs, Some(&opened)), true)?;
+        let (file, source) = self.open_version((path, abs, Some(&opened)), OpenedBy::Reader)?;
         let source = match source {
             Some(source) => source,
             None => match file.source.get_or_adopt(opened)? {

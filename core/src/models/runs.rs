@@ -1,13 +1,10 @@
 //! Telling a reader that streams through a region from one that probes it.
 //!
-//! A loader built on `mmap` (ComfyUI's `load_torch_file` with `safe_open(framework="pt")`,
-//! safetensors, transformers) first takes a view of every tensor in name order, touching the
-//! first page of each, and only then copies the weights in module order. Each touch is a fault
-//! that the kernel turns into one read request around that page; served through the chunk
-//! cache, it loaded a whole chunk and, as the reader seemed to enter the tensor's block, started
-//! prefetching that block. With a budget below the model that read most of the file before a
-//! single weight was copied, and evicted it again before the copies came: the real ComfyUI load
-//! of a 2.1 GB checkpoint through a 256 MiB budget read 2.30× the file (acceptance benchmark).
+//! A loader built on `mmap` (safetensors, transformers, ComfyUI) first touches the first page
+//! of every tensor, in name order, and only then copies the weights in module order. Served
+//! through the chunk cache, each touch would load a whole chunk and start prefetching its block,
+//! reading most of a file larger than the budget before a single weight is copied
+//! ([measured](../../../docs/PERFORMANCE.md#probes-and-streams)).
 //!
 //! So each file remembers its recent *runs*: ranges that successive requests extended. A
 //! request that starts a new run, or continues one still shorter than [`STREAM_AFTER`], is a
@@ -17,7 +14,7 @@
 //! sequential reader pays for this once per run (its first megabyte is read in requests of
 //! its own size instead of whole chunks), which is nothing next to a block.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use crate::sync::{lock, Mutex, MutexGuard};
 
 /// Runs remembered per file: a multi-threaded reader (8 threads reading 2 MiB pieces) keeps
 /// one run per thread, and kernel readahead adds one more; sixteen covers both twice.
@@ -28,10 +25,8 @@ const RUNS: usize = 16;
 /// so that touching one page of a tensor never looks like a stream. A megabyte is eight 128 KiB
 /// requests; a sequential `read()` reader pays for it once per run (its first megabyte is read
 /// as probes, in requests of its own size, and read again when the stream's chunks load).
-/// Measured with the ComfyUI load sequence through a budget a quarter of a 425 MB DiT: 1.05×
-/// the file from disk, 1 % of prefetch wasted; with 8 MiB here, small files never became
-/// streams and 4 of the core's cache tests lost their prefetch. A readahead raised to 1 MiB or
-/// more makes each fault's read-around a run of that size: touches then look like streams.
+/// A readahead raised to 1 MiB or more makes each fault's read-around a run of that size:
+/// touches then look like streams ([measured](../../../docs/PERFORMANCE.md#probes-and-streams)).
 pub const STREAM_AFTER: u64 = 1 << 20;
 
 /// A request continues a run if it starts at most this far behind the run's start: mmap
@@ -87,7 +82,7 @@ impl Runs {
     }
 
     fn lock(&self) -> MutexGuard<'_, (Vec<Run>, usize)> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.state)
     }
 }
 

@@ -10,9 +10,8 @@
 //! served from the chunk cache (`crate::passthrough`). Files only probed (a header scan opens
 //! many and streams none) are no step of a workflow: they neither learn nor warm anything.
 //!
-//! The warm runs at the close, not earlier: warming as the reader entered the last block of
-//! the model before (still open) changed neither the stall at the switch nor the disk bytes
-//! beyond the spread between runs (`tests/bench/workflow-results-warm-at-last-block.md`).
+//! The warm runs at the close, not earlier
+//! ([measured](../../../docs/PERFORMANCE.md#warming-the-next-model-at-the-close)).
 //!
 //! The sequence is kept with the learned orders ([`crate::prefetch::saved::NextModel`]), so a
 //! workflow's first switch after a remount is warmed too: the successor is then opened by the

@@ -10,6 +10,9 @@ use super::*;
 use crate::prefetch::saved::SavedOrders;
 use crate::prefetch::ManualExecutor;
 use crate::source::PlainPaths;
+use crate::source::SourceIdentity;
+use crate::stats::Counters;
+use std::sync::Arc;
 
 const MIB: usize = 1 << 20;
 

@@ -34,11 +34,8 @@ use crate::stats::IndexSnapshot;
 pub const DEFAULT_INDEX_CAP: u64 = 256 << 20;
 
 /// Evicted bytes after which the allocator is asked to return free memory to the OS
-/// (`malloc_trim`). Headers are freed by whichever request thread evicts them, into that
-/// thread's malloc arena, and glibc keeps freed memory in each of its per-thread arenas: with 8
-/// request threads, 10 000 files of 32 KiB headers under a 32 MiB cap left the daemon at
-/// 100 MiB RSS without trimming, 53 MiB with a single arena. Trimming every 16 MiB of
-/// evictions costs one walk of the arenas per 16 MiB of headers indexed.
+/// (`malloc_trim`): glibc keeps the headers freed by each request thread in that thread's
+/// arena ([measured](../../../docs/PERFORMANCE.md#heap-trimming-after-index-evictions)).
 pub const TRIM_AFTER_EVICTED_BYTES: u64 = 16 << 20;
 
 /// Memory of a known file besides its header and index: the `ModelFile`, its access state,
@@ -64,6 +61,9 @@ pub struct ModelTable {
     refusals: u64,
     /// Bytes evicted since the allocator was last trimmed.
     untrimmed: u64,
+    /// Evicted bytes after which the allocator is trimmed ([`TRIM_AFTER_EVICTED_BYTES`] by
+    /// default).
+    trim_after: u64,
 }
 
 impl ModelTable {
@@ -76,7 +76,13 @@ impl ModelTable {
             evictions: 0,
             refusals: 0,
             untrimmed: 0,
+            trim_after: TRIM_AFTER_EVICTED_BYTES,
         }
+    }
+
+    /// Trims the allocator after `bytes` of evictions instead.
+    pub fn set_trim_after(&mut self, bytes: u64) {
+        self.trim_after = bytes;
     }
 
     pub fn set_cap(&mut self, cap: u64) {
@@ -201,7 +207,7 @@ impl ModelTable {
 
     /// Whether enough was evicted since the last call that returned true to trim the heap.
     pub fn take_trim_due(&mut self) -> bool {
-        let due = self.untrimmed >= TRIM_AFTER_EVICTED_BYTES;
+        let due = self.untrimmed >= self.trim_after;
         if due {
             self.untrimmed = 0;
         }

@@ -7,7 +7,10 @@ use proptest::prelude::*;
 use super::*;
 use crate::prefetch::saved::SavedOrders;
 use crate::prefetch::ManualExecutor;
+use crate::stats::Counters;
 use crate::synth::{write_checkpoint, Layout as SynthLayout, SynthDtype, SynthSpec};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 fn checkpoint(dir: &Path, name: &str, bytes: u64, seed: u64) -> Vec<u8> {
     let spec = SynthSpec {

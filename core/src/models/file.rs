@@ -1,0 +1,359 @@
+//! One version of one model file ([`ModelFile`]): the source version it is (device, inode,
+//! size, times at open), its generation number, its layout ([`Layout`]: indexed with a chunk
+//! plan, or served raw with the reason), its in-memory header and its per-version state.
+//!
+//! **Contract.** A `ModelFile` never changes its source version: a file changed in SOURCE is a
+//! new `ModelFile` with a new generation ([`super::ModelStore::open`]), and every cached chunk is
+//! keyed by generation ([`ModelFile::key`]), so the bytes of one version are never served for
+//! another. It holds no descriptor of its own ([`SourceSlot`]): a read or a prefetch of a
+//! version nobody holds opens its descriptors again, checked to be the same version. Once
+//! pruned ([`super::open`]), no chunk of it stays cached ([`ModelFile::fetch_chunk`]).
+//! Its per-version atomics (mode, runs, stream block) are read and written without a lock.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+
+use thiserror::Error;
+
+use super::header::{read_header, HeaderError};
+use super::mode::{ModeReason, ServeMode};
+use super::{runs, shards, ModelsConfig};
+use crate::cache::plan::ChunkPlan;
+use crate::cache::{
+    CacheError, Chunk, ChunkCache, ChunkKey, ChunkMarks, ChunkOwner, Outcome, Want,
+};
+use crate::index::{Format, TensorIndex};
+use crate::prefetch::saved::SavedOrders;
+use crate::prefetch::PrefetchTarget;
+use crate::reader::ReaderTracker;
+use crate::source::slot::SourceSlot;
+use crate::source::{aligned_footprint, PathAccess, ReadWrapper, SourceError, SourceFile};
+
+/// Whether tierfs caches a file with this name: `.safetensors`, `.sft` and `.gguf`, any letter
+/// case.
+pub fn is_model_path(path: &Path) -> bool {
+    Format::of_path(path).is_some()
+}
+
+/// A model file could not be opened.
+#[derive(Debug, Error)]
+pub enum OpenError {
+    #[error(transparent)]
+    Source(#[from] SourceError),
+}
+
+impl OpenError {
+    /// Whether the path names something other than a regular file (a directory, a device).
+    pub fn is_not_a_file(&self) -> bool {
+        matches!(self, OpenError::Source(SourceError::NotAFile { .. }))
+    }
+}
+
+/// How a file's bytes are laid out for serving.
+#[derive(Debug)]
+pub enum Layout {
+    Indexed {
+        index: TensorIndex,
+        plan: ChunkPlan,
+    },
+    /// Served as plain bytes, uncached, with no header or index held.
+    Raw {
+        why: RawReason,
+    },
+}
+
+/// Why a model file is served as plain bytes ([`Layout::Raw`]).
+#[derive(Debug, Clone)]
+pub enum RawReason {
+    /// Its header does not parse.
+    Malformed(String),
+    /// Its header and index would not fit the index cap beside those of open files, which
+    /// cannot be evicted ([`super::table`]).
+    IndexCapFull { needed: u64, cap: u64 },
+}
+
+impl std::fmt::Display for RawReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RawReason::Malformed(reason) => f.write_str(reason),
+            RawReason::IndexCapFull { needed, cap } => write!(
+                f,
+                "its header and index ({}) do not fit the index cap ({}, --index-cache) beside \
+                 those of the files open now",
+                crate::size::format_size(*needed),
+                crate::size::format_size(*cap)
+            ),
+        }
+    }
+}
+
+/// One version of one model file.
+#[derive(Debug)]
+pub struct ModelFile {
+    pub(super) path: PathBuf,
+    pub(super) generation: u64,
+    /// The source version, with its descriptors open only while someone reads
+    /// ([`crate::source::slot`]).
+    pub(super) source: SourceSlot,
+    /// The first `header_bytes` of the file and up to
+    /// [`ModelsConfig::header_tail_bytes`] after them (empty when malformed).
+    pub(super) header: Vec<u8>,
+    pub(super) layout: Layout,
+    /// Where each chunk of the plan is, kept by the cache (none for a raw file).
+    pub(super) marks: Arc<ChunkMarks>,
+    /// How readers walk the file's blocks (well-formed files only).
+    pub(super) access: Option<Arc<ReaderTracker>>,
+    /// Key of the file's learned order in [`SavedOrders`] (a shard's is its model's).
+    pub(super) order_key: String,
+    /// The file's own key (its path and version), under which the model file that follows it
+    /// is saved ([`super::sequence`]).
+    pub(super) file_key: String,
+    /// How the last open of this version is served ([`ServeMode`]), and why ([`ModeReason`]).
+    pub(super) mode: AtomicU8,
+    pub(super) mode_reason: AtomicU8,
+    /// Recent request runs, telling probes from streams ([`runs`]).
+    pub(super) runs: runs::Runs,
+    /// The block the last stream of this file was in (`usize::MAX`: none since the last open;
+    /// see [`ModelFile::opened`]).
+    pub(super) stream_block: std::sync::atomic::AtomicUsize,
+    /// Whether a reader streamed the file since its last open (not only probed it: a header
+    /// scan is no step of a workflow, [`super::sequence`]).
+    pub(super) streamed: std::sync::atomic::AtomicBool,
+    /// Open handles of this version ([`super::OpenModel`]).
+    pub(super) handles: std::sync::atomic::AtomicUsize,
+    /// Set once the version was pruned ([`super::open`]): no chunk of it may stay cached.
+    pub(super) pruned: std::sync::atomic::AtomicBool,
+    /// The sharded model this file is a shard of ([`shards`]): its blocks are the model's.
+    pub(super) shard_of: Option<shards::ShardOf>,
+    /// Why a file that looks like a shard is served on its own.
+    pub(super) standalone_reason: Option<String>,
+    /// The source lives on a file system held in RAM ([`SourceFile::is_in_ram`]).
+    pub(super) in_ram: bool,
+}
+
+impl ModelFile {
+    /// Indexes the version of `abs` there now; returns it with the descriptors it was read
+    /// through, open for as long as the caller holds them.
+    /// `opened`: a descriptor of the file the caller opened already (a requester's), which is
+    /// what gets indexed; else `abs` is opened through `paths`.
+    pub(super) fn open(
+        (path, abs, opened): (&Path, &Path, Option<&File>),
+        generation: u64,
+        (saved, wrap, paths): (&SavedOrders, Option<&ReadWrapper>, &Arc<dyn PathAccess>),
+        membership: shards::Membership,
+        (index_cap, config): (u64, &ModelsConfig),
+    ) -> Result<(ModelFile, Arc<SourceFile>), OpenError> {
+        let source = Arc::new(match opened {
+            Some(file) => {
+                let dup = file.try_clone().map_err(|source| SourceError::Open {
+                    path: abs.to_owned(),
+                    source,
+                })?;
+                SourceFile::adopt(abs, dup, wrap)?
+            }
+            None => SourceFile::open_with(paths.as_ref(), abs, wrap)?,
+        });
+        let file_key = SavedOrders::key(&source.canonical_path(), &source.identity());
+        let mut order_key = file_key.clone();
+        let format = Format::of_path(path).unwrap_or_default();
+        let (header, layout) = match read_header(&source, format, index_cap, config) {
+            Ok((header, index)) => {
+                let plan = ChunkPlan::for_index(&index);
+                (header, Layout::Indexed { index, plan })
+            }
+            Err(HeaderError::Malformed(e)) => {
+                tracing::warn!(file = %abs.display(), ?format, reason = %e, "malformed header: serving the file as plain bytes, uncached");
+                let why = RawReason::Malformed(e.to_string());
+                (Vec::new(), Layout::Raw { why })
+            }
+            Err(HeaderError::OverCap { needed }) => {
+                let why = RawReason::IndexCapFull {
+                    needed,
+                    cap: index_cap,
+                };
+                tracing::warn!(file = %abs.display(), reason = %why, "serving the file as plain bytes, uncached");
+                (Vec::new(), Layout::Raw { why })
+            }
+            Err(HeaderError::Source(e)) => return Err(e.into()),
+        };
+        let (shard_of, standalone_reason, layout) = match layout {
+            // Not a shard of anything: no index to take part in a model with.
+            layout @ Layout::Raw {
+                why: RawReason::IndexCapFull { .. },
+            } => (None, None, layout),
+            layout => shards::join(membership, &source.identity(), layout),
+        };
+        let access = match (&layout, &shard_of) {
+            (Layout::Indexed { .. }, Some(of)) => {
+                order_key = of.model.order_key().to_owned();
+                Some(Arc::clone(of.model.tracker()))
+            }
+            (Layout::Indexed { index, .. }, None) => Some(Arc::new(ReaderTracker::new(
+                index.blocks.len(),
+                saved.get(&order_key),
+            ))),
+            (Layout::Raw { .. }, _) => None,
+        };
+        let chunks = match &layout {
+            Layout::Indexed { plan, .. } => plan.len(),
+            Layout::Raw { .. } => 0,
+        };
+        let file = ModelFile {
+            path: path.to_owned(),
+            generation,
+            source: SourceSlot::new(&source, wrap.cloned(), Arc::clone(paths)),
+            header,
+            layout,
+            marks: Arc::new(ChunkMarks::new(chunks)),
+            access,
+            order_key,
+            file_key,
+            mode: AtomicU8::new(ServeMode::Cache as u8),
+            mode_reason: AtomicU8::new(ModeReason::NotOpened as u8),
+            runs: runs::Runs::default(),
+            stream_block: std::sync::atomic::AtomicUsize::new(usize::MAX),
+            streamed: std::sync::atomic::AtomicBool::new(false),
+            handles: std::sync::atomic::AtomicUsize::new(0),
+            pruned: std::sync::atomic::AtomicBool::new(false),
+            shard_of,
+            standalone_reason,
+            in_ram: source.is_in_ram(),
+        };
+        Ok((file, source))
+    }
+
+    /// The file's access state (learned order, reader position), for a well-formed file.
+    pub fn tracker(&self) -> Option<&Arc<ReaderTracker>> {
+        self.access.as_ref()
+    }
+
+    /// Path relative to the mount root.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The source version (path and identity) this file is, and its descriptors on demand.
+    pub fn source(&self) -> &SourceSlot {
+        &self.source
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    pub fn size(&self) -> u64 {
+        self.source.identity().size
+    }
+
+    /// Whether the file is served as plain bytes ([`Layout::Raw`]).
+    pub fn is_raw(&self) -> bool {
+        matches!(self.layout, Layout::Raw { .. })
+    }
+
+    /// This version without its header, index and access state, served as plain bytes (its
+    /// index did not fit the cap: [`RawReason::IndexCapFull`]).
+    pub(super) fn into_raw(self, why: RawReason) -> ModelFile {
+        tracing::warn!(file = %self.path.display(), reason = %why, "serving the file as plain bytes, uncached");
+        ModelFile {
+            header: Vec::new(),
+            layout: Layout::Raw { why },
+            access: None,
+            shard_of: None,
+            ..self
+        }
+    }
+
+    pub fn plan(&self) -> Option<&ChunkPlan> {
+        match &self.layout {
+            Layout::Indexed { plan, .. } => Some(plan),
+            Layout::Raw { .. } => None,
+        }
+    }
+
+    /// End of the in-memory header, for a well-formed file.
+    pub(super) fn header_end(&self) -> Option<u64> {
+        match &self.layout {
+            Layout::Indexed { index, .. } => Some(index.header_bytes),
+            Layout::Raw { .. } => None,
+        }
+    }
+
+    pub(crate) fn key(&self, chunk: usize) -> ChunkKey {
+        ChunkKey {
+            file: self.generation,
+            chunk: chunk as u32,
+        }
+    }
+
+    /// Returns chunk `chunk`, from the cache or from disk.
+    pub fn fetch_chunk(
+        &self,
+        cache: &ChunkCache,
+        chunk: usize,
+        want: Want,
+    ) -> Result<Option<(Arc<Chunk>, Outcome)>, CacheError> {
+        let Some(span) = self.plan().and_then(|plan| plan.get(chunk)).copied() else {
+            return Ok(None);
+        };
+        let footprint = aligned_footprint(span.start, span.end);
+        let owner = self.access.as_ref().map(|access| ChunkOwner {
+            access: Arc::clone(access),
+            block: span.block,
+            marks: Arc::clone(&self.marks),
+        });
+        let got = cache.get_or_load(self.key(chunk), footprint, want, owner.as_ref(), || {
+            self.source.get()?.read_aligned(span.start, span.end)
+        });
+        // A load that was under way when the version was pruned must not leave its chunk in the
+        // budget. The flag is set before the pruning forgets the file's chunks, and read after
+        // this chunk was inserted: one of the two forgets it (see `open`).
+        if self.pruned.load(Ordering::SeqCst) {
+            cache.forget_file(self.generation);
+        }
+        got.map(Some)
+    }
+
+    /// Whether chunk `chunk` is already cached or being read.
+    pub fn chunk_present(&self, cache: &ChunkCache, chunk: usize) -> bool {
+        cache.is_present(self.key(chunk))
+    }
+}
+
+impl PrefetchTarget for ModelFile {
+    fn tracker(&self) -> Option<&Arc<ReaderTracker>> {
+        self.access.as_ref()
+    }
+
+    fn plan(&self) -> Option<&ChunkPlan> {
+        ModelFile::plan(self)
+    }
+
+    fn chunk_key(&self, chunk: usize) -> ChunkKey {
+        self.key(chunk)
+    }
+
+    fn prefetch_chunk(&self, cache: &ChunkCache, chunk: usize) -> Result<(), CacheError> {
+        if self.pruned.load(Ordering::Relaxed) {
+            return Ok(()); // nobody can read it any more
+        }
+        let fetched = self.fetch_chunk(cache, chunk, Want::Prefetch)?;
+        if let (Some(_), Some(access), Some(span)) = (
+            fetched,
+            self.access.as_ref(),
+            self.plan().and_then(|plan| plan.get(chunk)),
+        ) {
+            access.note_prefetch(span.block);
+        }
+        Ok(())
+    }
+
+    fn display_path(&self) -> &Path {
+        &self.path
+    }
+}

@@ -1,0 +1,195 @@
+//! Serving-mode admission: whether a new open of a model file is handed to the kernel by FUSE
+//! passthrough ([`crate::passthrough`]) or served through the chunk cache ([`ServeMode`]), and
+//! why ([`ModeReason`], shown in the stats as `files[].mode_reason`).
+//!
+//! **Contract.** [`ModelStore::choose_mode`] admits a file to passthrough only when the caller
+//! can offer it and the whole file fits in what the chunk cache does not use: admission never
+//! evicts the chunk cache, and a file with bytes in the cache stays served from there. A file
+//! held in RAM (tmpfs) is passed through outside the budget. Every admission and release
+//! rebalances the budget between the chunk cache and the passthrough tier
+//! ([`ModelStore::rebalance`]). Mode and reason are stored per version in atomics (no lock).
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use super::{Layout, ModelFile, ModelStore, RawReason};
+
+/// How an open model file is served, as the stats show it (`files[].mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServeMode {
+    /// Through the chunk cache (reads reach the daemon).
+    Cache = 0,
+    /// Handed to the kernel with FUSE passthrough ([`crate::passthrough`]).
+    Passthrough = 1,
+}
+
+impl ServeMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            ServeMode::Cache => "cache",
+            ServeMode::Passthrough => "passthrough",
+        }
+    }
+}
+
+/// Why a model file is served in its mode, as the stats show it (`files[].mode_reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(super) enum ModeReason {
+    NotOpened = 0,
+    FitsBudget,
+    InodeInPassthrough,
+    PassthroughOff,
+    Malformed,
+    AlreadyCached,
+    ModelLargerThanBudget,
+    LargerThanRoom,
+    Competes,
+    IndexCapFull,
+    InRam,
+}
+
+impl ModeReason {
+    pub(super) const ALL: [ModeReason; 11] = [
+        ModeReason::NotOpened,
+        ModeReason::FitsBudget,
+        ModeReason::InodeInPassthrough,
+        ModeReason::PassthroughOff,
+        ModeReason::Malformed,
+        ModeReason::AlreadyCached,
+        ModeReason::ModelLargerThanBudget,
+        ModeReason::LargerThanRoom,
+        ModeReason::Competes,
+        ModeReason::IndexCapFull,
+        ModeReason::InRam,
+    ];
+
+    pub(super) fn text(self) -> Option<&'static str> {
+        Some(match self {
+            ModeReason::NotOpened => return None,
+            ModeReason::FitsBudget => "fits what the budget has left",
+            ModeReason::InodeInPassthrough => "other handles of the file are passthrough",
+            ModeReason::PassthroughOff => "passthrough is off or unavailable",
+            ModeReason::Malformed => "the header does not parse",
+            ModeReason::AlreadyCached => "the chunk cache holds part of it",
+            ModeReason::ModelLargerThanBudget => "its model is larger than the budget",
+            ModeReason::LargerThanRoom => "larger than what the budget had left",
+            ModeReason::Competes => "competes with other models for the budget",
+            ModeReason::IndexCapFull => "the index cap is full of open files' headers",
+            ModeReason::InRam => "its source is held in RAM (tmpfs)",
+        })
+    }
+
+    pub(super) fn load(cell: &AtomicU8) -> ModeReason {
+        let index = cell.load(Ordering::Relaxed) as usize;
+        ModeReason::ALL
+            .get(index)
+            .copied()
+            .unwrap_or(ModeReason::NotOpened)
+    }
+}
+
+impl ModelFile {
+    /// How the last open of this version was served.
+    fn set_mode(&self, mode: ServeMode, reason: ModeReason) {
+        self.mode.store(mode as u8, Ordering::Relaxed);
+        self.mode_reason.store(reason as u8, Ordering::Relaxed);
+    }
+
+    pub fn mode(&self) -> ServeMode {
+        match self.mode.load(Ordering::Relaxed) {
+            1 => ServeMode::Passthrough,
+            _ => ServeMode::Cache,
+        }
+    }
+}
+
+impl ModelStore {
+    /// Decides how a new open of `file` is served: passthrough if the caller can offer it and
+    /// the whole file fits in the budget next to the other passthrough files, else the chunk
+    /// cache. A passthrough open must be closed with [`Self::close_passthrough`]. A file held in
+    /// RAM (tmpfs) is passed through whenever the caller can, outside the budget: its pages
+    /// are not the mount's to hold or give back.
+    ///
+    /// Admission never evicts the chunk cache: the file must fit in what the cache does not use
+    /// (`room`). A scan that opens every model file to read its header (ComfyUI's discovery)
+    /// must not push out the model being served from the cache, and a file that already has
+    /// bytes in the cache (warmed by `prefetch`, or read before) keeps being served from there.
+    pub fn choose_mode(&self, file: &ModelFile, passthrough_possible: bool) -> ServeMode {
+        if file.in_ram && passthrough_possible && !file.is_raw() {
+            // Its bytes are in RAM already and always resident: the kernel serves them by
+            // passthrough at memory speed, and the passthrough tier neither reserves nor parks
+            // them (it could never give them back: they would hold the budget for good).
+            file.set_mode(ServeMode::Passthrough, ModeReason::InRam);
+            return ServeMode::Passthrough;
+        }
+        let room = self
+            .budget()
+            .saturating_sub(self.cache.snapshot().used_bytes);
+        // A shard of a model larger than the budget is read through the cache: passthrough
+        // would keep it out of the model's order, prefetch and eviction.
+        let room = if too_large(file, self.budget()) {
+            0
+        } else {
+            room
+        };
+        let identity = file.source.identity();
+        let refused = if let Layout::Raw { why } = &file.layout {
+            Some(match why {
+                RawReason::Malformed(_) => ModeReason::Malformed,
+                RawReason::IndexCapFull { .. } => ModeReason::IndexCapFull,
+            })
+        } else if !passthrough_possible {
+            Some(ModeReason::PassthroughOff)
+        } else if self.passthrough.refuses_competing(&identity) {
+            Some(ModeReason::Competes)
+        } else if self.cache.cached_bytes(file.generation) > 0 {
+            Some(ModeReason::AlreadyCached)
+        } else if self.passthrough.admit(file.source.path(), &identity, room) {
+            None
+        } else if room == 0 && too_large(file, self.budget()) {
+            Some(ModeReason::ModelLargerThanBudget)
+        } else {
+            Some(ModeReason::LargerThanRoom)
+        };
+        let (mode, reason) = match refused {
+            None => (ServeMode::Passthrough, ModeReason::FitsBudget),
+            Some(reason) => {
+                // The chunk cache gets its room back from parked passthrough files.
+                self.passthrough
+                    .make_room_for_model(self.budget(), file.size());
+                (ServeMode::Cache, reason)
+            }
+        };
+        file.set_mode(mode, reason);
+        self.rebalance();
+        mode
+    }
+
+    /// Admits one more passthrough open of `file` whatever its size: for an inode the kernel
+    /// already serves by passthrough, which cannot take a cached open next to it.
+    pub fn force_passthrough(&self, file: &ModelFile) {
+        if file.in_ram {
+            file.set_mode(ServeMode::Passthrough, ModeReason::InRam);
+            return;
+        }
+        self.passthrough
+            .admit(file.source.path(), &file.source.identity(), u64::MAX);
+        if file.mode() != ServeMode::Passthrough {
+            file.set_mode(ServeMode::Passthrough, ModeReason::InodeInPassthrough);
+        }
+        self.rebalance();
+    }
+
+    /// A passthrough handle of `file` closed.
+    pub fn close_passthrough(&self, file: &ModelFile) {
+        self.passthrough.release(&file.source.identity());
+        self.rebalance();
+    }
+}
+
+/// Whether `file` is a shard of a model larger than `budget`.
+fn too_large(file: &ModelFile, budget: u64) -> bool {
+    file.shard_of
+        .as_ref()
+        .is_some_and(|of| of.model.size > budget)
+}

@@ -1,0 +1,468 @@
+//! The read path: where every read of a model file is served, and what it triggers.
+//!
+//! **Contract.** A read returns exactly the bytes of `[offset, offset + len)` of the version the
+//! handle opened (fewer only at end of file), copied as little as possible ([`ReadBytes`]). A
+//! file's bytes fall in three regions, each served its own way:
+//! - the header: from memory ([`ModelFile`]'s header, with the tail after it);
+//! - the data region: cut into tensor-aligned chunks served through the mount-wide
+//!   [`ChunkCache`](crate::cache::ChunkCache) ([`ModelStore::chunk_slice`]), unless the
+//!   request is a probe or a spill ([`super::classify`]), or an `O_DIRECT` read of a file
+//!   larger than the cache ([`ModelStore::read_direct`]): those are served exactly and
+//!   uncached;
+//! - anything after the last tensor, and a raw file: from the source, uncached.
+//!
+//! **What a read triggers.** A read of a chunk records the reader's block
+//! ([`ModelStore::touch`]); entering a block hands the prefetcher the blocks that follow, in
+//! other shards of its model too ([`ModelStore::prefetch_on_block_entry`]), and every read of a
+//! chunk lets sequential read-ahead go on, into the next shard at a shard's end
+//! ([`ModelStore::after_read`]). A file's first stream since its open records it in the
+//! sequence of models ([`ModelStore::first_stream`]). Probes and spills trigger none of this.
+//! Counters are updated per file and mount-wide as the bytes are served. The read path holds
+//! no lock of its own across I/O; the cache's locks are taken inside
+//! [`ChunkCache`](crate::cache::ChunkCache).
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use thiserror::Error;
+
+use super::shards::ShardedModel;
+use super::store::OpenedBy;
+#[cfg(doc)]
+use super::ModelsConfig;
+use super::{ModelFile, ModelStore};
+use crate::cache::{CacheError, Chunk, Outcome, Want};
+use crate::reader::Step;
+use crate::source::{AlignedBytes, SourceError};
+use crate::stats::Counters;
+
+/// Who asked for a read: the reader itself, or the kernel's readahead into the mounted file's
+/// page cache (an `mmap` reader's fault), whose part past a block's end may be a spill
+/// ([`ModelFile::is_spill`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadKind {
+    Reader,
+    Readahead,
+}
+
+/// Bytes of one read, copied as little as possible: borrowed from a cached chunk when the read
+/// falls inside one (the kernel's 128 KiB–1 MiB requests inside 4 MiB chunks, nearly always),
+/// the buffer a source read filled for this request alone (a probe or `O_DIRECT` read of bytes
+/// not resident), else assembled in a buffer (a read across chunks, the header).
+///
+/// The assembled case is not rare: a reader whose buffer does not start on a page gives
+/// requests that often cross a chunk boundary, and those copies cost the daemon CPU
+/// ([measured](../../../docs/PERFORMANCE.md#reads-assembled-across-chunks)).
+pub enum ReadBytes {
+    Chunk {
+        bytes: Arc<Chunk>,
+        range: Range<usize>,
+    },
+    Source(AlignedBytes),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for ReadBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            ReadBytes::Chunk { bytes, range } => &bytes.as_slice()[range.clone()],
+            ReadBytes::Source(bytes) => bytes.as_slice(),
+            ReadBytes::Owned(bytes) => bytes,
+        }
+    }
+}
+
+/// A read could not be served (becomes EIO for that read only).
+#[derive(Debug, Error)]
+pub enum ReadError {
+    #[error("internal error: chunk plan and offset disagree")]
+    NoChunk,
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    #[error(transparent)]
+    Cache(#[from] CacheError),
+}
+
+impl ModelStore {
+    /// Reads up to `len` bytes at `offset` (fewer only at end of file).
+    pub fn read(
+        &self,
+        file: &Arc<ModelFile>,
+        offset: u64,
+        len: u32,
+    ) -> Result<ReadBytes, ReadError> {
+        self.read_as(file, offset, len, ReadKind::Reader)
+    }
+
+    /// [`Self::read`] for the kernel's readahead into the mounted file's page cache (an `mmap`
+    /// reader's fault): the part past the end of a block, in a block the reader is not heading
+    /// for, is served exactly and uncached ([`ModelFile::is_spill`]).
+    pub fn read_readahead(
+        &self,
+        file: &Arc<ModelFile>,
+        offset: u64,
+        len: u32,
+    ) -> Result<ReadBytes, ReadError> {
+        self.read_as(file, offset, len, ReadKind::Readahead)
+    }
+
+    fn read_as(
+        &self,
+        file: &Arc<ModelFile>,
+        offset: u64,
+        len: u32,
+        kind: ReadKind,
+    ) -> Result<ReadBytes, ReadError> {
+        let end = file.size().min(offset.saturating_add(u64::from(len)));
+        if file.header_end().is_some_and(|h| offset < h) && end <= file.header.len() as u64 {
+            // A header read, perhaps running a little into the data: all from memory.
+            return Ok(ReadBytes::Owned(
+                file.header[offset as usize..end as usize].to_vec(),
+            ));
+        }
+        let in_data = file.header_end().is_some_and(|h| offset >= h);
+        // The first chunk the request reads data from (a request may start in the header).
+        let first_data_chunk = file.header_end().and_then(|h| {
+            let plan = file.plan()?;
+            (end > h).then(|| plan.chunk_at(offset.max(h))).flatten()
+        });
+        if let Some(first) = first_data_chunk {
+            if file.is_probe(first, (offset, end), kind, &self.config) {
+                return self.read_probe(file, offset, end);
+            }
+            // A load first: the swap writes, and every stream request of the file comes here.
+            if !file.streamed.load(Ordering::Relaxed)
+                && !file.streamed.swap(true, Ordering::Relaxed)
+            {
+                self.first_stream(file);
+            }
+        }
+        let chunk = file
+            .plan()
+            .filter(|_| in_data)
+            .and_then(|plan| plan.chunk_at(offset));
+        if let Some(chunk) = chunk {
+            // The common case, a kernel request inside one chunk: no copy here at all.
+            let (bytes, range, stop) = self.chunk_slice(file, chunk, offset, end)?;
+            if stop == end {
+                self.after_read(file, chunk);
+                return Ok(ReadBytes::Chunk { bytes, range });
+            }
+        }
+        self.read_assembled(file, offset, end, kind)
+            .map(ReadBytes::Owned)
+    }
+
+    /// A read that spans regions or chunks, copied together into one buffer.
+    fn read_assembled(
+        &self,
+        file: &Arc<ModelFile>,
+        offset: u64,
+        end: u64,
+        kind: ReadKind,
+    ) -> Result<Vec<u8>, ReadError> {
+        let mut out = Vec::with_capacity(end.saturating_sub(offset) as usize);
+        let mut pos = offset;
+        let mut last_chunk = None;
+        while pos < end {
+            pos = if let Some(header_end) = file.header_end().filter(|&h| pos < h) {
+                let stop = end.min(header_end);
+                out.extend_from_slice(&file.header[pos as usize..stop as usize]);
+                stop
+            } else if let Some(chunk) = file.plan().and_then(|plan| plan.chunk_at(pos)) {
+                if kind == ReadKind::Readahead
+                    && pos > offset
+                    && file.is_spill(chunk, pos, self.config.spill_bytes)
+                {
+                    // The request runs past its block into one the reader is not heading for.
+                    let stop = file
+                        .plan()
+                        .and_then(|p| p.get(chunk))
+                        .map_or(end, |s| s.end.min(end));
+                    out.extend_from_slice(&self.read_probe(file, pos, stop)?);
+                    stop
+                } else {
+                    last_chunk = Some(chunk);
+                    let (bytes, range, stop) = self.chunk_slice(file, chunk, pos, end)?;
+                    out.extend_from_slice(&bytes.as_slice()[range]);
+                    stop
+                }
+            } else {
+                self.copy_uncached(file, pos, end, &mut out)?
+            };
+        }
+        if let Some(chunk) = last_chunk {
+            self.after_read(file, chunk);
+        }
+        Ok(out)
+    }
+
+    /// The part of chunk `chunk` that serves `[pos, end)`: the chunk, the byte range within it,
+    /// and the file offset where that part stops.
+    fn chunk_slice(
+        &self,
+        file: &Arc<ModelFile>,
+        chunk: usize,
+        pos: u64,
+        end: u64,
+    ) -> Result<(Arc<Chunk>, Range<usize>, u64), ReadError> {
+        let span = file
+            .plan()
+            .and_then(|p| p.get(chunk))
+            .copied()
+            .ok_or(ReadError::NoChunk)?;
+        self.touch(file, span.block);
+        let started = Instant::now();
+        let (bytes, outcome) = file
+            .fetch_chunk(&self.cache, chunk, Want::Read)?
+            .ok_or(ReadError::NoChunk)?;
+        let stop = end.min(span.end);
+        if let Some(access) = file.tracker() {
+            access.pace.read_done();
+            let served = match outcome {
+                Outcome::Hit => &access.counters.hit_bytes,
+                Outcome::Miss => &access.counters.miss_bytes,
+            };
+            Counters::add(served, stop - pos);
+            if outcome == Outcome::Miss {
+                let waited = started.elapsed().as_nanos() as u64;
+                Counters::add(&access.counters.stall_ns, waited);
+                if access.is_first(span.block) {
+                    Counters::add(&access.counters.start_stall_ns, waited);
+                }
+            }
+        }
+        let counter = match outcome {
+            Outcome::Hit => &self.counters().hit_bytes,
+            Outcome::Miss => &self.counters().miss_bytes,
+        };
+        Counters::add(counter, stop - pos);
+        let range = (pos - span.start) as usize..(stop - span.start) as usize;
+        bytes.served(&range);
+        Ok((bytes, range, stop))
+    }
+
+    /// Serves a probe ([`super::runs`]): exactly `[offset, end)`, with no chunk cached, no prefetch
+    /// and no visit of the block recorded. From resident chunks when they hold all of it
+    /// ([`ChunkCache::peek`]), else read from the source bypassing the page cache.
+    ///
+    /// A probe never enters a block, even one whose chunks are resident: touches of a
+    /// reload's tensor views entering the next block as predicted would sweep prefetch through
+    /// the whole file ahead of the copies
+    /// ([measured](../../../docs/PERFORMANCE.md#a-reloads-touches-are-probes)).
+    fn read_probe(&self, file: &ModelFile, offset: u64, end: u64) -> Result<ReadBytes, ReadError> {
+        self.read_exact_uncached(file, offset, end, &self.counters().probe_bytes)
+    }
+
+    /// Exactly `[offset, end)`, from resident chunks when they hold all of it, else from the
+    /// source (bypassing the page cache) with its bytes also counted in `kind`.
+    fn read_exact_uncached(
+        &self,
+        file: &ModelFile,
+        offset: u64,
+        end: u64,
+        kind: &AtomicU64,
+    ) -> Result<ReadBytes, ReadError> {
+        if let Some(bytes) = self.probe_from_cache(file, offset, end) {
+            Counters::add(&self.counters().hit_bytes, end - offset);
+            return Ok(bytes);
+        }
+        let bytes = file.source.get()?.read_aligned(offset, end)?;
+        let counters = self.counters();
+        Counters::add(&counters.disk_reads, 1);
+        Counters::add(&counters.disk_read_bytes, end - offset);
+        Counters::add(&counters.uncached_bytes, end - offset);
+        Counters::add(kind, end - offset);
+        Ok(ReadBytes::Source(bytes))
+    }
+
+    /// Reads for an `O_DIRECT` open (the front end tells them from the request's flags). Such a
+    /// reader asks to bypass caches and schedules its own I/O. When the file is larger than the
+    /// chunk cache, which could not keep it for a next pass anyway, its `O_DIRECT` reads are
+    /// served like probes: exactly the bytes asked for (from resident chunks when they hold
+    /// them, else from the source), no chunk loaded, no prefetch, no visit recorded
+    /// (`disk.direct_bytes`); loading whole chunks for them read more than the file and slowed
+    /// the loader ([measured](../../../docs/PERFORMANCE.md#o_direct-requests-served-exactly)).
+    /// A file the cache can hold goes through it as usual, so its next load comes from RAM.
+    ///
+    /// Only requests of at least [`ModelsConfig::direct_exact_min`]: a reader of small
+    /// `O_DIRECT` pieces gains from whole chunks and prefetch.
+    pub fn read_direct(
+        &self,
+        file: &Arc<ModelFile>,
+        offset: u64,
+        len: u32,
+    ) -> Result<ReadBytes, ReadError> {
+        let end = file.size().min(offset.saturating_add(u64::from(len)));
+        let exact = file.plan().is_some()
+            && file.size() > self.cache.budget()
+            && u64::from(len) >= self.config.direct_exact_min
+            && offset < end;
+        if !exact {
+            return self.read(file, offset, len);
+        }
+        self.read_exact_uncached(file, offset, end, &self.counters().direct_bytes)
+    }
+
+    /// `[offset, end)` from the header and resident chunks, or `None` if part of it is in
+    /// neither (a chunk not resident, or bytes outside every chunk). Inside one chunk, the
+    /// common case, it is borrowed, not copied: a probe is a whole kernel request (up to 1 MiB),
+    /// and a multi-threaded reader's requests start new runs often (8 threads × 2 MiB `pread`s:
+    /// each thread's first request after a jump).
+    fn probe_from_cache(&self, file: &ModelFile, offset: u64, end: u64) -> Option<ReadBytes> {
+        let plan = file.plan()?;
+        let header_end = file.header_end()?;
+        let mut out = Vec::new();
+        let mut pos = offset;
+        while pos < end {
+            if pos < header_end {
+                let stop = end.min(header_end);
+                out.extend_from_slice(file.header.get(pos as usize..stop as usize)?);
+                pos = stop;
+                continue;
+            }
+            let chunk = plan.chunk_at(pos)?;
+            let span = plan.get(chunk)?;
+            let bytes = self.cache.peek(file.key(chunk))?;
+            let stop = end.min(span.end);
+            let range = (pos - span.start) as usize..(stop - span.start) as usize;
+            let piece = bytes.as_slice().get(range.clone())?;
+            if pos == offset && stop == end {
+                return Some(ReadBytes::Chunk { bytes, range });
+            }
+            out.extend_from_slice(piece);
+            pos = stop;
+        }
+        Some(ReadBytes::Owned(out))
+    }
+
+    /// Serves `[pos, stop)` straight from the source, where `stop` is `end` or the start of the
+    /// next chunk (only the tail after the last tensor, or a malformed file, gets here).
+    fn copy_uncached(
+        &self,
+        file: &ModelFile,
+        pos: u64,
+        end: u64,
+        out: &mut Vec<u8>,
+    ) -> Result<u64, ReadError> {
+        let stop = match file.plan() {
+            Some(plan) => plan
+                .chunks()
+                .iter()
+                .find(|c| c.start > pos)
+                .map_or(end, |c| end.min(c.start)),
+            None => end,
+        };
+        let start = out.len();
+        out.resize(start + (stop - pos) as usize, 0);
+        let got = file.source.get()?.read_at(&mut out[start..], pos)?;
+        let counters = self.counters();
+        Counters::add(&counters.disk_reads, 1);
+        Counters::add(&counters.disk_read_bytes, got as u64);
+        Counters::add(&counters.uncached_bytes, got as u64);
+        if (got as u64) < stop - pos {
+            // The source is shorter than when it was opened: serve what it has, like a plain
+            // file would, and end this read there.
+            out.truncate(start + got);
+            return Ok(end);
+        }
+        Ok(stop)
+    }
+
+    /// Records that a reader touched `block`, and prefetches what follows when it entered it.
+    pub(super) fn touch(&self, file: &Arc<ModelFile>, block: usize) {
+        let Some(access) = file.tracker() else { return };
+        if let Step::Entered {
+            predicted,
+            new_pass,
+        } = access.touch(block)
+        {
+            if new_pass {
+                let (learned, _) = access.learned();
+                if learned {
+                    self.saved.put(file.order_key.clone(), access.saved_order());
+                }
+            }
+            self.prefetch_on_block_entry(file, block, predicted);
+        }
+    }
+
+    /// A reader entered `block` of `file`: prefetch what follows, in other shards of its model
+    /// too.
+    pub(super) fn prefetch_on_block_entry(
+        &self,
+        file: &Arc<ModelFile>,
+        block: usize,
+        predicted: bool,
+    ) {
+        let Some(of) = file.shard_of.as_ref() else {
+            self.prefetcher
+                .queue_after_block_entry(file, block, predicted);
+            return;
+        };
+        // The rest of the current block is fetched from this shard, and from the next one if
+        // that one starts with it (a block cut at the shard boundary), not from the others: the
+        // non-block group has tensors in the first shard (embeddings) and the last (output
+        // layer), which the reader reaches much later. Blocks ahead are fetched wherever they
+        // are.
+        let continues = |s: usize| {
+            s == of.shard + 1 && of.model.shards.get(s).and_then(|x| x.first_block) == Some(block)
+        };
+        let holders = |b: usize| -> Vec<Arc<ModelFile>> {
+            of.model
+                .holders(b)
+                .iter()
+                .filter(|&&s| b != block || s == of.shard || continues(s))
+                .filter_map(|&s| {
+                    if s == of.shard {
+                        Some(Arc::clone(file))
+                    } else {
+                        self.open_shard(&of.model, s)
+                    }
+                })
+                .collect()
+        };
+        self.prefetcher
+            .queue_after_block_entry_in(file, block, predicted, holders);
+    }
+
+    /// A reader read chunk `chunk` of `file`: read ahead in file order and, for a shard whose
+    /// end the read-ahead reaches, on into the next shard (index order), as if the shards were
+    /// one file: a loader going through the shards one by one finds the next one's first
+    /// chunks in memory when it gets there.
+    fn after_read(&self, file: &Arc<ModelFile>, chunk: usize) {
+        let Some(left) = self.prefetcher.after_read(file, chunk) else {
+            return;
+        };
+        let Some(of) = file.shard_of.as_ref() else {
+            return;
+        };
+        if left.bytes == 0 || of.shard + 1 >= of.model.shards.len() {
+            return;
+        }
+        if let Some(next) = self.open_shard(&of.model, of.shard + 1) {
+            self.prefetcher.read_ahead(&next, 0, left);
+        }
+    }
+
+    /// Shard `shard` of `model`, opened (indexed) if no reader opened it yet; `None` if it
+    /// cannot be, or is no longer a shard of this model version.
+    fn open_shard(&self, model: &Arc<ShardedModel>, shard: usize) -> Option<Arc<ModelFile>> {
+        let s = model.shards.get(shard)?;
+        match self.open_version((&s.rel, &s.abs, None), OpenedBy::Store) {
+            Ok((file, _)) => file
+                .shard_of
+                .as_ref()
+                .is_some_and(|of| Arc::ptr_eq(&of.model, model))
+                .then_some(file),
+            Err(e) => {
+                tracing::debug!(file = %s.abs.display(), error = %e, "cannot open a shard for prefetch");
+                None
+            }
+        }
+    }
+}

@@ -1,0 +1,388 @@
+//! The model store of a mount ([`ModelStore`]): every known model file version, with the chunk
+//! cache, the passthrough tier and the prefetcher that serve them; its construction, tuning
+//! ([`ModelsConfig`]), budget, warming, and the opening of file versions.
+//!
+//! **Contract.** [`ModelStore::open`] returns the current version of a file: the known one if
+//! its source is unchanged, else a freshly indexed one with a new generation, whose old
+//! version's chunks are dropped. Several readers opening a file at once share the first version
+//! indexed. The mount's budget is shared by the chunk cache and the passthrough tier: the
+//! cache gets what the tier does not hold, never less than the floor
+//! ([`ModelStore::rebalance`]).
+//!
+//! **Locks.** `files` (the [`ModelTable`]) is held only to look up, insert or remove a
+//! version: never across I/O (a header read happens outside it) nor while the chunk cache is
+//! called (dropped chunks are forgotten after it is released); `sequence` only to record a
+//! stream or a close.
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::mode::ServeMode;
+use super::table::ModelTable;
+use super::{sequence, shards, Layout, ModelFile, ModelsConfig, OpenError, RawReason};
+use crate::cache::ChunkCache;
+use crate::passthrough::PassthroughTier;
+use crate::prefetch::saved::SavedOrders;
+use crate::prefetch::{Executor, Prefetcher};
+use crate::source::{PathAccess, PlainPaths, ReadWrapper, SourceError, SourceFile, SourceIdentity};
+use crate::stats::Counters;
+use crate::sync::{lock, Mutex, MutexGuard};
+
+/// Whether a known version serves a new open: its sharded model (if any) is current, and it
+/// was not left unindexed for want of room under the index cap (each open tries again, at the
+/// cost of one header read, so that it is indexed as soon as open files make room).
+pub(super) fn is_reusable(known: &ModelFile) -> bool {
+    shards::is_current(known)
+        && !matches!(
+            known.layout,
+            Layout::Raw {
+                why: RawReason::IndexCapFull { .. }
+            }
+        )
+}
+
+/// Every model file version of a mount, with the cache and prefetcher that serve them.
+pub struct ModelStore {
+    pub(super) cache: Arc<ChunkCache>,
+    /// The mount's budget, shared by the chunk cache and the passthrough tier: the cache gets
+    /// what the tier does not hold ([`Self::rebalance`]).
+    pub(super) budget: AtomicU64,
+    pub(super) passthrough: PassthroughTier,
+    pub(super) prefetcher: Prefetcher,
+    pub(super) files: Mutex<ModelTable>,
+    pub(super) next_generation: AtomicU64,
+    pub(super) saved: SavedOrders,
+    /// Fault injection for tests ([`ModelStore::with_read_wrapper`]); `None` in the daemon.
+    pub(super) read_wrapper: Option<ReadWrapper>,
+    /// The sharded models formed so far.
+    pub(super) shards: shards::Registry,
+    /// How source files are reached by path ([`ModelStore::reach_source_through`]).
+    pub(super) paths: std::sync::OnceLock<Arc<dyn PathAccess>>,
+    /// Which model follows which ([`sequence`]).
+    pub(super) sequence: Mutex<sequence::Sequence>,
+    /// The chunk cache's share never goes below this (the governor's floor,
+    /// [`Self::set_chunk_floor`]), whatever passthrough files hold.
+    pub(super) chunk_floor: AtomicU64,
+    /// Tuning ([`ModelsConfig`]).
+    pub(super) config: ModelsConfig,
+}
+
+/// Who opens a file version ([`ModelStore::open_version`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum OpenedBy {
+    /// A reader: a new load starts ([`ModelFile::opened`]), and a sharded model may be formed
+    /// (discovery reads the files beside this one with the reader's rights).
+    Reader,
+    /// The store itself: prefetch crossing into a shard ([`shards`]) or the warm of the next
+    /// model. It must not reset the runs of a reader that may be streaming that file, and forms
+    /// no sharded model.
+    Store,
+}
+
+/// Bytes of the model that followed the one just closed to warm: a share of the budget
+/// ([`ModelsConfig::next_model_head_share`]; a share of 0 warms nothing).
+fn next_model_head(budget: u64, config: &ModelsConfig) -> u64 {
+    budget
+        .checked_div(config.next_model_head_share)
+        .unwrap_or(0)
+}
+
+impl ModelStore {
+    /// A store with `budget` bytes of cache, keeping learned orders in `saved`.
+    pub fn new(budget: u64, saved: SavedOrders) -> ModelStore {
+        let cache = Arc::new(ChunkCache::new(budget, Arc::new(Counters::default())));
+        let prefetcher = Prefetcher::new(Arc::clone(&cache));
+        ModelStore::with_prefetcher(cache, prefetcher, saved)
+    }
+
+    /// [`Self::new`] with prefetches run by `executor` (tests: a
+    /// [`crate::prefetch::ManualExecutor`]).
+    pub fn with_executor(
+        budget: u64,
+        saved: SavedOrders,
+        executor: Arc<dyn Executor>,
+    ) -> ModelStore {
+        let cache = Arc::new(ChunkCache::new(budget, Arc::new(Counters::default())));
+        let prefetcher = Prefetcher::with_executor(Arc::clone(&cache), executor);
+        ModelStore::with_prefetcher(cache, prefetcher, saved)
+    }
+
+    fn with_prefetcher(
+        cache: Arc<ChunkCache>,
+        prefetcher: Prefetcher,
+        saved: SavedOrders,
+    ) -> ModelStore {
+        ModelStore {
+            prefetcher,
+            budget: AtomicU64::new(cache.budget()),
+            cache,
+            passthrough: PassthroughTier::default(),
+            files: Mutex::new(ModelTable::new(ModelsConfig::default().index_cap)),
+            next_generation: AtomicU64::new(1),
+            saved,
+            read_wrapper: None,
+            shards: shards::Registry::default(),
+            paths: std::sync::OnceLock::new(),
+            sequence: Mutex::new(sequence::Sequence::default()),
+            chunk_floor: AtomicU64::new(0),
+            config: ModelsConfig::default(),
+        }
+    }
+
+    /// Makes every by-path access to SOURCE go through `paths` (a mount's resolver, which
+    /// never follows a path through `/proc` or into the mount: [`PathAccess`]). Set once,
+    /// before the first open; until then, and if never set, plain paths.
+    pub fn reach_source_through(&self, paths: Arc<dyn PathAccess>) {
+        if self.paths.set(paths).is_err() {
+            tracing::debug!("the source's path access was set already");
+        }
+    }
+
+    pub(crate) fn paths(&self) -> Arc<dyn PathAccess> {
+        Arc::clone(self.paths.get_or_init(|| Arc::new(PlainPaths)))
+    }
+
+    /// Makes every source file opened from now on read through `wrap`: how the fault-injection
+    /// tests put short reads, `EINTR` and `EIO` under the whole read path.
+    pub fn with_read_wrapper(mut self, wrap: ReadWrapper) -> ModelStore {
+        self.read_wrapper = Some(wrap);
+        self
+    }
+
+    /// Warms `file` into the cache in its learned (or default) block order, in the background,
+    /// up to the budget. The warm ends the reader's pass in progress, which may learn it: the
+    /// order is saved then, as when a new pass ends one.
+    pub fn warm(&self, file: &Arc<ModelFile>) {
+        self.prefetcher.warm(file);
+        if let Some(access) = file.tracker().filter(|a| a.learned().0) {
+            self.saved.put(file.order_key.clone(), access.saved_order());
+        }
+    }
+
+    /// `file` is streamed for the first time since it was opened: it follows the model streamed
+    /// and closed before it ([`sequence`]).
+    pub(super) fn first_stream(&self, file: &Arc<ModelFile>) {
+        let learned = lock(&self.sequence).streamed(file);
+        if let Some((key, next)) = learned {
+            self.saved.put_next_model(&key, next);
+        }
+    }
+
+    /// Queues the first blocks of `next`, the model that followed the one just closed
+    /// ([`sequence`]), if the chunk cache will serve it.
+    pub(super) fn warm_next(&self, next: &Arc<ModelFile>) {
+        let identity = next.source.identity();
+        let cache_served =
+            next.mode() == ServeMode::Cache || self.passthrough.is_competing(&identity);
+        if next.is_raw() || !cache_served {
+            return;
+        }
+        tracing::debug!(file = %next.path.display(), "warming the first blocks of the next model");
+        self.prefetcher
+            .warm_head(next, next_model_head(self.budget(), &self.config));
+    }
+
+    /// [`Self::warm_next`] of the successor saved for the file of sequence key `key` (after a
+    /// remount), opened by its path, if it is still the version that followed.
+    pub(super) fn warm_saved_next(&self, key: &str) {
+        let Some(saved) = self.saved.next_model(key) else {
+            return;
+        };
+        // Not as a reader: nothing is discovered beside it (no shard set is formed for a file
+        // nobody opened), and it does not count as an open.
+        let opened = self.open_version(
+            (&saved.next_path, &saved.next_source, None),
+            OpenedBy::Store,
+        );
+        match opened.map(|(file, _)| file) {
+            Ok(next) if sequence::key_of(&next) == saved.next_key => {
+                if next.handles.load(Ordering::Acquire) == 0 {
+                    self.warm_next(&next);
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::debug!(file = %saved.next_path.display(), error = %e, "the saved next model is gone")
+            }
+        }
+    }
+
+    /// Holds headers and indexes of known files to `cap` bytes (`--index-cache`).
+    pub fn with_index_cap(mut self, cap: u64) -> ModelStore {
+        self.lock().set_cap(cap);
+        self.config.index_cap = cap;
+        self
+    }
+
+    /// Tunes the store with `config` (its index cap included): for files opened from now on,
+    /// and for every read.
+    pub fn with_config(mut self, config: ModelsConfig) -> ModelStore {
+        let mut files = self.lock();
+        files.set_cap(config.index_cap);
+        files.set_trim_after(config.trim_after_evicted_bytes);
+        drop(files);
+        self.config = config;
+        self
+    }
+
+    /// The store's tuning.
+    pub fn config(&self) -> &ModelsConfig {
+        &self.config
+    }
+
+    pub fn cache(&self) -> &ChunkCache {
+        &self.cache
+    }
+
+    /// The mount's budget (chunk cache and passthrough tier together).
+    pub fn budget(&self) -> u64 {
+        self.budget.load(Ordering::Relaxed)
+    }
+
+    /// Changes the mount's budget; the chunk cache shrinks at once if it must.
+    pub fn set_budget(&self, bytes: u64) {
+        self.budget.store(bytes, Ordering::Relaxed);
+        self.passthrough.make_room(bytes, 0);
+        self.rebalance();
+    }
+
+    /// Drops every cached chunk and the page cache of every parked passthrough file (files
+    /// still open keep theirs: their readers are using it).
+    pub fn drop_cached(&self) {
+        self.cache.clear();
+        self.passthrough.make_room(self.budget(), self.budget());
+        self.rebalance();
+    }
+
+    /// Gives the chunk cache whatever part of the budget the passthrough tier does not hold.
+    /// Called on every model open and close: a budget that did not change is left alone
+    /// (`set_budget` takes the cache lock and wakes every waiting reader).
+    ///
+    /// The chunk cache keeps at least the floor ([`Self::set_chunk_floor`]), whatever
+    /// passthrough files hold: together they may then exceed the budget by at most the floor
+    /// (parked files still give their page cache back when an open or a smaller budget needs
+    /// the room). Without it, a text encoder open by passthrough under memory pressure left the
+    /// chunk cache nothing: every request read a whole chunk and threw it away.
+    pub(super) fn rebalance(&self) {
+        let budget = self.budget();
+        let floor = self.chunk_floor.load(Ordering::Relaxed).min(budget);
+        let chunk_budget = budget
+            .saturating_sub(self.passthrough.held_bytes())
+            .max(floor);
+        if chunk_budget != self.cache.budget() {
+            self.cache.set_budget(chunk_budget);
+        }
+    }
+
+    /// The least the chunk cache keeps of the budget (the governor's `--ram-cache-min`).
+    pub fn set_chunk_floor(&self, bytes: u64) {
+        self.chunk_floor.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Bytes the passthrough tier holds (open files' reservations and parked page cache).
+    pub fn passthrough_held_bytes(&self) -> u64 {
+        self.passthrough.held_bytes()
+    }
+
+    /// Returns once every prefetch queued so far has run (tests, instead of sleeping).
+    pub fn wait_prefetch_idle(&self) {
+        self.prefetcher.wait_idle();
+    }
+
+    pub fn counters(&self) -> &Counters {
+        self.cache.counters()
+    }
+
+    /// The current version of the model file at `path` (relative to the mount root), whose
+    /// source is `abs`: the known one if the source is unchanged, else a freshly indexed one.
+    pub fn open(&self, path: &Path, abs: &Path) -> Result<Arc<ModelFile>, OpenError> {
+        self.open_version((path, abs, None), OpenedBy::Reader)
+            .map(|(file, _)| file)
+    }
+
+    /// [`Self::open`], with the descriptors the file was indexed through when it was indexed
+    /// just now (`None` for a known version: its descriptors are opened on demand).
+    /// `by`: who opens it ([`OpenedBy`]).
+    /// `opened`: the requester's descriptor of `abs`, whose version is the one opened.
+    pub(super) fn open_version(
+        &self,
+        (path, abs, opened): (&Path, &Path, Option<&File>),
+        by: OpenedBy,
+    ) -> Result<(Arc<ModelFile>, Option<Arc<SourceFile>>), OpenError> {
+        let paths = self.paths();
+        let current = match opened {
+            Some(file) => SourceIdentity::of_file(file),
+            None => paths.identity(abs),
+        }
+        .map_err(|source| SourceError::Open {
+            path: abs.to_owned(),
+            source,
+        })?;
+        if let Some(known) = self.lock().get(path) {
+            if known.source.identity() == current && is_reusable(known) {
+                if by == OpenedBy::Reader {
+                    known.opened();
+                }
+                return Ok((Arc::clone(known), None));
+            }
+        }
+        let discovery = (by == OpenedBy::Reader).then_some(paths.as_ref());
+        let membership = self
+            .shards
+            .membership((path, abs), &current, &self.saved, discovery);
+        let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
+        let index_cap = self.lock().cap();
+        let (file, source) = ModelFile::open(
+            (path, abs, opened),
+            generation,
+            (&self.saved, self.read_wrapper.as_ref(), &paths),
+            membership,
+            (index_cap, &self.config),
+        )?;
+        let mut files = self.lock();
+        // Several readers may open a file at once: the first version indexed wins, the others
+        // use it (same identity) rather than replace it and drop its cached bytes.
+        if let Some(known) = files.get(path) {
+            if known.source.identity() == file.source.identity() && is_reusable(known) {
+                if by == OpenedBy::Reader {
+                    known.opened();
+                }
+                return Ok((Arc::clone(known), None));
+            }
+        }
+        let (file, replaced, evicted) = files.insert_within_cap(path, file);
+        drop(files);
+        if let Some(old) = replaced {
+            // (The same version again: one served as plain bytes, indexed once room was made.)
+            if old.source.identity() != file.source.identity() {
+                tracing::info!(file = %abs.display(), "source changed: dropping cached bytes of the old version");
+            }
+            self.cache.forget_file(old.generation);
+        }
+        for old in &evicted {
+            tracing::debug!(file = %old.path.display(), "index cap reached: forgetting the file");
+            self.cache.forget_file(old.generation);
+        }
+        drop(evicted);
+        self.trim_after_evictions();
+        Ok((file, Some(source)))
+    }
+
+    /// Gives the memory of forgotten headers back to the OS once enough was forgotten (see
+    /// [`ModelsConfig::trim_after_evicted_bytes`]).
+    fn trim_after_evictions(&self) {
+        if self.lock().take_trim_due() {
+            #[cfg(all(target_os = "linux", target_env = "gnu"))]
+            // SAFETY: malloc_trim only returns free heap pages to the OS.
+            unsafe {
+                libc::malloc_trim(0);
+            }
+        }
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, ModelTable> {
+        lock(&self.files)
+    }
+}
