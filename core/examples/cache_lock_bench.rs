@@ -82,10 +82,10 @@ fn fill(cache: &ChunkCache, marks: &[Arc<ChunkMarks>], touched: u64) -> std::io:
     let ones = vec![1u8; CHUNK as usize];
     let mut filled = 0;
     for (file, marks) in (1..=FILES).zip(marks) {
-        let access = Arc::new(ReaderTracker::new(BLOCKS, None));
+        let tracker = Arc::new(ReaderTracker::new(BLOCKS, None));
         for block in 0..BLOCKS {
             let owner = ChunkOwner {
-                access: Arc::clone(&access),
+                tracker: Arc::clone(&tracker),
                 block,
                 marks: Arc::clone(marks),
             };

@@ -49,7 +49,7 @@ use super::{Chunk, ChunkCache, ChunkKey, ChunkOwner, Evicted, State, Want};
 
 impl ChunkOwner {
     fn distance(&self) -> usize {
-        self.access.distance(self.block)
+        self.tracker.distance(self.block)
     }
 }
 
@@ -84,8 +84,8 @@ impl Ranking {
     /// Whether `owner`'s file waits for its turn: not the active file, and not read since the
     /// active reader's session began.
     fn waits(&self, owner: &ChunkOwner) -> bool {
-        Arc::as_ptr(&owner.access) as usize != self.active
-            && owner.access.last_served() < self.active_since
+        Arc::as_ptr(&owner.tracker) as usize != self.active
+            && owner.tracker.last_served() < self.active_since
     }
 }
 
@@ -105,8 +105,8 @@ impl Chunk {
         let Some(owner) = &self.owner else { return 0 };
         let last_read = self.last_read.load(Ordering::Relaxed);
         let consumed = last_read != 0
-            && owner.access.is_current(owner.block)
-            && self.read_visit.load(Ordering::Relaxed) == owner.access.visit()
+            && owner.tracker.is_current(owner.block)
+            && self.read_visit.load(Ordering::Relaxed) == owner.tracker.visit()
             && (last_read < recent || self.finished(owner));
         if consumed {
             return usize::MAX;
@@ -124,7 +124,7 @@ impl Chunk {
     pub(super) fn in_current_block(&self) -> bool {
         self.owner
             .as_ref()
-            .is_some_and(|o| o.access.is_current(o.block))
+            .is_some_and(|o| o.tracker.is_current(o.block))
     }
 
     /// The chunk's eviction rank given its recency `stamp` (highest goes first).
@@ -146,17 +146,17 @@ impl Chunk {
         let Some(owner) = &self.owner else {
             return (Turn::Coming, 0);
         };
-        let access = &owner.access;
+        let tracker = &owner.tracker;
         if ranking.waits(owner) {
-            return (Turn::Waiting, access.last_served());
+            return (Turn::Waiting, tracker.last_served());
         }
         // Behind the reader's block in the order, or consumed in it: within one file exactly
         // the chunks whose distance is larger than any chunk still to come in the pass, so the
         // order within a file is the distance's.
-        let passed = if access.is_current(owner.block) {
+        let passed = if tracker.is_current(owner.block) {
             self.is_consumed(ranking.recent)
         } else {
-            access.is_behind(owner.block)
+            tracker.is_behind(owner.block)
         };
         if passed {
             (Turn::Passed, 0)
@@ -179,7 +179,7 @@ impl Chunk {
             && self
                 .owner
                 .as_ref()
-                .is_some_and(|o| o.access.is_previous(o.block))
+                .is_some_and(|o| o.tracker.is_previous(o.block))
             && !self
                 .served
                 .finished(self.read_visit.load(Ordering::Relaxed), self.len())
@@ -202,14 +202,14 @@ impl ConsumedEvictions {
         if self.0.len() >= Self::MAX {
             self.0.clear();
         }
-        self.0.insert(key, owner.access.visit());
+        self.0.insert(key, owner.tracker.visit());
     }
 
     /// Whether `key` was evicted as consumed in `owner`'s current visit, the reader still in
     /// its block. (A warm rewinds the reader without a new visit: its prefetches must not be
     /// skipped, or the chunks the last pass consumed were missing from the warmed set.)
     pub(super) fn contains(&self, key: ChunkKey, owner: &ChunkOwner) -> bool {
-        owner.access.is_current(owner.block) && self.0.get(&key) == Some(&owner.access.visit())
+        owner.tracker.is_current(owner.block) && self.0.get(&key) == Some(&owner.tracker.visit())
     }
 }
 
@@ -218,10 +218,10 @@ impl ChunkCache {
     /// ([`Turn`]), and its reader's session is the one other files wait for.
     pub(super) fn note_active(&self, owner: &ChunkOwner) {
         self.active
-            .store(Arc::as_ptr(&owner.access) as usize, Ordering::Relaxed);
-        owner.access.note_served(self.now());
+            .store(Arc::as_ptr(&owner.tracker) as usize, Ordering::Relaxed);
+        owner.tracker.note_served(self.now());
         self.active_since
-            .store(owner.access.session_from(), Ordering::Relaxed);
+            .store(owner.tracker.session_from(), Ordering::Relaxed);
     }
 
     /// What a load may evict to make room: a reader's chunk is needed now and may evict
@@ -231,7 +231,7 @@ impl ChunkCache {
             Want::Read => None,
             Want::Prefetch => Some(owner.map_or((Turn::Coming, 0, 0), |o| {
                 if self.ranking().waits(o) {
-                    (Turn::Waiting, o.access.last_served(), o.distance())
+                    (Turn::Waiting, o.tracker.last_served(), o.distance())
                 } else {
                     (Turn::Coming, 0, o.distance())
                 }

@@ -208,7 +208,7 @@ impl ChunkCache {
                 );
                 if let Some(owner) = owner {
                     Counters::add(
-                        &owner.access.counters.disk_read_bytes,
+                        &owner.tracker.counters.disk_read_bytes,
                         bytes.as_slice().len() as u64,
                     );
                 }
@@ -216,7 +216,7 @@ impl ChunkCache {
                     Counters::add(&self.counters.prefetch_issued_bytes, bytes.footprint());
                     if let Some(owner) = owner {
                         Counters::add(
-                            &owner.access.counters.prefetch_issued_bytes,
+                            &owner.tracker.counters.prefetch_issued_bytes,
                             bytes.footprint(),
                         );
                     }
@@ -226,7 +226,7 @@ impl ChunkCache {
                     unread_prefetch: AtomicBool::new(want == Want::Prefetch),
                     owner: owner.cloned(),
                     last_read: AtomicU64::new(if want == Want::Read { self.now() } else { 0 }),
-                    read_visit: AtomicU64::new(owner.map_or(0, |o| o.access.visit())),
+                    read_visit: AtomicU64::new(owner.map_or(0, |o| o.tracker.visit())),
                     served: Served::default(),
                 })
             })

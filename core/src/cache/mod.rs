@@ -153,7 +153,7 @@ pub enum ChunkState {
 /// file's chunk marks.
 #[derive(Debug, Clone)]
 pub struct ChunkOwner {
-    pub access: Arc<ReaderTracker>,
+    pub tracker: Arc<ReaderTracker>,
     pub block: usize,
     /// The marks of the chunk's file version, which the cache keeps up to date.
     pub marks: Arc<ChunkMarks>,
@@ -190,18 +190,18 @@ impl Chunk {
 
     /// A reader was served `range` of the chunk's bytes (not a probe: see `served.rs`).
     pub fn served(&self, range: &std::ops::Range<usize>) {
-        let visit = self.owner.as_ref().map_or(0, |o| o.access.visit());
+        let visit = self.owner.as_ref().map_or(0, |o| o.tracker.visit());
         self.served
             .mark(visit, range.start as u64, range.end as u64, self.len());
     }
 
     /// Whether readers were served every byte of it in the owner's current visit.
     fn finished(&self, owner: &ChunkOwner) -> bool {
-        self.served.finished(owner.access.visit(), self.len())
+        self.served.finished(owner.tracker.visit(), self.len())
     }
 
     fn file_counters(&self) -> Option<&crate::reader::FileCounters> {
-        self.owner.as_ref().map(|o| &o.access.counters)
+        self.owner.as_ref().map(|o| &o.tracker.counters)
     }
 }
 
@@ -410,7 +410,7 @@ impl ChunkCache {
         if let Some(owner) = &chunk.owner {
             chunk
                 .read_visit
-                .store(owner.access.visit(), Ordering::Relaxed);
+                .store(owner.tracker.visit(), Ordering::Relaxed);
         }
         if chunk.unread_prefetch.swap(false, Ordering::Relaxed) {
             Counters::add(&self.counters.prefetch_used_bytes, chunk.footprint());

@@ -346,10 +346,10 @@ fn a_panicking_read_wakes_its_waiters_and_returns_its_reservation() {
     assert_eq!((chunk.as_slice(), outcome), (&fx.data[..], Outcome::Miss));
 }
 
-/// The owner of a chunk of `block` of the file `access` stands for.
-fn owned_by(access: &Arc<ReaderTracker>, block: usize) -> ChunkOwner {
+/// The owner of a chunk of `block` of the file `tracker` stands for.
+fn owned_by(tracker: &Arc<ReaderTracker>, block: usize) -> ChunkOwner {
     ChunkOwner {
-        access: Arc::clone(access),
+        tracker: Arc::clone(tracker),
         block,
         marks: Arc::new(ChunkMarks::new(64)),
     }
@@ -362,10 +362,10 @@ fn owned_by(access: &Arc<ReaderTracker>, block: usize) -> ChunkOwner {
 fn chunk_marks_follow_the_cache_without_its_lock() {
     let fx = Arc::new(fixture(4));
     let cache = Arc::new(ChunkCache::new(4 * CHUNK, Arc::new(Counters::default())));
-    let access = Arc::new(ReaderTracker::new(2, None));
+    let tracker = Arc::new(ReaderTracker::new(2, None));
     let marks = Arc::new(ChunkMarks::new(4));
     let owner = ChunkOwner {
-        access,
+        tracker,
         block: 0,
         marks: Arc::clone(&marks),
     };
@@ -434,9 +434,9 @@ fn get_owned(
 fn consumed_chunks_of_the_current_block_go_first() {
     let fx = fixture(4);
     let cache = ChunkCache::new(3 * CHUNK, Arc::new(Counters::default()));
-    let access = Arc::new(ReaderTracker::new(2, None));
-    let owner = |block| owned_by(&access, block);
-    access.touch(0);
+    let tracker = Arc::new(ReaderTracker::new(2, None));
+    let owner = |block| owned_by(&tracker, block);
+    tracker.touch(0);
     get_owned(&cache, &fx, 0, Want::Read, &owner(0)).unwrap();
     get_owned(&cache, &fx, 1, Want::Read, &owner(0)).unwrap();
     get_owned(&cache, &fx, 2, Want::Prefetch, &owner(0)).unwrap(); // rest of block 0, unread
@@ -462,9 +462,9 @@ fn consumed_chunks_of_the_current_block_go_first() {
 fn unread_chunks_of_the_current_block_are_kept_from_prefetch() {
     let fx = fixture(4);
     let cache = ChunkCache::new(3 * CHUNK, Arc::new(Counters::default()));
-    let access = Arc::new(ReaderTracker::new(2, None));
-    let owner = |block| owned_by(&access, block);
-    access.touch(0);
+    let tracker = Arc::new(ReaderTracker::new(2, None));
+    let owner = |block| owned_by(&tracker, block);
+    tracker.touch(0);
     for chunk in 0..3 {
         get_owned(&cache, &fx, chunk, Want::Prefetch, &owner(0)).unwrap();
     }
@@ -483,9 +483,9 @@ fn unread_chunks_of_the_current_block_are_kept_from_prefetch() {
 fn finished_chunks_of_the_current_block_go_first_at_once() {
     let fx = fixture(4);
     let cache = ChunkCache::new(3 * CHUNK, Arc::new(Counters::default()));
-    let access = Arc::new(ReaderTracker::new(3, None));
-    let owner = |block| owned_by(&access, block);
-    access.touch(0);
+    let tracker = Arc::new(ReaderTracker::new(3, None));
+    let owner = |block| owned_by(&tracker, block);
+    tracker.touch(0);
     let (whole, _) = get_owned(&cache, &fx, 0, Want::Read, &owner(0)).unwrap();
     let (half, _) = get_owned(&cache, &fx, 1, Want::Read, &owner(0)).unwrap();
     get_owned(&cache, &fx, 2, Want::Prefetch, &owner(2)).unwrap(); // needed two blocks on
@@ -510,9 +510,9 @@ fn finished_chunks_of_the_current_block_go_first_at_once() {
 fn a_chunk_evicted_as_consumed_is_not_prefetched_again_in_the_same_visit() {
     let fx = fixture(4);
     let cache = ChunkCache::new(3 * CHUNK, Arc::new(Counters::default()));
-    let access = Arc::new(ReaderTracker::new(2, None));
-    let owner = |block| owned_by(&access, block);
-    access.touch(0);
+    let tracker = Arc::new(ReaderTracker::new(2, None));
+    let owner = |block| owned_by(&tracker, block);
+    tracker.touch(0);
     for chunk in 0..2 {
         let (got, _) = get_owned(&cache, &fx, chunk, Want::Read, &owner(0)).unwrap();
         got.served(&(0..CHUNK as usize));
@@ -540,23 +540,23 @@ fn a_chunk_evicted_as_consumed_is_not_prefetched_again_in_the_same_visit() {
     cache.check_accounting();
     // A warm rewinds the reader (no new visit): it prefetches the chunk again.
     cache.forget_file(1);
-    access.rewind();
+    tracker.rewind();
     get_owned(&cache, &fx, 0, Want::Prefetch, &owner(0)).unwrap();
     assert!(cache.is_present(key(0)));
 }
 
 /// A reader's request for chunk `chunk` (block `chunk`) of file version `file`, stood for by
-/// `access`.
+/// `tracker`.
 fn read_block(
     cache: &ChunkCache,
     fx: &Fixture,
     file: u64,
     chunk: u32,
-    access: &Arc<ReaderTracker>,
+    tracker: &Arc<ReaderTracker>,
 ) {
-    access.touch(chunk as usize);
+    tracker.touch(chunk as usize);
     let (start, end) = (u64::from(chunk) * CHUNK, u64::from(chunk + 1) * CHUNK);
-    let owner = owned_by(access, chunk as usize);
+    let owner = owned_by(tracker, chunk as usize);
     cache
         .get_or_load(
             ChunkKey { file, chunk },
@@ -612,9 +612,9 @@ fn of_waiting_models_the_one_read_last_goes_first() {
     let models: Vec<Arc<ReaderTracker>> = (0..3)
         .map(|_| Arc::new(ReaderTracker::new(2, None)))
         .collect();
-    for (file, access) in (1..).zip(&models) {
+    for (file, tracker) in (1..).zip(&models) {
         for chunk in 0..2 {
-            read_block(&cache, &fx, file, chunk, access);
+            read_block(&cache, &fx, file, chunk, tracker);
         }
         thread::sleep(CacheConfig::default().recently_read + Duration::from_millis(20));
     }
@@ -678,9 +678,9 @@ fn the_recency_guard_is_configurable() {
             ..CacheConfig::default()
         };
         let cache = ChunkCache::with_config(3 * CHUNK, Arc::new(Counters::default()), config);
-        let access = Arc::new(ReaderTracker::new(2, None));
-        let owner = |block| owned_by(&access, block);
-        access.touch(0);
+        let tracker = Arc::new(ReaderTracker::new(2, None));
+        let owner = |block| owned_by(&tracker, block);
+        tracker.touch(0);
         get_owned(&cache, &fx, 0, Want::Read, &owner(0)).unwrap();
         get_owned(&cache, &fx, 1, Want::Read, &owner(0)).unwrap();
         get_owned(&cache, &fx, 2, Want::Prefetch, &owner(0)).unwrap();

@@ -29,8 +29,8 @@ impl ModelFile {
         self.runs.clear();
         self.stream_block.store(usize::MAX, Ordering::Relaxed);
         self.streamed.store(false, Ordering::Relaxed);
-        if let Some(access) = self.tracker() {
-            access.begin_session();
+        if let Some(tracker) = self.tracker() {
+            tracker.begin_session();
         }
     }
 
@@ -47,7 +47,7 @@ impl ModelFile {
         config: &ModelsConfig,
     ) -> bool {
         let run_before = self.runs.record(offset, end);
-        let (Some(access), Some(span)) = (self.tracker(), self.plan().and_then(|p| p.get(chunk)))
+        let (Some(tracker), Some(span)) = (self.tracker(), self.plan().and_then(|p| p.get(chunk)))
         else {
             return false;
         };
@@ -62,7 +62,7 @@ impl ModelFile {
         if streaming == usize::MAX {
             return true;
         }
-        span.block != streaming && !access.follows(streaming, span.block)
+        span.block != streaming && !tracker.follows(streaming, span.block)
     }
 
     /// Whether byte `offset`, in chunk `chunk`, is where a stream runs on in *file* order past
@@ -80,7 +80,7 @@ impl ModelFile {
     /// judged so ([`super::ModelStore::read_readahead`]): a `read()` past a block's end is the
     /// reader's own and goes on into that block.
     pub(super) fn is_spill(&self, chunk: usize, offset: u64, spill_bytes: u64) -> bool {
-        let (Some(access), Some(plan)) = (self.tracker(), self.plan()) else {
+        let (Some(tracker), Some(plan)) = (self.tracker(), self.plan()) else {
             return false;
         };
         let Some(span) = plan.get(chunk) else {
@@ -89,7 +89,7 @@ impl ModelFile {
         let streaming = self.stream_block.load(Ordering::Relaxed);
         if streaming == usize::MAX
             || span.block == streaming
-            || access.follows(streaming, span.block)
+            || tracker.follows(streaming, span.block)
         {
             return false;
         }

@@ -104,7 +104,7 @@ pub struct ModelFile {
     /// Where each chunk of the plan is, kept by the cache (none for a raw file).
     pub(super) marks: Arc<ChunkMarks>,
     /// How readers walk the file's blocks (well-formed files only).
-    pub(super) access: Option<Arc<ReaderTracker>>,
+    pub(super) tracker: Option<Arc<ReaderTracker>>,
     /// Key of the file's learned order in [`SavedOrders`] (a shard's is its model's).
     pub(super) order_key: String,
     /// The file's own key (its path and version), under which the model file that follows it
@@ -185,7 +185,7 @@ impl ModelFile {
             } => (None, None, layout),
             layout => shards::join(membership, &source.identity(), layout),
         };
-        let access = match (&layout, &shard_of) {
+        let tracker = match (&layout, &shard_of) {
             (Layout::Indexed { .. }, Some(of)) => {
                 order_key = of.model.order_key().to_owned();
                 Some(Arc::clone(of.model.tracker()))
@@ -207,7 +207,7 @@ impl ModelFile {
             header,
             layout,
             marks: Arc::new(ChunkMarks::new(chunks)),
-            access,
+            tracker,
             order_key,
             file_key,
             mode: AtomicU8::new(ServeMode::Cache as u8),
@@ -224,9 +224,9 @@ impl ModelFile {
         Ok((file, source))
     }
 
-    /// The file's access state (learned order, reader position), for a well-formed file.
+    /// The file's reader tracker (learned order, reader position), for a well-formed file.
     pub fn tracker(&self) -> Option<&Arc<ReaderTracker>> {
-        self.access.as_ref()
+        self.tracker.as_ref()
     }
 
     /// Path relative to the mount root.
@@ -256,14 +256,14 @@ impl ModelFile {
         matches!(self.layout, Layout::Raw { .. })
     }
 
-    /// This version without its header, index and access state, served as plain bytes (its
+    /// This version without its header, index and reader tracker, served as plain bytes (its
     /// index did not fit the cap: [`RawReason::IndexCapFull`]).
     pub(super) fn into_raw(self, why: RawReason) -> ModelFile {
         tracing::warn!(file = %self.path.display(), reason = %why, "serving the file as plain bytes, uncached");
         ModelFile {
             header: Vec::new(),
             layout: Layout::Raw { why },
-            access: None,
+            tracker: None,
             shard_of: None,
             ..self
         }
@@ -302,8 +302,8 @@ impl ModelFile {
             return Ok(None);
         };
         let footprint = aligned_footprint(span.start, span.end);
-        let owner = self.access.as_ref().map(|access| ChunkOwner {
-            access: Arc::clone(access),
+        let owner = self.tracker.as_ref().map(|tracker| ChunkOwner {
+            tracker: Arc::clone(tracker),
             block: span.block,
             marks: Arc::clone(&self.marks),
         });
@@ -327,7 +327,7 @@ impl ModelFile {
 
 impl PrefetchTarget for ModelFile {
     fn tracker(&self) -> Option<&Arc<ReaderTracker>> {
-        self.access.as_ref()
+        self.tracker.as_ref()
     }
 
     fn plan(&self) -> Option<&ChunkPlan> {
@@ -343,12 +343,12 @@ impl PrefetchTarget for ModelFile {
             return Ok(()); // nobody can read it any more
         }
         let fetched = self.fetch_chunk(cache, chunk, Want::Prefetch)?;
-        if let (Some(_), Some(access), Some(span)) = (
+        if let (Some(_), Some(tracker), Some(span)) = (
             fetched,
-            self.access.as_ref(),
+            self.tracker.as_ref(),
             self.plan().and_then(|plan| plan.get(chunk)),
         ) {
-            access.note_prefetch(span.block);
+            tracker.note_prefetch(span.block);
         }
         Ok(())
     }

@@ -221,18 +221,18 @@ impl ModelStore {
             .fetch_chunk(&self.cache, chunk, Want::Read)?
             .ok_or(ReadError::NoChunk)?;
         let stop = end.min(span.end);
-        if let Some(access) = file.tracker() {
-            access.pace.read_done();
+        if let Some(tracker) = file.tracker() {
+            tracker.pace.read_done();
             let served = match outcome {
-                Outcome::Hit => &access.counters.hit_bytes,
-                Outcome::Miss => &access.counters.miss_bytes,
+                Outcome::Hit => &tracker.counters.hit_bytes,
+                Outcome::Miss => &tracker.counters.miss_bytes,
             };
             Counters::add(served, stop - pos);
             if outcome == Outcome::Miss {
                 let waited = started.elapsed().as_nanos() as u64;
-                Counters::add(&access.counters.stall_ns, waited);
-                if access.is_first(span.block) {
-                    Counters::add(&access.counters.start_stall_ns, waited);
+                Counters::add(&tracker.counters.stall_ns, waited);
+                if tracker.is_first(span.block) {
+                    Counters::add(&tracker.counters.start_stall_ns, waited);
                 }
             }
         }
@@ -375,16 +375,19 @@ impl ModelStore {
 
     /// Records that a reader touched `block`, and prefetches what follows when it entered it.
     pub(super) fn touch(&self, file: &Arc<ModelFile>, block: usize) {
-        let Some(access) = file.tracker() else { return };
+        let Some(tracker) = file.tracker() else {
+            return;
+        };
         if let Step::Entered {
             predicted,
             new_pass,
-        } = access.touch(block)
+        } = tracker.touch(block)
         {
             if new_pass {
-                let (learned, _) = access.learned();
+                let (learned, _) = tracker.learned();
                 if learned {
-                    self.saved.put(file.order_key.clone(), access.saved_order());
+                    self.saved
+                        .put(file.order_key.clone(), tracker.saved_order());
                 }
             }
             self.prefetch_on_block_entry(file, block, predicted);

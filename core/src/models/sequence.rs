@@ -90,7 +90,7 @@ impl Sequence {
 /// Whether `a` and `b` are shards of one model (one block order, one reader): the model's own
 /// prefetch crosses from shard to shard, and a warm would rewind its reader mid-pass.
 fn same_model(a: &ModelFile, b: &ModelFile) -> bool {
-    match (&a.access, &b.access) {
+    match (&a.tracker, &b.tracker) {
         (Some(a), Some(b)) => Arc::ptr_eq(a, b),
         _ => false,
     }

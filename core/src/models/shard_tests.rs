@@ -239,18 +239,18 @@ fn shards_form_one_model_with_one_access_state_and_block_numbering() {
         .iter()
         .map(|(n, _)| open(&store, dir.path(), n))
         .collect();
-    let access = files[0].tracker().unwrap();
+    let tracker = files[0].tracker().unwrap();
     for f in &files {
         assert!(
-            Arc::ptr_eq(f.tracker().unwrap(), access),
-            "one access state"
+            Arc::ptr_eq(f.tracker().unwrap(), tracker),
+            "one reader tracker"
         );
         assert!(f.shard_of.is_some());
     }
     // (other) + 6 transformer blocks over the model.
     let model = &files[0].shard_of.as_ref().unwrap().model;
     assert_eq!(model.blocks(), 7);
-    assert_eq!(access.order(), (0..7).collect::<Vec<_>>());
+    assert_eq!(tracker.order(), (0..7).collect::<Vec<_>>());
     // Block 2 (transformer_blocks.1) is split: its big tensor in shard 1, its norm in shard 2.
     assert_eq!(model.holders(2), [0, 1]);
     assert_eq!(
@@ -294,9 +294,9 @@ fn the_learned_order_spans_the_shards_and_is_saved_under_the_model() {
         }
     }
     let file = open(&store, dir.path(), &shards[0].0);
-    let access = file.tracker().unwrap();
-    assert!(access.learned().0);
-    let order = access.order();
+    let tracker = file.tracker().unwrap();
+    assert!(tracker.learned().0);
+    let order = tracker.order();
     let position = |b: usize| order.iter().position(|&x| x == b).unwrap();
     assert!(
         position(5) < position(1),
@@ -314,7 +314,7 @@ fn the_learned_order_spans_the_shards_and_is_saved_under_the_model() {
     let again = ModelStore::new(64 << 20, SavedOrders::default());
     again
         .saved
-        .put(model.order_key().to_owned(), access.saved_order());
+        .put(model.order_key().to_owned(), tracker.saved_order());
     let file = open(&again, dir.path(), &shards[1].0);
     assert_eq!(file.tracker().unwrap().order(), order);
 }
@@ -373,14 +373,14 @@ fn eviction_distance_runs_over_the_whole_model() {
         .map(|(n, _)| open(&store, dir.path(), n))
         .collect();
     // The reader is in transformer_blocks.1 (model block 2, the end of shard 1).
-    let access = files[0].tracker().unwrap();
+    let tracker = files[0].tracker().unwrap();
     for b in 0..=2 {
-        access.touch(b);
+        tracker.touch(b);
     }
     // Shard 2's first block is next; shard 1's first block is needed last.
-    assert_eq!(access.distance(3), 1);
-    assert_eq!(access.distance(6), 4);
-    assert_eq!(access.distance(1), 6);
+    assert_eq!(tracker.distance(3), 1);
+    assert_eq!(tracker.distance(6), 4);
+    assert_eq!(tracker.distance(1), 6);
     let _ = files;
 }
 

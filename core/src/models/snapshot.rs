@@ -88,12 +88,12 @@ impl ModelFile {
     /// The file's residency strip ([`residency`]), read from its chunk marks without the
     /// cache's lock; `None` for a file without an index.
     fn residency(&self) -> Option<Residency> {
-        let access = self.access.as_ref()?;
+        let tracker = self.tracker.as_ref()?;
         let part = self.residency_part()?;
         Some(residency::strip(
-            &access.order(),
+            &tracker.order(),
             &[part],
-            (access.current(), access.prefetch_front()),
+            (tracker.current(), tracker.prefetch_front()),
             residency::Blocks::Held,
         ))
     }
@@ -108,8 +108,8 @@ impl ModelFile {
 
     pub(super) fn snapshot(&self, cache: &ChunkCache) -> FileSnapshot {
         let (order_learned, learned_blocks) =
-            self.access.as_ref().map_or((false, 0), |a| a.learned());
-        let counters = self.access.as_ref().map(|a| &a.counters);
+            self.tracker.as_ref().map_or((false, 0), |a| a.learned());
+        let counters = self.tracker.as_ref().map(|a| &a.counters);
         let get = |f: fn(&FileCounters) -> &AtomicU64| counters.map_or(0, |c| Counters::get(f(c)));
         let (tensors, blocks, malformed_reason) = match &self.layout {
             Layout::Indexed { index, .. } => (index.tensors.len(), index.blocks.len(), None),
@@ -242,13 +242,13 @@ impl ModelStore {
             .filter_map(|f| f.residency_part())
             .collect();
         let strip = residency::strip(
-            &model.access.order(),
+            &model.tracker.order(),
             &parts,
-            (model.access.current(), model.access.prefetch_front()),
+            (model.tracker.current(), model.tracker.prefetch_front()),
             residency::Blocks::All,
         );
-        let (order_learned, learned_blocks) = model.access.learned();
-        let c = &model.access.counters;
+        let (order_learned, learned_blocks) = model.tracker.learned();
+        let c = &model.tracker.counters;
         ModelSnapshot {
             name: model.name.clone(),
             found_by: model.by,

@@ -136,7 +136,7 @@ impl ModelStore {
     /// before the first open; until then, and if never set, plain paths.
     pub fn reach_source_through(&self, paths: Arc<dyn PathAccess>) {
         if self.paths.set(paths).is_err() {
-            tracing::debug!("the source's path access was set already");
+            tracing::debug!("the source's path tracker was set already");
         }
     }
 
@@ -156,8 +156,9 @@ impl ModelStore {
     /// order is saved then, as when a new pass ends one.
     pub fn warm(&self, file: &Arc<ModelFile>) {
         self.prefetcher.warm(file);
-        if let Some(access) = file.tracker().filter(|a| a.learned().0) {
-            self.saved.put(file.order_key.clone(), access.saved_order());
+        if let Some(tracker) = file.tracker().filter(|a| a.learned().0) {
+            self.saved
+                .put(file.order_key.clone(), tracker.saved_order());
         }
     }
 

@@ -1,7 +1,7 @@
 //! The known model files of a mount, with their headers and indexes held to a byte cap.
 //!
 //! Each known file keeps its header bytes (up to 100 MB for a legal safetensors header, plus
-//! the 64 KiB after it), its parsed tensor index, its chunk plan and its access state in
+//! the 64 KiB after it), its parsed tensor index, its chunk plan and its reader tracker in
 //! memory, outside the chunk budget. Left alone, a folder of many (or hostile) model files
 //! would grow the daemon without bound, so the table counts an estimate of each file's memory
 //! ([`footprint`]) against a cap (`--index-cache`, [`DEFAULT_INDEX_CAP`]) and evicts the least
@@ -38,7 +38,7 @@ pub const DEFAULT_INDEX_CAP: u64 = 256 << 20;
 /// arena ([measured](../../../docs/PERFORMANCE.md#heap-trimming-after-index-evictions)).
 pub const TRIM_AFTER_EVICTED_BYTES: u64 = 16 << 20;
 
-/// Memory of a known file besides its header and index: the `ModelFile`, its access state,
+/// Memory of a known file besides its header and index: the `ModelFile`, its reader tracker,
 /// its table entry and its source slot (no descriptor: see `crate::source::slot`). Rounded up
 /// from the struct sizes.
 const ENTRY_OVERHEAD: u64 = 2 << 10;
@@ -229,7 +229,7 @@ impl ModelTable {
     }
 }
 
-/// Estimated memory of one known file: its header copy, and its index, plan and access state
+/// Estimated memory of one known file: its header copy, and its index, plan and reader tracker
 /// counted from their element counts and string lengths.
 pub fn footprint(file: &ModelFile) -> u64 {
     use std::mem::size_of;
@@ -253,7 +253,7 @@ pub fn footprint(file: &ModelFile) -> u64 {
                     size_of::<crate::index::BlockInfo>()
                         + b.name.len()
                         + b.family.as_ref().map_or(0, String::len)
-                        // access state and saved order, per block
+                        // reader tracker and saved order, per block
                         + 64
                 })
                 .sum();

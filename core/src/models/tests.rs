@@ -326,12 +326,12 @@ fn a_jump_cancels_queued_block_prefetches() {
             &dir.path().join("m.safetensors"),
         )
         .unwrap();
-    let access = file.tracker().unwrap();
+    let tracker = file.tracker().unwrap();
     let plan = file.plan().unwrap();
-    let before_jump = access.epoch();
-    access.touch(3);
+    let before_jump = tracker.epoch();
+    tracker.touch(3);
     assert_ne!(
-        access.epoch(),
+        tracker.epoch(),
         before_jump,
         "an unpredicted block is a jump"
     );
@@ -342,7 +342,7 @@ fn a_jump_cancels_queued_block_prefetches() {
         .queue(&file, stale_chunk, Some(before_jump)));
     assert!(store
         .prefetcher
-        .queue(&file, fresh_chunk, Some(access.epoch())));
+        .queue(&file, fresh_chunk, Some(tracker.epoch())));
     assert_eq!(exec.run_pending(), 2);
     assert!(
         file.chunk_present(store.cache(), fresh_chunk),
@@ -641,14 +641,14 @@ fn a_reader_that_does_not_compute_keeps_the_ordinary_lead() {
 fn a_warm_keeps_the_first_blocks_of_the_order_whatever_the_reader_left_behind() {
     let (_dir, bytes, exec, store, file) = opened_manual(64 << 20, 16 << 20, 9);
     let reader = (&store, &*exec, &file, &bytes[..]);
-    let access = file.tracker().unwrap();
-    let mut order: Vec<usize> = access.order();
+    let tracker = file.tracker().unwrap();
+    let mut order: Vec<usize> = tracker.order();
     order.reverse(); // any order but the default one
     for &block in order.iter().chain(&order[..2]) {
         read_block(reader, block);
     }
-    assert!(access.learned().0, "the pass was learned");
-    assert_eq!(access.order(), order);
+    assert!(tracker.learned().0, "the pass was learned");
+    assert_eq!(tracker.order(), order);
     store.drop_cached();
     // A budget of exactly the spans of the order's first blocks: the buffers overflow it.
     let plan = file.plan().unwrap();
@@ -754,12 +754,12 @@ fn direct_reads_of_a_file_larger_than_the_cache_are_exact_and_uncached() {
 /// ending just before it, with at least 1.5 MiB of chunk on either side of the boundary.
 fn boundary_to_a_block_not_next(file: &ModelFile) -> usize {
     let plan = file.plan().unwrap();
-    let access = file.tracker().unwrap();
+    let tracker = file.tracker().unwrap();
     (1..plan.len())
         .find(|&c| {
             let (a, b) = (plan.get(c - 1).unwrap(), plan.get(c).unwrap());
             a.block != b.block
-                && !access.follows(a.block, b.block)
+                && !tracker.follows(a.block, b.block)
                 && a.end == b.start
                 && a.len().min(b.len()) >= 3 << 19
         })
@@ -974,7 +974,7 @@ fn the_chunk_cache_keeps_the_floor_next_to_a_passthrough_file() {
 fn a_read_ahead_the_reader_has_passed_by_the_time_it_runs_is_dropped() {
     let (_dir, bytes, exec, store, file) = opened_manual(96 << 20, 64 << 20, 1);
     let plan = file.plan().unwrap();
-    let access = file.tracker().unwrap().clone();
+    let tracker = file.tracker().unwrap().clone();
     // A chunk whose next chunk in the file is read ahead: in the same block or the next one.
     let (chunk, block) = (0..plan.len() - 1)
         .map(|c| (c, plan.get(c).unwrap().block))
@@ -991,7 +991,7 @@ fn a_read_ahead_the_reader_has_passed_by_the_time_it_runs_is_dropped() {
     assert!(!exec.is_empty(), "the reads queued a read-ahead");
     // Before a worker runs it, the reader moves three blocks on.
     for ahead in 1..=3 {
-        access.touch(block + ahead);
+        tracker.touch(block + ahead);
     }
     exec.run_pending();
     assert!(

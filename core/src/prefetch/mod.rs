@@ -203,7 +203,7 @@ impl Prefetcher {
         F: PrefetchTarget,
         H: Fn(usize) -> Vec<Arc<F>>,
     {
-        let Some(access) = file.tracker() else {
+        let Some(tracker) = file.tracker() else {
             return;
         };
         let block_chunks = |f: &Arc<F>, b: usize| -> Vec<usize> {
@@ -223,12 +223,12 @@ impl Prefetcher {
                 .all(|&c| f.chunk_present(&self.cache, c))
         });
         if predicted && !all_present {
-            access.deepen(); // the reader caught up with prefetch: fetch further ahead
+            tracker.deepen(); // the reader caught up with prefetch: fetch further ahead
         }
-        let epoch = Some(access.epoch());
+        let epoch = Some(tracker.epoch());
         let mut blocks = vec![(block, here)];
         if predicted {
-            for b in access.next_blocks(block, access.depth()) {
+            for b in tracker.next_blocks(block, tracker.depth()) {
                 blocks.push((b, holders(b)));
             }
         }
@@ -241,7 +241,7 @@ impl Prefetcher {
         // ([measured](../../../docs/PERFORMANCE.md#prefetch-lead)).
         let budget = self.cache.budget();
         let next_block = blocks.get(1).map_or(0, |(b, files)| block_bytes(files, *b));
-        let computing = access.pace.computing();
+        let computing = tracker.pace.computing();
         let lead_share = self.config.lead_share;
         let (most, of) = self.config.block_lead_share;
         let whole_block_lead = next_block > budget / lead_share && computing;
@@ -343,12 +343,12 @@ impl Prefetcher {
     /// [`Self::warm`] of the first `bytes` of the order only (the first chunk whatever its
     /// size).
     pub fn warm_head<F: PrefetchTarget>(&self, file: &Arc<F>, bytes: u64) {
-        let (Some(access), Some(plan)) = (file.tracker(), file.plan()) else {
+        let (Some(tracker), Some(plan)) = (file.tracker(), file.plan()) else {
             return;
         };
-        access.rewind();
+        tracker.rewind();
         let mut queued = 0;
-        for block in access.order() {
+        for block in tracker.order() {
             for &chunk in plan.block_chunks(block) {
                 let len = plan.get(chunk).map_or(0, |c| c.len());
                 if (queued > 0 && queued + len > bytes) || !self.queue(file, chunk, None) {
@@ -433,14 +433,14 @@ fn run(
 /// ([`Prefetcher::after_read`], no epoch) queued by a straggling thread too
 /// ([traced](../../../docs/PERFORMANCE.md#stragglers-and-restarts)).
 fn stale(file: &dyn PrefetchTarget, chunk: usize, epoch: Option<u64>) -> bool {
-    let Some(access) = file.tracker() else {
+    let Some(tracker) = file.tracker() else {
         return false;
     };
     let passed = file
         .plan()
         .and_then(|p| p.get(chunk))
-        .is_some_and(|span| access.is_just_behind(span.block));
-    passed || epoch.is_some_and(|epoch| access.epoch() != epoch)
+        .is_some_and(|span| tracker.is_just_behind(span.block));
+    passed || epoch.is_some_and(|epoch| tracker.epoch() != epoch)
 }
 
 /// For a reader that computes between blocks, waits (a bounded time) until it pauses before
@@ -448,12 +448,12 @@ fn stale(file: &dyn PrefetchTarget, chunk: usize, epoch: Option<u64>) -> bool {
 /// reading (see [`crate::reader::pace::ReaderPace::wait_until_paused`]). Chunks of the block the reader is in
 /// are never held back.
 fn defer_lead_while_reading(file: &dyn PrefetchTarget, chunk: usize) {
-    let (Some(access), Some(span)) = (file.tracker(), file.plan().and_then(|p| p.get(chunk)))
+    let (Some(tracker), Some(span)) = (file.tracker(), file.plan().and_then(|p| p.get(chunk)))
     else {
         return;
     };
-    if access.pace.computing() && !access.is_current(span.block) {
-        access.pace.wait_until_paused();
+    if tracker.pace.computing() && !tracker.is_current(span.block) {
+        tracker.pace.wait_until_paused();
     }
 }
 

@@ -292,7 +292,7 @@ impl From<BlockOrder> for Saved {
 
 /// A saved order that is not a permutation of `0..n`, or claims more learned blocks than `n`.
 #[derive(Debug, thiserror::Error)]
-#[error("invalid access order: {0}")]
+#[error("invalid tracker order: {0}")]
 pub struct InvalidOrder(&'static str);
 
 impl TryFrom<Saved> for BlockOrder {

@@ -88,7 +88,7 @@ pub enum Step {
     Entered { predicted: bool, new_pass: bool },
 }
 
-/// Access state of one file version.
+/// Reader tracker of one file version.
 #[derive(Debug)]
 pub struct ReaderTracker {
     order: Mutex<BlockOrder>,
@@ -142,7 +142,7 @@ pub struct FileCounters {
 }
 
 impl ReaderTracker {
-    /// Access state for a file of `blocks` blocks, starting from a saved order when one fits.
+    /// Reader tracker for a file of `blocks` blocks, starting from a saved order when one fits.
     pub fn new(blocks: usize, saved: Option<BlockOrder>) -> ReaderTracker {
         ReaderTracker::with_config(blocks, saved, ReaderConfig::default())
     }
@@ -477,102 +477,102 @@ mod tests {
 
     #[test]
     fn numeric_reader_is_predicted_and_a_jump_bumps_the_epoch() {
-        let access = ReaderTracker::new(10, None);
+        let tracker = ReaderTracker::new(10, None);
         let entered = |predicted| Step::Entered {
             predicted,
             new_pass: false,
         };
-        assert_eq!(access.touch(0), entered(false));
-        let epoch = access.epoch();
-        assert_eq!(access.touch(1), entered(true));
-        assert_eq!(access.touch(1), Step::Stay);
-        assert_eq!(access.touch(2), entered(true));
-        assert_eq!(access.epoch(), epoch);
-        assert_eq!(access.touch(7), entered(false));
-        assert_eq!(access.epoch(), epoch + 1);
+        assert_eq!(tracker.touch(0), entered(false));
+        let epoch = tracker.epoch();
+        assert_eq!(tracker.touch(1), entered(true));
+        assert_eq!(tracker.touch(1), Step::Stay);
+        assert_eq!(tracker.touch(2), entered(true));
+        assert_eq!(tracker.epoch(), epoch);
+        assert_eq!(tracker.touch(7), entered(false));
+        assert_eq!(tracker.epoch(), epoch + 1);
     }
 
     #[test]
     fn the_prefetch_front_is_the_furthest_block_ahead_and_goes_once_the_reader_passes_it() {
-        let access = ReaderTracker::new(10, None);
-        access.touch(0);
-        access.touch(1);
-        assert_eq!(access.prefetch_front(), None);
-        access.note_prefetch(3);
-        access.note_prefetch(2); // a straggler of a nearer block does not pull it back
-        assert_eq!(access.prefetch_front(), Some(3));
-        access.touch(2);
-        access.touch(3);
-        assert_eq!(access.prefetch_front(), Some(3), "the reader is in it");
-        access.touch(4);
-        assert_eq!(access.prefetch_front(), None, "behind the reader");
-        access.note_prefetch(5);
-        assert_eq!(access.prefetch_front(), Some(5), "a stale front gives way");
+        let tracker = ReaderTracker::new(10, None);
+        tracker.touch(0);
+        tracker.touch(1);
+        assert_eq!(tracker.prefetch_front(), None);
+        tracker.note_prefetch(3);
+        tracker.note_prefetch(2); // a straggler of a nearer block does not pull it back
+        assert_eq!(tracker.prefetch_front(), Some(3));
+        tracker.touch(2);
+        tracker.touch(3);
+        assert_eq!(tracker.prefetch_front(), Some(3), "the reader is in it");
+        tracker.touch(4);
+        assert_eq!(tracker.prefetch_front(), None, "behind the reader");
+        tracker.note_prefetch(5);
+        assert_eq!(tracker.prefetch_front(), Some(5), "a stale front gives way");
     }
 
     #[test]
     fn distance_is_cyclic_from_the_current_block() {
-        let access = ReaderTracker::new(10, None);
+        let tracker = ReaderTracker::new(10, None);
         assert_eq!(
-            access.distance(7),
+            tracker.distance(7),
             0,
             "nothing is known before the first touch"
         );
         for block in 0..=4 {
-            access.touch(block);
+            tracker.touch(block);
         }
-        assert_eq!(access.distance(4), 0);
-        assert_eq!(access.distance(5), 1);
-        assert_eq!(access.distance(0), 6);
-        assert_eq!(access.distance(3), 9, "the block just left is needed last");
-        assert!(access.is_previous(3) && !access.is_previous(2));
+        assert_eq!(tracker.distance(4), 0);
+        assert_eq!(tracker.distance(5), 1);
+        assert_eq!(tracker.distance(0), 6);
+        assert_eq!(tracker.distance(3), 9, "the block just left is needed last");
+        assert!(tracker.is_previous(3) && !tracker.is_previous(2));
     }
 
     #[test]
     fn a_rewind_ends_the_pass_and_forgets_the_reader() {
-        let access = ReaderTracker::new(10, None);
+        let tracker = ReaderTracker::new(10, None);
         for block in [0, 9, 8, 7, 6, 5, 4, 3, 2, 1] {
-            access.touch(block);
+            tracker.touch(block);
         }
-        access.rewind();
-        assert_eq!(access.learned(), (true, 10), "the full pass is learned");
-        assert_eq!(access.distance(1), 0, "no block is needed before another");
-        assert!(!access.is_previous(2) && !access.is_current(1));
+        tracker.rewind();
+        assert_eq!(tracker.learned(), (true, 10), "the full pass is learned");
+        assert_eq!(tracker.distance(1), 0, "no block is needed before another");
+        assert!(!tracker.is_previous(2) && !tracker.is_current(1));
         // The last blocks of the ended pass are no stragglers: the reader starts over there.
         assert_eq!(
-            access.touch(1),
+            tracker.touch(1),
             Step::Entered {
                 predicted: false,
                 new_pass: false
             }
         );
-        assert_eq!(access.distance(0), 1);
+        assert_eq!(tracker.distance(0), 1);
     }
 
     /// Touches every block of `0..blocks` once, in order: a full pass.
-    fn pass(access: &ReaderTracker, blocks: usize) {
+    fn pass(tracker: &ReaderTracker, blocks: usize) {
         for block in 0..blocks {
-            access.touch(block);
+            tracker.touch(block);
         }
     }
 
     #[test]
     fn stragglers_mid_pass_do_not_move_the_reader() {
-        let access = ReaderTracker::new(20, None);
-        pass(&access, 20);
+        let tracker = ReaderTracker::new(20, None);
+        pass(&tracker, 20);
         for block in 0..12 {
-            access.touch(block); // the second pass, at block 11
+            tracker.touch(block); // the second pass, at block 11
         }
-        let epoch = access.epoch();
+        let epoch = tracker.epoch();
         // A group of descheduled threads resumes: three consecutive blocks far behind, no
         // front touch among them.
         for block in [2, 3, 4] {
-            assert_eq!(access.touch(block), Step::Stay, "straggler in {block}");
+            assert_eq!(tracker.touch(block), Step::Stay, "straggler in {block}");
         }
-        assert_eq!(access.current(), Some(11));
-        assert_eq!(access.epoch(), epoch, "no jump");
+        assert_eq!(tracker.current(), Some(11));
+        assert_eq!(tracker.epoch(), epoch, "no jump");
         assert_eq!(
-            access.touch(12),
+            tracker.touch(12),
             Step::Entered {
                 predicted: true,
                 new_pass: false
@@ -583,30 +583,30 @@ mod tests {
 
     #[test]
     fn a_restart_at_the_end_of_a_pass_is_taken_at_its_second_block() {
-        let access = ReaderTracker::new(20, None);
-        pass(&access, 20);
-        assert_eq!(access.touch(0), Step::Stay, "not yet: maybe a straggler");
+        let tracker = ReaderTracker::new(20, None);
+        pass(&tracker, 20);
+        assert_eq!(tracker.touch(0), Step::Stay, "not yet: maybe a straggler");
         assert_eq!(
-            access.touch(1),
+            tracker.touch(1),
             Step::Entered {
                 predicted: true,
                 new_pass: true
             }
         );
-        assert_eq!(access.distance(2), 1);
+        assert_eq!(tracker.distance(2), 1);
     }
 
     #[test]
     fn a_restart_mid_pass_is_taken_once_it_went_on_past_the_tolerance() {
-        let access = ReaderTracker::new(20, None);
+        let tracker = ReaderTracker::new(20, None);
         for block in 0..12 {
-            access.touch(block); // a first pass that stops at block 11
+            tracker.touch(block); // a first pass that stops at block 11
         }
         for block in 0..=TOLERANCE {
-            assert_eq!(access.touch(block), Step::Stay, "candidate in {block}");
+            assert_eq!(tracker.touch(block), Step::Stay, "candidate in {block}");
         }
         assert_eq!(
-            access.touch(TOLERANCE + 1),
+            tracker.touch(TOLERANCE + 1),
             Step::Entered {
                 predicted: true,
                 new_pass: true
@@ -614,33 +614,33 @@ mod tests {
         );
         // The candidate's blocks were replayed into the new pass: a touch of one of them is no
         // jump back.
-        assert_eq!(access.touch(1), Step::Stay);
-        assert_eq!(access.current(), Some(TOLERANCE + 1));
+        assert_eq!(tracker.touch(1), Step::Stay);
+        assert_eq!(tracker.current(), Some(TOLERANCE + 1));
     }
 
     #[test]
     fn a_touch_near_the_front_drops_the_candidate() {
-        let access = ReaderTracker::new(20, None);
-        pass(&access, 20);
+        let tracker = ReaderTracker::new(20, None);
+        pass(&tracker, 20);
         for block in 0..12 {
-            access.touch(block);
+            tracker.touch(block);
         }
-        assert_eq!(access.touch(2), Step::Stay);
-        assert_eq!(access.touch(11), Step::Stay, "the front is alive");
+        assert_eq!(tracker.touch(2), Step::Stay);
+        assert_eq!(tracker.touch(11), Step::Stay, "the front is alive");
         // The candidate is gone: going on from 2 starts over, one touch at a time.
         for block in [3, 4, 5, 6] {
-            assert_eq!(access.touch(block), Step::Stay);
+            assert_eq!(tracker.touch(block), Step::Stay);
         }
-        assert_eq!(access.current(), Some(11));
+        assert_eq!(tracker.current(), Some(11));
     }
 
     #[test]
     fn depth_grows_to_a_bound() {
-        let access = ReaderTracker::new(4, None);
+        let tracker = ReaderTracker::new(4, None);
         for _ in 0..10 {
-            access.deepen();
+            tracker.deepen();
         }
-        assert_eq!(access.depth(), ReaderConfig::default().max_depth);
+        assert_eq!(tracker.depth(), ReaderConfig::default().max_depth);
     }
 
     /// [`ReaderConfig::max_depth`] bounds how far ahead prefetch goes.
@@ -650,10 +650,10 @@ mod tests {
             max_depth: 4,
             ..ReaderConfig::default()
         };
-        let access = ReaderTracker::with_config(8, None, config);
+        let tracker = ReaderTracker::with_config(8, None, config);
         for _ in 0..10 {
-            access.deepen();
+            tracker.deepen();
         }
-        assert_eq!(access.depth(), 4);
+        assert_eq!(tracker.depth(), 4);
     }
 }

@@ -294,13 +294,13 @@ pub(super) fn form(
     }
     let size = shards.iter().map(|s| s.identity.size).sum();
     let order_key = order_key(&dir_abs.join(&found.name), &shards);
-    let access = Arc::new(ReaderTracker::new(holders.len(), saved.get(&order_key)));
+    let tracker = Arc::new(ReaderTracker::new(holders.len(), saved.get(&order_key)));
     Ok(ShardedModel {
         name: dir_rel.join(&found.name).to_string_lossy().into_owned(),
         by: found.by,
         shards,
         holders,
-        access,
+        tracker,
         order_key,
         size,
         superseded: AtomicBool::new(false),

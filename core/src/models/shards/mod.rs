@@ -22,7 +22,7 @@
 //!
 //! **Versions.** A model records each shard's identity when it is formed. When a shard is
 //! opened with another identity (it was replaced), the model is formed again with a fresh
-//! access state, and the old one is marked superseded, so the other shards' files, which
+//! reader tracker, and the old one is marked superseded, so the other shards' files, which
 //! still point at it, are indexed again at their next open ([`ShardOf::is_current`]).
 //!
 //! **Limits.** Discovery runs once per file version: a file found standing alone (say, a
@@ -65,7 +65,7 @@ pub struct Shard {
     pub(super) first_block: Option<usize>,
 }
 
-/// The shards of one model, sharing one access state.
+/// The shards of one model, sharing one reader tracker.
 #[derive(Debug)]
 pub struct ShardedModel {
     /// Display name relative to the mount root (see [`Found::name`]).
@@ -74,7 +74,7 @@ pub struct ShardedModel {
     pub(super) shards: Vec<Shard>,
     /// `holders[b]`: the shards holding tensors of model block `b`.
     pub(super) holders: Vec<Vec<usize>>,
-    pub(super) access: Arc<ReaderTracker>,
+    pub(super) tracker: Arc<ReaderTracker>,
     pub(super) order_key: String,
     pub(super) size: u64,
     pub(super) superseded: AtomicBool,
@@ -105,7 +105,7 @@ impl ShardedModel {
     }
 
     pub fn tracker(&self) -> &Arc<ReaderTracker> {
-        &self.access
+        &self.tracker
     }
 }
 
