@@ -131,6 +131,18 @@ pub struct PrefetchSnapshot {
     pub wasted_bytes: u64,
 }
 
+impl PrefetchSnapshot {
+    /// The section read from its three counters (issued, used, wasted bytes): the one place
+    /// it is built from counters, mount-wide and per file alike.
+    pub fn from_counters(issued: &AtomicU64, used: &AtomicU64, wasted: &AtomicU64) -> Self {
+        PrefetchSnapshot {
+            issued_bytes: Counters::get(issued),
+            used_bytes: Counters::get(used),
+            wasted_bytes: Counters::get(wasted),
+        }
+    }
+}
+
 /// `kernel_page_cache` section: the mounted files' page cache tierfs keeps bounded.
 #[derive(Debug, Clone, Serialize)]
 pub struct KernelCacheSnapshot {

@@ -98,11 +98,11 @@ impl CommonStats {
                 probe_bytes: Counters::get(&c.probe_bytes),
                 direct_bytes: Counters::get(&c.direct_bytes),
             },
-            prefetch: PrefetchSnapshot {
-                issued_bytes: Counters::get(&c.prefetch_issued_bytes),
-                used_bytes: Counters::get(&c.prefetch_used_bytes),
-                wasted_bytes: Counters::get(&c.prefetch_wasted_bytes),
-            },
+            prefetch: PrefetchSnapshot::from_counters(
+                &c.prefetch_issued_bytes,
+                &c.prefetch_used_bytes,
+                &c.prefetch_wasted_bytes,
+            ),
             kernel_page_cache: KernelCacheSnapshot {
                 window_bytes: window.limit(),
                 invalidated_bytes: Counters::get(&c.kernel_cache_invalidated_bytes),

@@ -202,24 +202,18 @@ impl ChunkCache {
         let result = load()
             .map(|bytes| {
                 Counters::add(&self.counters.disk_reads, 1);
-                Counters::add(
+                let file = owner.map(|owner| &owner.tracker.counters);
+                Counters::add_with_file(
                     &self.counters.disk_read_bytes,
+                    file.map(|file| &file.disk_read_bytes),
                     bytes.as_slice().len() as u64,
                 );
-                if let Some(owner) = owner {
-                    Counters::add(
-                        &owner.tracker.counters.disk_read_bytes,
-                        bytes.as_slice().len() as u64,
-                    );
-                }
                 if want == Want::Prefetch {
-                    Counters::add(&self.counters.prefetch_issued_bytes, bytes.footprint());
-                    if let Some(owner) = owner {
-                        Counters::add(
-                            &owner.tracker.counters.prefetch_issued_bytes,
-                            bytes.footprint(),
-                        );
-                    }
+                    Counters::add_with_file(
+                        &self.counters.prefetch_issued_bytes,
+                        file.map(|file| &file.prefetch_issued_bytes),
+                        bytes.footprint(),
+                    );
                 }
                 Arc::new(Chunk {
                     bytes,

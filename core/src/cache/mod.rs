@@ -413,10 +413,11 @@ impl ChunkCache {
                 .store(owner.tracker.visit(), Ordering::Relaxed);
         }
         if chunk.unread_prefetch.swap(false, Ordering::Relaxed) {
-            Counters::add(&self.counters.prefetch_used_bytes, chunk.footprint());
-            if let Some(file) = chunk.file_counters() {
-                Counters::add(&file.prefetch_used_bytes, chunk.footprint());
-            }
+            Counters::add_with_file(
+                &self.counters.prefetch_used_bytes,
+                chunk.file_counters().map(|file| &file.prefetch_used_bytes),
+                chunk.footprint(),
+            );
         }
     }
 
@@ -434,10 +435,13 @@ impl ChunkCache {
     }
 
     fn count_wasted(&self, chunk: &Chunk) {
-        Counters::add(&self.counters.prefetch_wasted_bytes, chunk.footprint());
-        if let Some(file) = chunk.file_counters() {
-            Counters::add(&file.prefetch_wasted_bytes, chunk.footprint());
-        }
+        Counters::add_with_file(
+            &self.counters.prefetch_wasted_bytes,
+            chunk
+                .file_counters()
+                .map(|file| &file.prefetch_wasted_bytes),
+            chunk.footprint(),
+        );
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

@@ -59,7 +59,6 @@ pub use file::{is_model_path, Layout, ModelFile, OpenError, RawReason};
 pub use mode::ServeMode;
 pub use open::OpenModel;
 pub use read::{ReadBytes, ReadError, ReadKind};
-pub use snapshot::prefetch_section;
 pub use store::ModelStore;
 pub use table::DEFAULT_INDEX_CAP;
 

@@ -5,7 +5,7 @@
 //! **Contract.** Snapshots are read without holding the chunk cache's lock while a strip is
 //! built (residency strips come from each file's chunk marks); the known files are copied out
 //! of the table's lock first. The `prefetch` section of a file or model is built in one place
-//! ([`prefetch_of`], from [`prefetch_section`]). Field names are the stats' JSON keys.
+//! ([`prefetch_of`], from [`PrefetchSnapshot::from_counters`], as the mount-wide one). Field names are the stats' JSON keys.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -21,32 +21,19 @@ use crate::reader::FileCounters;
 use crate::stats::residency::{self, Residency};
 use crate::stats::{Counters, FileSnapshot, IndexSnapshot, PrefetchSnapshot};
 
-/// The stats' `prefetch` section from its three counters (issued, used, wasted bytes): the
-/// one place the section is read from counters (the mount-wide section could use it too).
-pub fn prefetch_section(
-    issued: &AtomicU64,
-    used: &AtomicU64,
-    wasted: &AtomicU64,
-) -> PrefetchSnapshot {
-    PrefetchSnapshot {
-        issued_bytes: Counters::get(issued),
-        used_bytes: Counters::get(used),
-        wasted_bytes: Counters::get(wasted),
-    }
-}
-
 /// The `prefetch` section of a file or a model from its counters (none: all zero).
 fn prefetch_of(counters: Option<&FileCounters>) -> PrefetchSnapshot {
     match counters {
-        Some(c) => prefetch_section(
+        Some(c) => PrefetchSnapshot::from_counters(
             &c.prefetch_issued_bytes,
             &c.prefetch_used_bytes,
             &c.prefetch_wasted_bytes,
         ),
-        None => {
-            let zero = AtomicU64::new(0);
-            prefetch_section(&zero, &zero, &zero)
-        }
+        None => PrefetchSnapshot {
+            issued_bytes: 0,
+            used_bytes: 0,
+            wasted_bytes: 0,
+        },
     }
 }
 
