@@ -121,9 +121,8 @@ impl Filesystem for FuseAdapter {
             .add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
             .is_ok();
         // Asynchronous O_DIRECT reads (io_uring, aio) of handles the daemon serves reach it as
-        // parallel requests, up to max_background, instead of one at a time: runai's reload of a
-        // 1.5 GiB model from the chunk cache 0.72 s -> 0.44 s (`tests/bench/odirect.py`;
-        // `tierfs_core::passthrough`, "O_DIRECT readers").
+        // parallel requests, up to max_background, instead of one at a time
+        // ([measured](../../../docs/PERFORMANCE.md#o_direct-loaders)).
         let _ = config.add_capabilities(InitFlags::FUSE_ASYNC_DIO);
         let mut passthrough = false;
         if self.fs.passthrough() {
