@@ -46,7 +46,7 @@ impl ModelFile {
         kind: ReadKind,
         config: &ModelsConfig,
     ) -> bool {
-        let run_before = self.runs.record(offset, end);
+        let run_before = self.runs.record(offset, end, config);
         let (Some(tracker), Some(span)) = (self.tracker(), self.plan().and_then(|p| p.get(chunk)))
         else {
             return false;

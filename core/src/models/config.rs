@@ -40,19 +40,36 @@ pub struct ModelsConfig {
     /// (`budget / next_model_head_share`, see [`super::sequence`]): an eighth, enough for its
     /// first blocks without pushing out much of what the budget keeps of the others.
     pub next_model_head_share: u64,
+    /// Runs of requests remembered per file ([`super::runs`]): 16, one per thread of a
+    /// multi-threaded reader (8 threads of 2 MiB `pread`s) and one for kernel readahead, twice.
+    pub runs_per_file: usize,
+    /// How far behind a run's start a request may begin and still continue it: 8 MiB, as an
+    /// `mmap` fault's read-around centres on the faulting page (half a window of at most 8 MiB).
+    pub run_back_slack: u64,
+    /// How far past a run's end a request may begin and still continue it: 256 KiB, the small
+    /// gaps readers skip (alignment padding between tensors, a page the page cache had).
+    pub run_forward_gap: u64,
+}
+
+impl ModelsConfig {
+    /// What the daemon runs with ([`Default`]), usable in constants.
+    pub const DEFAULT: ModelsConfig = ModelsConfig {
+        direct_exact_min: 256 << 10,
+        header_probe_bytes: 256 << 10,
+        header_tail_bytes: 64 << 10,
+        spill_bytes: 512 << 10,
+        stream_after: runs::STREAM_AFTER,
+        index_cap: DEFAULT_INDEX_CAP,
+        trim_after_evicted_bytes: TRIM_AFTER_EVICTED_BYTES,
+        next_model_head_share: sequence::HEAD_SHARE,
+        runs_per_file: runs::RUNS,
+        run_back_slack: runs::BACK_SLACK,
+        run_forward_gap: runs::FORWARD_GAP,
+    };
 }
 
 impl Default for ModelsConfig {
     fn default() -> ModelsConfig {
-        ModelsConfig {
-            direct_exact_min: 256 << 10,
-            header_probe_bytes: 256 << 10,
-            header_tail_bytes: 64 << 10,
-            spill_bytes: 512 << 10,
-            stream_after: runs::STREAM_AFTER,
-            index_cap: DEFAULT_INDEX_CAP,
-            trim_after_evicted_bytes: TRIM_AFTER_EVICTED_BYTES,
-            next_model_head_share: sequence::HEAD_SHARE,
-        }
+        ModelsConfig::DEFAULT
     }
 }
