@@ -18,6 +18,7 @@
 //! - [`control`]: the commands of `.tierfs/control`.
 //! - [`synth`]: deterministic synthetic checkpoints (demo, tests, benchmarks).
 //! - [`size`]: human byte sizes.
+//! - [`histogram`]: the log-linear latency buckets of the stats and the source meter.
 //! - `cli` (feature `cli`): the command-line pieces both front ends share.
 //! - [`sync`]: the locks of the core (swapped for loom's in model-checked tests).
 //! - [`access`]: who may see what through a shared mount (per-request credentials).
@@ -37,6 +38,7 @@ pub mod control;
 // Linux and Windows: its OS-facing pieces are in `fs::platform`.
 #[cfg(any(target_os = "linux", windows))]
 pub mod fs;
+pub mod histogram;
 pub mod index;
 pub mod kernel_cache;
 pub mod models;

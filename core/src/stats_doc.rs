@@ -11,6 +11,7 @@ use crate::kernel_cache::KernelCacheWindow;
 use crate::models::shards::ModelSnapshot;
 use crate::models::ModelStore;
 use crate::passthrough::PassthroughSnapshot;
+use crate::source::meter::SourceDeviceSnapshot;
 use crate::stats::ops::OpsSnapshot;
 use crate::stats::{
     CacheSnapshot, Counters, DiskSnapshot, FileSnapshot, KernelCacheSnapshot, PrefetchSnapshot,
@@ -36,6 +37,8 @@ pub struct CommonStats {
     pub mount: MountInfo,
     pub cache: CacheSnapshot,
     pub disk: DiskSnapshot,
+    /// The source's measured speed, per device ([`crate::source::meter`]).
+    pub source: SourceSection,
     pub prefetch: PrefetchSnapshot,
     pub kernel_page_cache: KernelCacheSnapshot,
     /// Per-operation counts, errors and latency of the front end's requests.
@@ -55,6 +58,13 @@ pub struct PassthroughSection {
     pub available: bool,
     #[serde(flatten)]
     pub tier: PassthroughSnapshot,
+}
+
+/// `source` section: the measured latency, throughput and reads in flight of each source
+/// device the mount read from ([`crate::source::meter`]), by device number.
+#[derive(Debug, Serialize)]
+pub struct SourceSection {
+    pub devices: Vec<SourceDeviceSnapshot>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -98,6 +108,9 @@ impl CommonStats {
                 probe_bytes: Counters::get(&c.probe_bytes),
                 direct_bytes: Counters::get(&c.direct_bytes),
             },
+            source: SourceSection {
+                devices: store.source_meters().snapshot(),
+            },
             prefetch: PrefetchSnapshot::from_counters(
                 &c.prefetch_issued_bytes,
                 &c.prefetch_used_bytes,
@@ -115,5 +128,107 @@ impl CommonStats {
             files: store.files_snapshot(),
             models: store.models_snapshot(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::prefetch::saved::SavedOrders;
+    use crate::source::SourceIdentity;
+    use crate::synth::{write_checkpoint, Layout, SynthDtype, SynthSpec};
+
+    #[test]
+    fn the_source_section_measures_every_read_of_the_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.safetensors");
+        let spec = SynthSpec {
+            layout: Layout::Dit,
+            target_bytes: 12 << 20,
+            dtype: SynthDtype::BF16,
+            seed: 3,
+        };
+        write_checkpoint(&path, &spec).unwrap();
+        let expected = std::fs::read(&path).unwrap();
+        let store = Arc::new(ModelStore::new(64 << 20, SavedOrders::default()));
+        let empty = CommonStats::collect(
+            &store,
+            &KernelCacheWindow::new(0),
+            (dir.path(), Path::new("/mnt")),
+            false,
+            SystemTime::now(),
+        );
+        assert!(empty.source.devices.is_empty(), "nothing read yet");
+
+        let file = store.open(Path::new("m.safetensors"), &path).unwrap();
+        let mut got = Vec::new();
+        loop {
+            let bytes = store.read(&file, got.len() as u64, 1 << 20).unwrap();
+            if bytes.is_empty() {
+                break;
+            }
+            got.extend_from_slice(&bytes);
+        }
+        assert!(got == expected, "the bytes read are not the file's");
+        store.wait_prefetch_idle();
+        let doc = CommonStats::collect(
+            &store,
+            &KernelCacheWindow::new(0),
+            (dir.path(), Path::new("/mnt")),
+            false,
+            SystemTime::now(),
+        );
+        let dev = SourceIdentity::of_path(&path).unwrap().dev;
+        let [device] = &doc.source.devices[..] else {
+            panic!("one device: {:?}", doc.source.devices);
+        };
+        assert_eq!(device.dev, dev);
+        // Every chunk read from the source, the header read too, at their aligned sizes.
+        assert!(
+            device.bytes >= doc.disk.read_bytes,
+            "{device:?} {:?}",
+            doc.disk
+        );
+        assert!(doc.disk.read_bytes >= expected.len() as u64 * 9 / 10);
+        assert!(device.reads > doc.disk.reads, "{device:?} {:?}", doc.disk);
+        assert!(
+            device.latency_mean_us.is_some_and(|us| us > 0.0),
+            "{device:?}"
+        );
+        assert!(device.latency_p99_us >= device.latency_p50_us, "{device:?}");
+        assert!(device.throughput_bytes_per_second.is_some_and(|t| t > 0.0));
+        assert!(device.busy_seconds > 0.0);
+        assert_eq!(device.in_flight, 0);
+        assert!(device.in_flight_peak >= 1);
+
+        // In the JSON, under the keys docs/STATS.md names.
+        let json: serde_json::Value = serde_json::from_slice(&render_json(&doc)).unwrap();
+        let entry = &json["source"]["devices"][0];
+        for key in [
+            "device",
+            "dev",
+            "reads",
+            "bytes",
+            "busy_seconds",
+            "latency_mean_us",
+            "latency_smoothed_us",
+            "latency_p50_us",
+            "latency_p99_us",
+            "latency_floor_us",
+            "throughput_bytes_per_second",
+            "bandwidth_bytes_per_second",
+            "bandwidth_delay_bytes",
+            "in_flight",
+            "in_flight_peak",
+            "in_flight_mean",
+            "window_reads",
+        ] {
+            assert!(entry.get(key).is_some(), "no {key} in {entry}");
+        }
+        assert_eq!(entry["bytes"], device.bytes);
+        assert!(entry.get("histogram").is_none());
     }
 }

@@ -28,6 +28,7 @@ use crate::index::{Format, TensorIndex};
 use crate::prefetch::saved::SavedOrders;
 use crate::prefetch::PrefetchTarget;
 use crate::reader::ReaderTracker;
+use crate::source::meter::SourceMeters;
 use crate::source::slot::SourceSlot;
 use crate::source::{aligned_footprint, PathAccess, ReadWrapper, SourceError, SourceFile};
 
@@ -137,24 +138,33 @@ impl ModelFile {
     /// Indexes the version of `abs` there now; returns it with the descriptors it was read
     /// through, open for as long as the caller holds them.
     /// `opened`: a descriptor of the file the caller opened already (a requester's), which is
-    /// what gets indexed; else `abs` is opened through `paths`.
+    /// what gets indexed; else `abs` is opened through `paths`. Its reads are measured on
+    /// `meters`.
     pub(super) fn open(
         (path, abs, opened): (&Path, &Path, Option<&File>),
         generation: u64,
-        (saved, wrap, paths): (&SavedOrders, Option<&ReadWrapper>, &Arc<dyn PathAccess>),
+        (saved, wrap, paths, meters): (
+            &SavedOrders,
+            Option<&ReadWrapper>,
+            &Arc<dyn PathAccess>,
+            &SourceMeters,
+        ),
         membership: shards::Membership,
         (index_cap, config): (u64, &ModelsConfig),
     ) -> Result<(ModelFile, Arc<SourceFile>), OpenError> {
-        let source = Arc::new(match opened {
-            Some(file) => {
-                let dup = file.try_clone().map_err(|source| SourceError::Open {
-                    path: abs.to_owned(),
-                    source,
-                })?;
-                SourceFile::adopt(abs, dup, wrap)?
+        let source = Arc::new(
+            match opened {
+                Some(file) => {
+                    let dup = file.try_clone().map_err(|source| SourceError::Open {
+                        path: abs.to_owned(),
+                        source,
+                    })?;
+                    SourceFile::adopt(abs, dup, wrap)?
+                }
+                None => SourceFile::open_with(paths.as_ref(), abs, wrap)?,
             }
-            None => SourceFile::open_with(paths.as_ref(), abs, wrap)?,
-        });
+            .metered(meters),
+        );
         let file_key = SavedOrders::key(&source.canonical_path(), &source.identity());
         let mut order_key = file_key.clone();
         let format = Format::of_path(path).unwrap_or_default();

@@ -26,6 +26,7 @@ use crate::cache::ChunkCache;
 use crate::passthrough::PassthroughTier;
 use crate::prefetch::saved::SavedOrders;
 use crate::prefetch::{Executor, Prefetcher};
+use crate::source::meter::SourceMeters;
 use crate::source::{PathAccess, PlainPaths, ReadWrapper, SourceError, SourceFile, SourceIdentity};
 use crate::stats::Counters;
 use crate::sync::{lock, Mutex, MutexGuard};
@@ -67,6 +68,8 @@ pub struct ModelStore {
     pub(super) chunk_floor: AtomicU64,
     /// Tuning ([`ModelsConfig`]).
     pub(super) config: ModelsConfig,
+    /// The measured speed of each source device the mount reads from.
+    pub(super) meters: Arc<SourceMeters>,
 }
 
 /// Who opens a file version ([`ModelStore::open_version`]).
@@ -128,7 +131,20 @@ impl ModelStore {
             sequence: Mutex::new(sequence::Sequence::default()),
             chunk_floor: AtomicU64::new(0),
             config: ModelsConfig::default(),
+            meters: Arc::new(SourceMeters::default()),
         }
+    }
+
+    /// The meters of the source devices the mount reads from ([`crate::source::meter`]).
+    pub fn source_meters(&self) -> &Arc<SourceMeters> {
+        &self.meters
+    }
+
+    /// Measures the source reads of files opened from now on on `meters` (tests: meters on a
+    /// manual clock).
+    pub fn with_source_meters(mut self, meters: Arc<SourceMeters>) -> ModelStore {
+        self.meters = meters;
+        self
     }
 
     /// Makes every by-path access to SOURCE go through `paths` (a mount's resolver, which
@@ -338,7 +354,12 @@ impl ModelStore {
         let (file, source) = ModelFile::open(
             (path, abs, opened),
             generation,
-            (&self.saved, self.read_wrapper.as_ref(), &paths),
+            (
+                &self.saved,
+                self.read_wrapper.as_ref(),
+                &paths,
+                &self.meters,
+            ),
             membership,
             (index_cap, &self.config),
         )?;

@@ -53,9 +53,11 @@ compile_error!("tierfs-core reads sources on Linux and Windows only");
 
 #[cfg(target_os = "linux")]
 pub mod limits;
+pub mod meter;
 pub mod slot;
 
 use crate::sync::{lock_static, StaticMutex};
+use meter::{SourceMeter, SourceMeters};
 pub use platform::open_direct;
 use platform::ChunkMemory;
 
@@ -372,6 +374,8 @@ pub struct SourceFile {
     wrap: Option<ReadWrapper>,
     /// On a file system held in RAM (tmpfs, ramfs): see [`SourceFile::is_in_ram`].
     in_ram: bool,
+    /// Where its reads are measured ([`meter`]); `None`: not measured.
+    meter: Option<Arc<SourceMeter>>,
 }
 
 impl std::fmt::Debug for SourceFile {
@@ -438,7 +442,25 @@ impl SourceFile {
             identity,
             wrap: wrap.cloned(),
             in_ram,
+            meter: None,
         })
+    }
+
+    /// Measures this file's reads on the meter of its device in `meters`.
+    pub fn metered(self, meters: &SourceMeters) -> SourceFile {
+        let meter = meters.for_dev(self.identity.dev);
+        self.with_meter(Some(meter))
+    }
+
+    /// Measures this file's reads on `meter` (`None`: not measured).
+    pub fn with_meter(mut self, meter: Option<Arc<SourceMeter>>) -> SourceFile {
+        self.meter = meter;
+        self
+    }
+
+    /// The meter this file's reads are measured on.
+    pub fn meter(&self) -> Option<&Arc<SourceMeter>> {
+        self.meter.as_ref()
     }
 
     /// Whether the file lives on a file system held in RAM (tmpfs, ramfs): its bytes are in
@@ -542,15 +564,27 @@ impl SourceFile {
         let Some(direct) = self.direct() else {
             return Ok(0);
         };
-        read_direct(direct.as_ref(), &self.direct_works, &self.path, buf, offset)
+        self.measured(|| read_direct(direct.as_ref(), &self.direct_works, &self.path, buf, offset))
             .map_err(|(filled, source)| self.read_error(offset + filled as u64, source))
     }
 
     fn fill_buffered(&self, buf: &mut [u8], offset: u64) -> Result<usize, SourceError> {
-        let filled = read_full_at(self.buffered.as_ref(), buf, offset)
+        let filled = self
+            .measured(|| read_full_at(self.buffered.as_ref(), buf, offset))
             .map_err(|(filled, source)| self.read_error(offset + filled as u64, source))?;
         platform::drop_cached(&self.advice, offset, filled as u64);
         Ok(filled)
+    }
+
+    /// Runs `read`, one read of the source, on this file's meter (if any): issued now,
+    /// completed with the bytes it returns, or failed.
+    fn measured<E>(&self, read: impl FnOnce() -> Result<usize, E>) -> Result<usize, E> {
+        let in_flight = self.meter.as_deref().map(SourceMeter::start);
+        let result = read();
+        if let (Some(in_flight), Ok(bytes)) = (in_flight, &result) {
+            in_flight.finish(*bytes as u64);
+        }
+        result
     }
 
     fn read_error(&self, offset: u64, source: io::Error) -> SourceError {

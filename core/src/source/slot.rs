@@ -36,6 +36,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
+use super::meter::SourceMeter;
 use super::{PathAccess, ReadWrapper, SourceError, SourceFile, SourceIdentity};
 use crate::sync::{lock, Mutex};
 
@@ -52,6 +53,8 @@ pub struct SourceSlot {
     direct_io: AtomicBool,
     /// Times the descriptors were opened again after being closed.
     reopens: AtomicU64,
+    /// The meter of the first descriptors, which reopens measure on too.
+    meter: Option<Arc<SourceMeter>>,
 }
 
 impl std::fmt::Debug for SourceSlot {
@@ -81,6 +84,7 @@ impl SourceSlot {
             open: Mutex::new(Arc::downgrade(source)),
             direct_io: AtomicBool::new(source.uses_direct_io()),
             reopens: AtomicU64::new(0),
+            meter: source.meter().cloned(),
         }
     }
 
@@ -92,11 +96,10 @@ impl SourceSlot {
         if let Some(source) = open.upgrade() {
             return Ok(source);
         }
-        let source = Arc::new(SourceFile::open_with(
-            self.paths.as_ref(),
-            &self.path,
-            self.wrap.as_ref(),
-        )?);
+        let source = Arc::new(
+            SourceFile::open_with(self.paths.as_ref(), &self.path, self.wrap.as_ref())?
+                .with_meter(self.meter.clone()),
+        );
         if source.identity() != self.identity {
             return Err(SourceError::Changed {
                 path: self.path.clone(),
@@ -120,7 +123,9 @@ impl SourceSlot {
         if let Some(source) = open.upgrade() {
             return Ok(Some(source));
         }
-        let source = Arc::new(SourceFile::adopt(&self.path, file, self.wrap.as_ref())?);
+        let source = Arc::new(
+            SourceFile::adopt(&self.path, file, self.wrap.as_ref())?.with_meter(self.meter.clone()),
+        );
         if source.identity() != self.identity {
             return Ok(None);
         }

@@ -3,11 +3,10 @@
 //! A front end (the FUSE adapter) wraps the work of each request in [`OpStats::time`]; a
 //! snapshot turns the figures into count, errors, mean, p50 and p99 per operation.
 //!
-//! **Histogram.** Latencies go into fixed log-linear buckets: four per power of two of
-//! nanoseconds (the scheme of HdrHistogram with two significant bits), so a bucket spans 25 % of
-//! its lower bound and a quantile read from it is at most 25 % above the true value; the
-//! snapshot reports the bucket's upper bound, never an underestimate. 4 × 64 buckets cover every
-//! `u64` of nanoseconds in 2 KiB per operation. Recording is two relaxed `fetch_add`s (the bucket
+//! **Histogram.** Latencies go into the fixed log-linear buckets of [`crate::histogram`]: four
+//! per power of two of nanoseconds, so a quantile read from them is at most 25 % above the true
+//! value; the snapshot reports the bucket's upper bound, never an underestimate. 2 KiB per
+//! operation. Recording is two relaxed `fetch_add`s (the bucket
 //! and the nanosecond sum), plus one for an error: lock-free, no allocation, nothing to
 //! configure, and a snapshot can read it while requests go on. The `hdrhistogram` crate would
 //! need `&mut` to record (a lock, or per-thread histograms merged by a reader thread) for
@@ -20,6 +19,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+
+pub use crate::histogram::HISTOGRAM_BOUNDS_NS;
+use crate::histogram::{bucket, coarse, quantile_ns, CoarseHistogram, BUCKETS};
 
 /// The operations that are recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,34 +46,6 @@ impl Op {
             Op::Readdir => "readdir",
         }
     }
-}
-
-/// Sub-buckets per power of two: 2 bits, so a bucket is 25 % of its lower bound wide.
-const SUB_BITS: u32 = 2;
-const SUB: usize = 1 << SUB_BITS;
-const BUCKETS: usize = SUB * 64;
-
-/// The bucket of a latency of `ns` nanoseconds.
-fn bucket(ns: u64) -> usize {
-    if ns < SUB as u64 {
-        return ns as usize;
-    }
-    let exp = 63 - ns.leading_zeros(); // >= SUB_BITS
-    let sub = (ns >> (exp - SUB_BITS)) as usize & (SUB - 1);
-    SUB + (exp - SUB_BITS) as usize * SUB + sub
-}
-
-/// The largest latency, in nanoseconds, that falls into `index`.
-fn bucket_upper(index: usize) -> u64 {
-    if index < SUB {
-        return index as u64;
-    }
-    let exp = (index - SUB) / SUB + SUB_BITS as usize;
-    let sub = ((index - SUB) % SUB) as u64;
-    let width = 1u64 << (exp - SUB_BITS as usize);
-    (SUB as u64 + sub)
-        .saturating_mul(width)
-        .saturating_add(width - 1)
 }
 
 /// Counts and latency histogram of one operation.
@@ -103,26 +77,10 @@ impl OpRecord {
     }
 
     fn histogram(&self) -> OpHistogram {
-        let mut buckets: Vec<(f64, u64)> = HISTOGRAM_BOUNDS_NS
-            .iter()
-            .map(|&bound| (bound as f64 / 1e9, 0))
-            .collect();
-        let mut count = 0;
-        for (index, fine) in self.buckets.iter().enumerate() {
-            let n = fine.load(Ordering::Relaxed);
-            count += n;
-            // Every latency of a fine bucket is at most its upper bound, below the first coarse
-            // bound above it: the coarse counts are exact.
-            let upper = bucket_upper(index);
-            if let Some(slot) = HISTOGRAM_BOUNDS_NS.iter().position(|&b| upper < b) {
-                buckets[slot].1 += n;
-            }
-        }
-        OpHistogram {
-            count,
-            sum_seconds: self.total_ns.load(Ordering::Relaxed) as f64 / 1e9,
-            buckets,
-        }
+        coarse(
+            self.buckets.iter().map(|b| b.load(Ordering::Relaxed)),
+            self.total_ns.load(Ordering::Relaxed),
+        )
     }
 
     fn snapshot(&self) -> OpSnapshot {
@@ -132,21 +90,7 @@ impl OpRecord {
             .map(|b| b.load(Ordering::Relaxed))
             .collect();
         let count: u64 = counts.iter().sum();
-        let quantile = |q: f64| -> f64 {
-            if count == 0 {
-                return 0.0;
-            }
-            // The smallest bucket holding at least ceil(q * count) of the samples.
-            let rank = ((q * count as f64).ceil() as u64).clamp(1, count);
-            let mut seen = 0;
-            for (index, n) in counts.iter().enumerate() {
-                seen += n;
-                if seen >= rank {
-                    return bucket_upper(index) as f64 / 1e3;
-                }
-            }
-            0.0
-        };
+        let quantile = |q: f64| quantile_ns(&counts, q).map_or(0.0, |ns| ns as f64 / 1e3);
         let total_ns = self.total_ns.load(Ordering::Relaxed);
         OpSnapshot {
             count,
@@ -162,34 +106,8 @@ impl OpRecord {
     }
 }
 
-/// Upper bounds (exclusive, in nanoseconds) of the coarse buckets [`OpStats::histograms`]
-/// reports: powers of four from 1 µs (1 024 ns) to 17 s, each the lower bound of a fine bucket,
-/// so a coarse count is the exact sum of fine ones. Latencies of 17 s or more are counted in
-/// `count` only (the `+Inf` bucket).
-pub const HISTOGRAM_BOUNDS_NS: [u64; 13] = [
-    1 << 10,
-    1 << 12,
-    1 << 14,
-    1 << 16,
-    1 << 18,
-    1 << 20,
-    1 << 22,
-    1 << 24,
-    1 << 26,
-    1 << 28,
-    1 << 30,
-    1 << 32,
-    1 << 34,
-];
-
 /// The latency histogram of one operation in coarse buckets, for monitoring systems.
-#[derive(Debug, Clone, PartialEq)]
-pub struct OpHistogram {
-    pub count: u64,
-    pub sum_seconds: f64,
-    /// `(upper bound in seconds, latencies below it and at or above the previous bound)`.
-    pub buckets: Vec<(f64, u64)>,
-}
+pub type OpHistogram = CoarseHistogram;
 
 /// The figures of every [`Op`].
 #[derive(Debug, Default)]
@@ -260,28 +178,6 @@ pub struct OpsSnapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn every_value_lands_in_a_bucket_whose_bounds_hold_it() {
-        let mut values = vec![0, 1, 2, 3, 4, 5, 7, 8, 9, 1000, 1023, 1024, 1025, u64::MAX];
-        values.extend((0..64).map(|shift| 1u64 << shift));
-        values.extend((1..64).map(|shift| (1u64 << shift) - 1));
-        for v in values {
-            let index = bucket(v);
-            assert!(index < BUCKETS, "{v}");
-            assert!(v <= bucket_upper(index), "{v} above its bucket {index}");
-            if index > 0 {
-                assert!(v > bucket_upper(index - 1), "{v} below its bucket {index}");
-            }
-            // The bucket is at most 25 % wider than its lower bound.
-            let lower = if index == 0 {
-                0
-            } else {
-                bucket_upper(index - 1) + 1
-            };
-            assert!(bucket_upper(index) - lower <= lower / 4, "{v}");
-        }
-    }
 
     #[test]
     fn quantiles_counts_and_errors() {

@@ -1,0 +1,554 @@
+//! The source's measured speed, per source device of a mount: how long its reads take, how fast
+//! it delivers while it is being read, how many reads are in flight, and how many bytes must be
+//! in flight to keep it busy (the bandwidth-delay product).
+//!
+//! **Contract.** Every read of a source file by the daemon (the aligned and the plain reads of
+//! [`super::SourceFile`]: chunk loads, prefetch, probes, uncached reads, headers) is one
+//! [`SourceMeter::start`] at its issue and one [`InFlight::finish`] with its bytes at its
+//! completion, on the meter of its file's device ([`super::SourceIdentity::dev`]); a read that
+//! fails is dropped unfinished: it leaves the reads in flight and adds no sample. A mount holds
+//! one [`SourceMeters`], one meter per device it read from (a SOURCE that spans file systems
+//! reports each). From those events:
+//! - **latency**, the time from a read's issue to its completion: smoothed (each read moves the
+//!   estimate [`MeterConfig::smoothing_gain`] of the way to its own latency, as TCP smooths its
+//!   round trip), the mean since the mount, and quantiles over the recent window;
+//! - **the recent window**: the last [`MeterConfig::slots`] × [`MeterConfig::slot_reads`]
+//!   reads, in slots of `slot_reads`, the oldest slot cleared when a new one starts. A count,
+//!   not a time, so the figures of a source that went idle stay those of its last reads;
+//! - **busy time**, the time with at least one read in flight; **throughput while reading** is
+//!   bytes / busy time, so idle periods do not dilute it;
+//! - **reads in flight** now, their peak, and their mean while busy (time-weighted);
+//! - **the bandwidth-delay product**, [`SourceMeter::estimate`].
+//!
+//! Every figure is exact for the events seen: busy time and the time-weighted reads in flight
+//! are integrated at each issue and completion, not sampled.
+//!
+//! **Locks.** One mutex per meter (through [`crate::sync`]), a leaf, held for a few additions
+//! at a read's issue and again at its completion (and, once every `slot_reads` reads, to clear
+//! a slot's [`BUCKETS`] counters); never across the read. No allocation after the meter is
+//! made. [`SourceMeters`]' own lock is taken when a source file is opened, not per read.
+//! The cost is below the noise of a warm read ([measured](../../../docs/STATS.md#source)).
+//!
+//! **Clock.** Times come from a [`Clock`]: [`MonotonicClock`] in the daemon, [`ManualClock`] in
+//! tests, which set every latency and busy period exactly (no sleep decides an outcome).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::histogram::{bucket, coarse, quantile_ns, CoarseHistogram, BUCKETS};
+use crate::sync::{lock, Mutex};
+
+/// A monotonic time source for the meter.
+pub trait Clock: Send + Sync {
+    /// Nanoseconds since an origin of the clock's choosing; never goes back.
+    fn now_ns(&self) -> u64;
+}
+
+/// The system's monotonic clock, from the moment it was made.
+#[derive(Debug, Clone, Copy)]
+pub struct MonotonicClock(Instant);
+
+impl Default for MonotonicClock {
+    fn default() -> Self {
+        MonotonicClock(Instant::now())
+    }
+}
+
+impl Clock for MonotonicClock {
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.0.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+/// A clock that moves only when told to (tests, of the meter and of what schedules by it).
+#[derive(Debug, Default)]
+pub struct ManualClock(AtomicU64);
+
+impl ManualClock {
+    /// Moves the clock `by` forward.
+    pub fn advance(&self, by: Duration) {
+        let ns = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
+        self.0.fetch_add(ns, Ordering::Relaxed);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ns(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Tuning of a meter; [`Default`] is what a mount uses.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MeterConfig {
+    /// Reads per slot of the recent window: 256 reads of 4 MiB chunks are 1 GiB, seconds of
+    /// any source tierfs is worth mounting over, and enough reads for a p99.
+    pub slot_reads: u64,
+    /// Slots of the window: four, so that clearing the oldest forgets a quarter of it at once.
+    pub slots: usize,
+    /// How far each read moves the smoothed latency towards its own: 1/8, TCP's gain for its
+    /// smoothed round trip (RFC 6298), which follows a change within a few tens of reads.
+    pub smoothing_gain: f64,
+    /// Reads the window must hold, and a slot to count for the bandwidth, before an estimate
+    /// is given: fewer is too few for a low quantile of the latency.
+    pub min_reads: u64,
+    /// The quantile of the window's latencies taken as the source's latency without queueing
+    /// (the low end, not the minimum, which one read served from the source's own cache sets).
+    pub floor_quantile: f64,
+}
+
+impl Default for MeterConfig {
+    fn default() -> Self {
+        MeterConfig {
+            slot_reads: 256,
+            slots: 4,
+            smoothing_gain: 0.125,
+            min_reads: 16,
+            floor_quantile: 0.1,
+        }
+    }
+}
+
+/// The bandwidth-delay product of a source and what it is made of ([`SourceMeter::estimate`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SourceEstimate {
+    /// The best throughput while reading of a slot of the window: what the source delivered
+    /// when it was kept busiest.
+    pub bandwidth_bytes_per_second: f64,
+    /// The window's [`MeterConfig::floor_quantile`] of latency: a read's time when it does not
+    /// queue behind others.
+    pub latency_floor: Duration,
+    /// `bandwidth × latency floor`: the bytes in flight that keep the source busy.
+    pub bandwidth_delay_bytes: u64,
+}
+
+/// One slot of the recent window.
+#[derive(Debug)]
+struct Slot {
+    reads: u64,
+    bytes: u64,
+    busy_ns: u64,
+    counts: Box<[u64; BUCKETS]>,
+    /// Of `counts`, the reads issued while no other was in flight.
+    solo: Box<[u64; BUCKETS]>,
+}
+
+impl Slot {
+    fn new() -> Slot {
+        Slot {
+            reads: 0,
+            bytes: 0,
+            busy_ns: 0,
+            counts: Box::new([0; BUCKETS]),
+            solo: Box::new([0; BUCKETS]),
+        }
+    }
+}
+
+/// What a meter's lock guards.
+#[derive(Debug)]
+struct State {
+    in_flight: u64,
+    in_flight_peak: u64,
+    /// When busy time and reads in flight were last integrated.
+    last_event_ns: u64,
+    /// Time with at least one read in flight, and the integral of reads in flight over time.
+    busy_ns: u64,
+    in_flight_ns: u64,
+    reads: u64,
+    bytes: u64,
+    latency_ns: u64,
+    smoothed_ns: Option<f64>,
+    /// Latencies since the meter was made.
+    counts: Box<[u64; BUCKETS]>,
+    slots: Vec<Slot>,
+    current: usize,
+    /// The sums of the slots' `counts` and `solo`.
+    window: Box<[u64; BUCKETS]>,
+    solo_window: Box<[u64; BUCKETS]>,
+}
+
+impl State {
+    fn new(slots: usize) -> State {
+        State {
+            in_flight: 0,
+            in_flight_peak: 0,
+            last_event_ns: 0,
+            busy_ns: 0,
+            in_flight_ns: 0,
+            reads: 0,
+            bytes: 0,
+            latency_ns: 0,
+            smoothed_ns: None,
+            counts: Box::new([0; BUCKETS]),
+            slots: (0..slots.max(1)).map(|_| Slot::new()).collect(),
+            current: 0,
+            window: Box::new([0; BUCKETS]),
+            solo_window: Box::new([0; BUCKETS]),
+        }
+    }
+
+    /// Integrates busy time and reads in flight up to `now`.
+    fn accrue(&mut self, now: u64) {
+        let elapsed = now.saturating_sub(self.last_event_ns);
+        self.last_event_ns = self.last_event_ns.max(now);
+        if self.in_flight == 0 || elapsed == 0 {
+            return;
+        }
+        self.busy_ns = self.busy_ns.saturating_add(elapsed);
+        self.in_flight_ns = self
+            .in_flight_ns
+            .saturating_add(elapsed.saturating_mul(self.in_flight));
+        let slot = &mut self.slots[self.current];
+        slot.busy_ns = slot.busy_ns.saturating_add(elapsed);
+    }
+
+    /// A read of `bytes` took `latency_ns`; `alone`: no other read was in flight at its issue.
+    fn record(&mut self, (latency_ns, bytes, alone): (u64, u64, bool), config: &MeterConfig) {
+        self.reads += 1;
+        self.bytes = self.bytes.saturating_add(bytes);
+        self.latency_ns = self.latency_ns.saturating_add(latency_ns);
+        let at = bucket(latency_ns);
+        self.counts[at] += 1;
+        self.window[at] += 1;
+        if alone {
+            self.solo_window[at] += 1;
+        }
+        let latency = latency_ns as f64;
+        self.smoothed_ns = Some(match self.smoothed_ns {
+            Some(smoothed) => smoothed + config.smoothing_gain * (latency - smoothed),
+            None => latency,
+        });
+        let slot = &mut self.slots[self.current];
+        slot.reads += 1;
+        slot.bytes = slot.bytes.saturating_add(bytes);
+        slot.counts[at] += 1;
+        if alone {
+            slot.solo[at] += 1;
+        }
+        if slot.reads >= config.slot_reads {
+            self.current = (self.current + 1) % self.slots.len();
+            let next = &mut self.slots[self.current];
+            for (sum, n) in self.window.iter_mut().zip(next.counts.iter_mut()) {
+                *sum -= *n;
+                *n = 0;
+            }
+            for (sum, n) in self.solo_window.iter_mut().zip(next.solo.iter_mut()) {
+                *sum -= *n;
+                *n = 0;
+            }
+            (next.reads, next.bytes, next.busy_ns) = (0, 0, 0);
+        }
+    }
+
+    fn window_reads(&self) -> u64 {
+        self.slots.iter().map(|slot| slot.reads).sum()
+    }
+
+    fn estimate(&self, config: &MeterConfig) -> Option<SourceEstimate> {
+        if self.window_reads() < config.min_reads.max(1) {
+            return None;
+        }
+        let enough = config.min_reads.clamp(1, config.slot_reads.max(1));
+        let bandwidth = self
+            .slots
+            .iter()
+            .filter(|slot| slot.reads >= enough && slot.busy_ns > 0)
+            .map(|slot| slot.bytes as f64 * 1e9 / slot.busy_ns as f64)
+            .max_by(f64::total_cmp)?;
+        // Reads issued alone did not queue behind others: their latency is the floor, when the
+        // window holds enough of them; else the low end of all.
+        let solo: u64 = self.solo_window.iter().sum();
+        let floor_from = if solo >= config.min_reads.max(1) {
+            &self.solo_window
+        } else {
+            &self.window
+        };
+        let floor_ns = quantile_ns(&floor_from[..], config.floor_quantile)?;
+        Some(SourceEstimate {
+            bandwidth_bytes_per_second: bandwidth,
+            latency_floor: Duration::from_nanos(floor_ns),
+            bandwidth_delay_bytes: (bandwidth * floor_ns as f64 / 1e9).round() as u64,
+        })
+    }
+}
+
+/// The meter of one source device (see the module docs).
+pub struct SourceMeter {
+    dev: u64,
+    config: MeterConfig,
+    clock: Arc<dyn Clock>,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for SourceMeter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SourceMeter")
+            .field("device", &device_name(self.dev))
+            .finish()
+    }
+}
+
+/// A read in flight on a [`SourceMeter`]: [`Self::finish`] it with its bytes once it completed;
+/// dropped unfinished, it counts as failed (no sample, no longer in flight).
+#[must_use = "a read in flight ends with finish(bytes), or is dropped when it fails"]
+pub struct InFlight<'a> {
+    meter: &'a SourceMeter,
+    issued_ns: u64,
+    /// No other read was in flight at its issue.
+    alone: bool,
+    finished: bool,
+}
+
+impl InFlight<'_> {
+    /// The read completed with `bytes`.
+    pub fn finish(mut self, bytes: u64) {
+        self.finished = true;
+        self.meter.complete(self.issued_ns, self.alone, Some(bytes));
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.meter.complete(self.issued_ns, self.alone, None);
+        }
+    }
+}
+
+impl SourceMeter {
+    /// The meter of device `dev`, timed by `clock`.
+    pub fn new(dev: u64, config: MeterConfig, clock: Arc<dyn Clock>) -> SourceMeter {
+        let mut state = State::new(config.slots);
+        state.last_event_ns = clock.now_ns();
+        SourceMeter {
+            dev,
+            config,
+            clock,
+            state: Mutex::new(state),
+        }
+    }
+
+    /// The device (`SourceIdentity::dev`) this meter measures.
+    pub fn dev(&self) -> u64 {
+        self.dev
+    }
+
+    /// A read is issued now.
+    pub fn start(&self) -> InFlight<'_> {
+        let now = self.clock.now_ns();
+        let mut state = lock(&self.state);
+        state.accrue(now);
+        let alone = state.in_flight == 0;
+        state.in_flight += 1;
+        state.in_flight_peak = state.in_flight_peak.max(state.in_flight);
+        InFlight {
+            meter: self,
+            issued_ns: now,
+            alone,
+            finished: false,
+        }
+    }
+
+    /// A read issued at `issued_ns` (`alone` in flight then) completed with `bytes`, or
+    /// failed (`None`).
+    fn complete(&self, issued_ns: u64, alone: bool, bytes: Option<u64>) {
+        let now = self.clock.now_ns();
+        let mut state = lock(&self.state);
+        state.accrue(now);
+        state.in_flight = state.in_flight.saturating_sub(1);
+        if let Some(bytes) = bytes {
+            let latency = now.saturating_sub(issued_ns);
+            state.record((latency, bytes, alone), &self.config);
+        }
+    }
+
+    /// Reads in flight now.
+    pub fn in_flight(&self) -> u64 {
+        lock(&self.state).in_flight
+    }
+
+    /// The bandwidth-delay product of the source: the best throughput while reading of a slot
+    /// of the recent window (what the source delivered when kept busiest), times the latency
+    /// of a read that does not queue behind others: the [`MeterConfig::floor_quantile`] of the
+    /// window's reads issued while no other was in flight, when it holds
+    /// [`MeterConfig::min_reads`] of them, else of all its reads. That many bytes in flight
+    /// keep the source busy; fewer leave it idle between reads, more only queue. `None` until
+    /// the window holds `min_reads` reads.
+    ///
+    /// Not the product of the throughput and the latency measured together: by Little's law
+    /// that is the mean of the bytes in flight, whatever they are, so sizing reads in flight by
+    /// it would only keep them as they are (and queueing, which raises both, would raise it).
+    /// A scheduler that never lets the reads in flight fall to one for a whole window sees the
+    /// floor rise with its own queueing: it should issue a read alone now and then.
+    pub fn estimate(&self) -> Option<SourceEstimate> {
+        lock(&self.state).estimate(&self.config)
+    }
+
+    /// [`Self::estimate`]'s bytes: what a scheduler sizes the reads in flight to (`None` until
+    /// enough reads were seen).
+    pub fn bandwidth_delay_bytes(&self) -> Option<u64> {
+        self.estimate().map(|e| e.bandwidth_delay_bytes)
+    }
+
+    /// The smoothed latency (`None` before the first read completed).
+    pub fn smoothed_latency(&self) -> Option<Duration> {
+        lock(&self.state)
+            .smoothed_ns
+            .map(|ns| Duration::from_nanos(ns.round() as u64))
+    }
+
+    /// The meter's figures now (the `source.devices[]` entry of the stats).
+    pub fn snapshot(&self) -> SourceDeviceSnapshot {
+        let now = self.clock.now_ns();
+        let mut state = lock(&self.state);
+        state.accrue(now);
+        let us = |ns: u64| ns as f64 / 1e3;
+        let quantile = |q: f64| quantile_ns(&state.window[..], q).map(us);
+        let (window_bytes, window_busy) = state
+            .slots
+            .iter()
+            .fold((0u64, 0u64), |(b, t), s| (b + s.bytes, t + s.busy_ns));
+        let estimate = state.estimate(&self.config);
+        SourceDeviceSnapshot {
+            device: device_name(self.dev),
+            dev: self.dev,
+            reads: state.reads,
+            bytes: state.bytes,
+            busy_seconds: state.busy_ns as f64 / 1e9,
+            latency_mean_us: (state.reads > 0).then(|| us(state.latency_ns) / state.reads as f64),
+            latency_smoothed_us: state.smoothed_ns.map(|ns| ns / 1e3),
+            latency_p50_us: quantile(0.5),
+            latency_p99_us: quantile(0.99),
+            latency_floor_us: estimate.map(|e| us(e.latency_floor.as_nanos() as u64)),
+            throughput_bytes_per_second: (window_busy > 0)
+                .then(|| window_bytes as f64 * 1e9 / window_busy as f64),
+            bandwidth_bytes_per_second: estimate.map(|e| e.bandwidth_bytes_per_second),
+            bandwidth_delay_bytes: estimate.map(|e| e.bandwidth_delay_bytes),
+            in_flight: state.in_flight,
+            in_flight_peak: state.in_flight_peak,
+            in_flight_mean: (state.busy_ns > 0)
+                .then(|| state.in_flight_ns as f64 / state.busy_ns as f64),
+            window_reads: state.window_reads(),
+            histogram: coarse(state.counts.iter().copied(), state.latency_ns),
+        }
+    }
+}
+
+/// One entry of `source.devices` in the stats document (docs/STATS.md). Figures not measured
+/// yet are `None` (`null`).
+#[derive(Debug, Clone, Serialize)]
+pub struct SourceDeviceSnapshot {
+    /// The device as people name it (`MAJOR:MINOR` on Linux, the volume serial number on
+    /// Windows).
+    pub device: String,
+    /// `SourceIdentity::dev`.
+    pub dev: u64,
+    /// Reads completed, and their bytes.
+    pub reads: u64,
+    pub bytes: u64,
+    /// Time with at least one read in flight.
+    pub busy_seconds: f64,
+    /// Latency since the mount (mean), smoothed, and the recent window's p50 and p99 (the
+    /// upper bound of their histogram bucket, at most 25 % above the true value).
+    pub latency_mean_us: Option<f64>,
+    pub latency_smoothed_us: Option<f64>,
+    pub latency_p50_us: Option<f64>,
+    pub latency_p99_us: Option<f64>,
+    /// The latency the bandwidth-delay product is made of ([`SourceEstimate::latency_floor`]).
+    pub latency_floor_us: Option<f64>,
+    /// Bytes per second of busy time over the recent window.
+    pub throughput_bytes_per_second: Option<f64>,
+    /// The bandwidth the bandwidth-delay product is made of
+    /// ([`SourceEstimate::bandwidth_bytes_per_second`]).
+    pub bandwidth_bytes_per_second: Option<f64>,
+    /// [`SourceMeter::bandwidth_delay_bytes`].
+    pub bandwidth_delay_bytes: Option<u64>,
+    /// Reads in flight now, their peak since the mount, and their time-weighted mean while
+    /// at least one was.
+    pub in_flight: u64,
+    pub in_flight_peak: u64,
+    pub in_flight_mean: Option<f64>,
+    /// Reads the recent window holds.
+    pub window_reads: u64,
+    /// Latencies since the mount in coarse buckets (not in the JSON: the metrics' histogram).
+    #[serde(skip)]
+    pub histogram: CoarseHistogram,
+}
+
+/// The meters of a mount, one per source device (see the module docs).
+pub struct SourceMeters {
+    config: MeterConfig,
+    clock: Arc<dyn Clock>,
+    meters: Mutex<Vec<Arc<SourceMeter>>>,
+}
+
+impl std::fmt::Debug for SourceMeters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SourceMeters")
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl Default for SourceMeters {
+    fn default() -> Self {
+        SourceMeters::new(MeterConfig::default(), Arc::new(MonotonicClock::default()))
+    }
+}
+
+impl SourceMeters {
+    /// Meters tuned by `config`, timed by `clock`.
+    pub fn new(config: MeterConfig, clock: Arc<dyn Clock>) -> SourceMeters {
+        SourceMeters {
+            config,
+            clock,
+            meters: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The meter of device `dev`, made at the first call.
+    pub fn for_dev(&self, dev: u64) -> Arc<SourceMeter> {
+        let mut meters = lock(&self.meters);
+        if let Some(meter) = meters.iter().find(|m| m.dev == dev) {
+            return Arc::clone(meter);
+        }
+        let meter = Arc::new(SourceMeter::new(dev, self.config, Arc::clone(&self.clock)));
+        meters.push(Arc::clone(&meter));
+        meter
+    }
+
+    /// The meter of device `dev`, if the mount read from it.
+    pub fn get(&self, dev: u64) -> Option<Arc<SourceMeter>> {
+        lock(&self.meters).iter().find(|m| m.dev == dev).cloned()
+    }
+
+    /// Every device's figures, by device number.
+    pub fn snapshot(&self) -> Vec<SourceDeviceSnapshot> {
+        let meters: Vec<Arc<SourceMeter>> = lock(&self.meters).clone();
+        let mut devices: Vec<SourceDeviceSnapshot> = meters.iter().map(|m| m.snapshot()).collect();
+        devices.sort_by_key(|d| d.dev);
+        devices
+    }
+}
+
+/// `dev` as people name it: `MAJOR:MINOR` (glibc's encoding of `dev_t`) on Linux.
+#[cfg(not(windows))]
+pub fn device_name(dev: u64) -> String {
+    let major = ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0x0fff);
+    let minor = ((dev >> 12) & 0xffff_ff00) | (dev & 0xff);
+    format!("{major}:{minor}")
+}
+
+/// `dev` as people name it: the volume serial number, in hex, on Windows.
+#[cfg(windows)]
+pub fn device_name(dev: u64) -> String {
+    format!("{dev:08X}")
+}
+
+#[cfg(test)]
+#[path = "meter_tests.rs"]
+mod tests;
