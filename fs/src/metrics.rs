@@ -6,7 +6,9 @@
 //! figures as the stats document at the moment of the open or the scrape. Names carry their
 //! unit (`_bytes`, `_seconds`); monotonic figures are counters (`_total`), levels are gauges;
 //! per-operation latency is a histogram (`tierfs_op_duration_seconds`, the coarse buckets of
-//! [`tierfs_core::stats::ops::HISTOGRAM_BOUNDS_NS`]). Per-file series carry a `path` label and
+//! [`tierfs_core::stats::ops::HISTOGRAM_BOUNDS_NS`]), and so is the source's read latency
+//! (`tierfs_source_read_duration_seconds`), whose series carry a `device` label as every
+//! `tierfs_source_*` series does. Per-file series carry a `path` label and
 //! are limited to the [`MetricsConfig::max_labelled_files`] most recently opened files
 //! ([`MAX_LABELLED_FILES`] by default), so a mount that saw
 //! thousands of files does not give the scraper thousands of series.
@@ -24,6 +26,7 @@ use prometheus_client::encoding::{
 };
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
+use tierfs_core::source::meter::SourceDeviceSnapshot;
 use tierfs_core::stats::ops::{Op, OpHistogram, OpStats};
 use tierfs_core::stats::residency;
 use tierfs_core::stats::FileSnapshot;
@@ -57,6 +60,15 @@ type FileFamily = (
     &'static str,
     MetricType,
     fn(&FileSnapshot) -> f64,
+);
+
+/// A per-device family of the source: name, help, type, and its value for a device (`None`:
+/// not measured yet, no series).
+type SourceFamily = (
+    &'static str,
+    &'static str,
+    MetricType,
+    fn(&SourceDeviceSnapshot) -> Option<f64>,
 );
 
 /// The figures of one scrape.
@@ -134,6 +146,7 @@ impl Collector for Scrape {
         let mut f = Families(encoder);
         self.cache(&mut f)?;
         self.disk_and_prefetch(&mut f)?;
+        self.source(&mut f)?;
         self.budget(&mut f)?;
         self.files(&mut f)?;
         self.latency(f)
@@ -240,6 +253,97 @@ impl Scrape {
             "Page cache of the mounted files that tierfs asked the kernel to drop.",
             self.doc.common.kernel_page_cache.invalidated_bytes,
         )
+    }
+
+    /// The per-device families of the source's meter (`source.devices[]`).
+    fn source(&self, f: &mut Families) -> fmt::Result {
+        let devices = &self.doc.common.source.devices;
+        let families: [SourceFamily; 10] = [
+            (
+                "tierfs_source_reads",
+                "Reads of the source device completed.",
+                MetricType::Counter,
+                |d| Some(d.reads as f64),
+            ),
+            (
+                "tierfs_source_read_bytes",
+                "Bytes read from the source device.",
+                MetricType::Counter,
+                |d| Some(d.bytes as f64),
+            ),
+            (
+                "tierfs_source_busy_seconds",
+                "Time with at least one read of the source device in flight.",
+                MetricType::Counter,
+                |d| Some(d.busy_seconds),
+            ),
+            (
+                "tierfs_source_latency_smoothed_seconds",
+                "Smoothed latency of the source device's reads.",
+                MetricType::Gauge,
+                |d| d.latency_smoothed_us.map(|us| us / 1e6),
+            ),
+            (
+                "tierfs_source_latency_p50_seconds",
+                "Median latency of the source device's recent reads.",
+                MetricType::Gauge,
+                |d| d.latency_p50_us.map(|us| us / 1e6),
+            ),
+            (
+                "tierfs_source_latency_p99_seconds",
+                "99th percentile latency of the source device's recent reads.",
+                MetricType::Gauge,
+                |d| d.latency_p99_us.map(|us| us / 1e6),
+            ),
+            (
+                "tierfs_source_throughput_bytes_per_second",
+                "Bytes per second of busy time of the source device's recent reads.",
+                MetricType::Gauge,
+                |d| d.throughput_bytes_per_second,
+            ),
+            (
+                "tierfs_source_reads_in_flight",
+                "Reads of the source device in flight now.",
+                MetricType::Gauge,
+                |d| Some(d.in_flight as f64),
+            ),
+            (
+                "tierfs_source_reads_in_flight_peak",
+                "Most reads of the source device in flight at once.",
+                MetricType::Gauge,
+                |d| Some(d.in_flight_peak as f64),
+            ),
+            (
+                "tierfs_source_bandwidth_delay_bytes",
+                "Bytes in flight that keep the source device busy: bandwidth times unqueued latency.",
+                MetricType::Gauge,
+                |d| d.bandwidth_delay_bytes.map(|b| b as f64),
+            ),
+        ];
+        for (name, help, kind, value) in families {
+            let rows = devices
+                .iter()
+                .filter_map(|d| Some((d.device.clone(), value(d)?)));
+            f.labelled((name, help, kind), "device", rows)?;
+        }
+        let mut family = f.0.encode_descriptor(
+            "tierfs_source_read_duration_seconds",
+            "Latency of the source device's reads, from issue to completion.",
+            None,
+            MetricType::Histogram,
+        )?;
+        for device in devices {
+            let labels = [("device", device.device.as_str())];
+            family
+                .encode_family(&labels)?
+                .encode_histogram::<NoLabelSet>(
+                    device.histogram.sum_seconds,
+                    device.histogram.count,
+                    &device.histogram.buckets,
+                    None,
+                )?;
+        }
+        Ok(())
     }
 
     fn budget(&self, f: &mut Families) -> fmt::Result {
@@ -450,6 +554,64 @@ mod tests {
             .filter(|l| l.starts_with("tierfs_file_size_bytes{"))
             .filter_map(|l| l.split('"').nth(1).map(str::to_string))
             .collect()
+    }
+
+    #[test]
+    fn the_source_meter_is_served_per_device() {
+        use std::sync::Arc;
+        use std::time::Duration;
+        use tierfs_core::source::meter::{ManualClock, MeterConfig, SourceMeters};
+
+        let clock = Arc::new(ManualClock::default());
+        let meters = Arc::new(SourceMeters::new(MeterConfig::default(), clock.clone()));
+        let store = ModelStore::new(64 << 20, Default::default()).with_source_meters(meters);
+        let meter = store.source_meters().for_dev(2049);
+        for _ in 0..16 {
+            let read = meter.start();
+            clock.advance(Duration::from_millis(10));
+            read.finish(4 << 20);
+        }
+        let _stuck = meter.start();
+        let window = KernelCacheWindow::new(0);
+        let doc = DaemonStats::collect(
+            &store,
+            &window,
+            Path::new("/src"),
+            Path::new("/mnt"),
+            false,
+            SystemTime::now(),
+        );
+        let text = String::from_utf8(render(doc, &store.counters().ops)).expect("utf-8");
+        let sample = |name: &str| -> f64 {
+            let prefix = format!("{name}{{device=\"8:1\"}} ");
+            text.lines()
+                .find_map(|l| l.strip_prefix(prefix.as_str()))
+                .unwrap_or_else(|| panic!("no {prefix} in\n{text}"))
+                .parse()
+                .expect("a number")
+        };
+        assert_eq!(sample("tierfs_source_reads_total"), 16.0);
+        assert_eq!(sample("tierfs_source_read_bytes_total"), 64.0 * 1048576.0);
+        assert!((sample("tierfs_source_busy_seconds_total") - 0.16).abs() < 1e-9);
+        assert_eq!(sample("tierfs_source_latency_smoothed_seconds"), 0.01);
+        assert!((0.01..=0.0125).contains(&sample("tierfs_source_latency_p99_seconds")));
+        assert_eq!(sample("tierfs_source_reads_in_flight"), 1.0);
+        assert_eq!(sample("tierfs_source_reads_in_flight_peak"), 1.0);
+        let bdp = sample("tierfs_source_bandwidth_delay_bytes");
+        assert!((4.0 * 1048576.0..=5.0 * 1048576.0).contains(&bdp), "{bdp}");
+        assert_eq!(sample("tierfs_source_read_duration_seconds_count"), 16.0);
+        // 10 ms each: in the bucket up to 16.8 ms, none in the one below.
+        for (le, count) in [("0.004194304", 0), ("0.016777216", 16)] {
+            let line = format!(
+                "tierfs_source_read_duration_seconds_bucket{{device=\"8:1\",le=\"{le}\"}} {count}\n"
+            );
+            assert!(text.contains(&line), "no {line} in\n{text}");
+        }
+        assert!(
+            text.contains("# TYPE tierfs_source_reads_total counter"),
+            "{text}"
+        );
+        assert!(text.contains("# TYPE tierfs_source_read_duration_seconds histogram"));
     }
 
     #[test]

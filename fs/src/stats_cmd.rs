@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use tierfs_core::size::format_size;
 
-use crate::stats_read::{BudgetRead, StatsRead, OPS};
+use crate::stats_read::{BudgetRead, SourceDeviceRead, StatsRead, OPS};
 
 /// How `tierfs stats` shows the document.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -113,6 +113,7 @@ fn render(doc: &StatsRead, previous: Option<&(Instant, StatsRead)>) -> String {
          cache     {} used of {} budget, {} chunks, hit rate {hit_rate:.1}% ({hits} of {lookups})\n\
          served    {} from cache, {} waited on disk, {} uncached; evicted {}\n\
          disk      {} read in {} requests, {} errors, readers stalled {:.2} s\n\
+         {}\
          prefetch  {} issued, {} used, {} wasted\n\
          page cache of mounted files: window {}, {} invalidated\n\
          passthrough {}\n\
@@ -130,6 +131,7 @@ fn render(doc: &StatsRead, previous: Option<&(Instant, StatsRead)>) -> String {
         disk.reads,
         disk.errors,
         cache.stall_seconds,
+        render_source(doc),
         format_size(prefetch.issued_bytes),
         format_size(prefetch.used_bytes),
         format_size(prefetch.wasted_bytes),
@@ -227,6 +229,44 @@ fn render_models(doc: &StatsRead) -> String {
     out
 }
 
+/// The `source` lines: each source device's measured latency, throughput and reads in flight.
+fn render_source(doc: &StatsRead) -> String {
+    if doc.source.devices.is_empty() {
+        return "source    no reads yet\n".to_string();
+    }
+    doc.source
+        .devices
+        .iter()
+        .map(|device| format!("source    {}\n", source_summary(device)))
+        .collect()
+}
+
+/// One source device's figures on one line (`tierfs stats` and `tierfs top`).
+pub fn source_summary(device: &SourceDeviceRead) -> String {
+    let latency = |us: Option<f64>| match us {
+        Some(us) if us >= 1000.0 => format!("{:.2} ms", us / 1000.0),
+        Some(us) => format!("{us:.0} µs"),
+        None => "-".to_string(),
+    };
+    let throughput = device
+        .throughput_bytes_per_second
+        .map_or("-".to_string(), |t| format!("{}/s", format_size(t as u64)));
+    format!(
+        "{}: latency {} (p50 {}, p99 {}), {throughput} while reading, {} in flight (peak {}), BDP {}; {} reads, {}",
+        device.device.as_deref().unwrap_or("?"),
+        latency(device.latency_smoothed_us),
+        latency(device.latency_p50_us),
+        latency(device.latency_p99_us),
+        device.in_flight,
+        device.in_flight_peak,
+        device
+            .bandwidth_delay_bytes
+            .map_or("-".to_string(), format_size),
+        device.reads,
+        format_size(device.bytes),
+    )
+}
+
 /// The `passthrough` line of the summary: what the tier holds, or why it is off.
 fn passthrough_line(doc: &StatsRead) -> String {
     let pt = &doc.passthrough;
@@ -292,6 +332,28 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("not root"), "{text}");
+        assert!(text.contains("\nsource    no reads yet\n"), "{text}");
+    }
+
+    #[test]
+    fn shows_each_source_device() {
+        let doc = serde_json::json!({
+            "source": {"devices": [
+                {"device": "8:1", "reads": 1024, "bytes": 4u64 << 30, "latency_smoothed_us": 12300.0,
+                 "latency_p50_us": 12500.0, "latency_p99_us": 640.0, "throughput_bytes_per_second": 367001600.0,
+                 "in_flight": 2, "in_flight_peak": 4, "bandwidth_delay_bytes": 4u64 << 20},
+                {"device": "0:53", "reads": 0, "bytes": 0, "latency_smoothed_us": null},
+            ]},
+        });
+        let text = render_document(&serde_json::from_value(doc).expect("a stats document"));
+        assert!(
+            text.contains("\nsource    8:1: latency 12.30 ms (p50 12.50 ms, p99 640 µs), 350.00 MiB/s while reading, 2 in flight (peak 4), BDP 4.00 MiB; 1024 reads, 4.00 GiB\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\nsource    0:53: latency - (p50 -, p99 -), - while reading, 0 in flight (peak 0), BDP -; 0 reads, 0 B\n"),
+            "{text}"
+        );
     }
 
     #[test]

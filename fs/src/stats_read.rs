@@ -21,6 +21,7 @@ pub struct StatsRead {
     pub mount: MountRead,
     pub cache: CacheRead,
     pub disk: DiskRead,
+    pub source: SourceRead,
     pub prefetch: PrefetchRead,
     pub kernel_page_cache: KernelCacheRead,
     pub passthrough: PassthroughRead,
@@ -74,6 +75,31 @@ pub struct DiskRead {
     pub read_bytes: u64,
     pub reads: u64,
     pub errors: u64,
+}
+
+/// `source`: the measured speed of each source device.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct SourceRead {
+    pub devices: Vec<SourceDeviceRead>,
+}
+
+/// One entry of `source.devices`; figures not measured yet are `None`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct SourceDeviceRead {
+    pub device: Option<String>,
+    pub reads: u64,
+    pub bytes: u64,
+    pub busy_seconds: f64,
+    pub latency_mean_us: Option<f64>,
+    pub latency_smoothed_us: Option<f64>,
+    pub latency_p50_us: Option<f64>,
+    pub latency_p99_us: Option<f64>,
+    pub throughput_bytes_per_second: Option<f64>,
+    pub in_flight: u64,
+    pub in_flight_peak: u64,
+    pub bandwidth_delay_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -212,5 +238,16 @@ mod tests {
         assert_eq!(doc.files[0].strip.residency_current, None);
         assert_eq!(doc.models[0].strip.size, 9);
         assert!(doc.models[0].shards.is_none());
+        assert!(doc.source.devices.is_empty());
+        let doc: StatsRead = serde_json::from_str(
+            r#"{"source": {"devices": [{"device": "8:1", "reads": 4, "latency_p50_us": null}]}}"#,
+        )
+        .expect("parses");
+        let device = &doc.source.devices[0];
+        assert_eq!((device.device.as_deref(), device.reads), (Some("8:1"), 4));
+        assert_eq!(
+            (device.latency_p50_us, device.bandwidth_delay_bytes),
+            (None, None)
+        );
     }
 }

@@ -4,8 +4,9 @@
 //! acts only through `MOUNTPOINT/.tierfs/control`: `q` (or Esc, Ctrl-C) quits, `d` drops the
 //! cache, `+` / `-` raise / lower the configured budget by a quarter / a fifth, `↑`/`↓` (or
 //! `k`/`j`) select a model and `p` prefetches it. It shows the budget, what the cache holds, the
-//! hit rate by bytes, memory pressure and what it made the mount give back, the disk and served
-//! throughput as sparklines, per-operation p50/p99, and for each model (a file, or a sharded
+//! hit rate by bytes, memory pressure and what it made the mount give back, each source
+//! device's measured latency, throughput while reading and reads in flight (`source` in the
+//! stats), the disk and served throughput as sparklines, per-operation p50/p99, and for each model (a file, or a sharded
 //! model with all its shards) its mode, what of it is cached, its stall time, its own hit rate
 //! and served and disk throughput (text sparklines), how far prefetch reaches ahead of its
 //! reader, and its residency strip (`files[].residency`, `models[].residency`, docs/STATS.md)
@@ -49,6 +50,9 @@ impl Default for TopConfig {
         }
     }
 }
+
+/// Source devices shown in the summary (a SOURCE rarely spans more file systems).
+const MAX_SOURCE_LINES: usize = 4;
 
 /// One file's throughput since the view started.
 #[derive(Default)]
@@ -351,7 +355,7 @@ impl<'a> View<'a> {
 
     fn draw(&self, frame: &mut Frame) {
         let [summary, rates, files, ops, help] = Layout::vertical([
-            Constraint::Length(4),
+            Constraint::Length(2 + self.summary_lines()),
             Constraint::Length(4),
             Constraint::Min(4),
             Constraint::Length(8),
@@ -371,6 +375,12 @@ impl<'a> View<'a> {
         );
     }
 
+    /// Lines of the summary pane: two, and one per source device (at least one, at most
+    /// [`MAX_SOURCE_LINES`]).
+    fn summary_lines(&self) -> u16 {
+        2 + self.doc.source.devices.len().clamp(1, MAX_SOURCE_LINES) as u16
+    }
+
     fn summary(&self) -> Paragraph<'_> {
         let doc = &self.doc;
         let budget = doc.budget_or_default();
@@ -384,7 +394,7 @@ impl<'a> View<'a> {
             Some(limit) => format!("limit {}", format_size(limit)),
             None => "none".to_string(),
         };
-        let lines = vec![
+        let mut lines = vec![
             Line::from(format!(
                 "budget {}   cache {} of {}   passthrough {} open   hit rate {hit_rate} by bytes",
                 format_size(doc.cache.budget_bytes),
@@ -402,6 +412,16 @@ impl<'a> View<'a> {
                 format_size(budget.given_back_bytes),
             )),
         ];
+        let devices = &doc.source.devices;
+        if devices.is_empty() {
+            lines.push(Line::from("source no reads yet"));
+        }
+        for device in devices.iter().take(MAX_SOURCE_LINES) {
+            lines.push(Line::from(format!(
+                "source {}",
+                crate::stats_cmd::source_summary(device)
+            )));
+        }
         let title = format!(" tierfs top {} ", self.mountpoint.display());
         Paragraph::new(lines).block(Block::default().borders(Borders::ALL).title(title))
     }
@@ -644,5 +664,19 @@ mod tests {
             default.sample(&doc);
         }
         assert_eq!(default.disk_rate.len(), 5);
+    }
+
+    #[test]
+    fn the_summary_has_a_line_per_source_device() {
+        let mut view = View::new(Path::new("/mnt"));
+        assert_eq!(
+            view.summary_lines(),
+            3,
+            "a line saying no source was read yet"
+        );
+        view.doc.source.devices = vec![Default::default(); 2];
+        assert_eq!(view.summary_lines(), 4);
+        view.doc.source.devices = vec![Default::default(); 9];
+        assert_eq!(view.summary_lines(), 2 + MAX_SOURCE_LINES as u16);
     }
 }
