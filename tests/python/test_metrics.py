@@ -114,6 +114,55 @@ def test_residency_strip_follows_the_cache(mount, metrics_source):
     assert "-" in strip, f"only some blocks were read again, strip {strip!r}"
 
 
+# ----------------------------------------------------------------------------- source meter
+
+def source_device(doc: dict, path: Path) -> dict:
+    """The `source.devices[]` entry of the device `path` is on."""
+    dev = os.stat(path).st_dev
+    found = [d for d in doc["source"]["devices"] if d["dev"] == dev]
+    assert len(found) == 1, (dev, doc["source"])
+    assert found[0]["device"] == f"{os.major(dev)}:{os.minor(dev)}", found[0]
+    return found[0]
+
+
+def test_source_section_measures_the_reads_of_a_model(mount, metrics_source):
+    m = mount(metrics_source, "256MiB", ("--no-passthrough",))
+    read_all(m.mnt / MODEL_REL)
+    doc = quiesce(m)
+    size = (m.mnt / MODEL_REL).stat().st_size
+    d = source_device(doc, metrics_source / MODEL_REL)
+    # Every read of the source: the chunks (page-aligned, so at least what `disk` counts) and
+    # the header.
+    assert d["bytes"] >= doc["disk"]["read_bytes"] >= 0.9 * size, (d, doc["disk"])
+    assert d["reads"] > doc["disk"]["reads"] > 0, (d, doc["disk"])
+    assert d["busy_seconds"] > 0 and d["latency_mean_us"] > 0, d
+    assert 0 < d["latency_p50_us"] <= d["latency_p99_us"], d
+    assert d["latency_smoothed_us"] > 0 and d["throughput_bytes_per_second"] > 0, d
+    assert d["in_flight"] == 0 and d["in_flight_peak"] >= 1 and d["in_flight_mean"] >= 1, d
+    # Enough reads for an estimate: bandwidth × unqueued latency, in bytes.
+    assert d["window_reads"] == d["reads"] >= 16, d
+    bdp = d["bandwidth_delay_bytes"]
+    assert bdp is not None and bdp > 0, d
+    expected = d["bandwidth_bytes_per_second"] * d["latency_floor_us"] / 1e6
+    assert abs(bdp - expected) <= 1 + expected * 1e-6, d
+
+    # The same figures in the metrics, per device.
+    fams = families(read_metrics(m))
+    after = source_device(m.stats(), metrics_source / MODEL_REL)
+    label = {"device": d["device"]}
+    assert fams["tierfs_source_read_bytes"].type == "counter"
+    assert d["bytes"] <= value(fams, "tierfs_source_read_bytes", **label) <= after["bytes"]
+    assert d["reads"] <= value(fams, "tierfs_source_reads", **label) <= after["reads"]
+    assert value(fams, "tierfs_source_latency_p99_seconds", **label) > 0
+    assert value(fams, "tierfs_source_throughput_bytes_per_second", **label) > 0
+    assert value(fams, "tierfs_source_reads_in_flight_peak", **label) >= 1
+    assert value(fams, "tierfs_source_bandwidth_delay_bytes", **label) > 0
+    hist = [s for s in fams["tierfs_source_read_duration_seconds"].samples if s.labels.get("device") == d["device"]]
+    count = next(s.value for s in hist if s.name.endswith("_count"))
+    assert d["reads"] <= count <= after["reads"], (count, d)
+    assert next(s.value for s in hist if s.name.endswith("_sum")) > 0
+
+
 # ----------------------------------------------------------------------------- metrics
 
 def families(text: str) -> dict:
@@ -217,6 +266,9 @@ def test_metrics_endpoint_serves_scrapes_until_unmount(mount, metrics_source):
     fams = families(text)
     assert value(fams, "tierfs_disk_read_bytes") == m.stats()["disk"]["read_bytes"] > 0
     assert value(fams, "tierfs_file_resident_blocks", path=MODEL_REL) == file_row(m)["blocks"]
+    device = source_device(m.stats(), metrics_source / MODEL_REL)
+    assert value(fams, "tierfs_source_read_bytes", device=device["device"]) == device["bytes"] > 0
+    assert value(fams, "tierfs_source_latency_smoothed_seconds", device=device["device"]) > 0
     assert get(f"http://{addr}/other")[0] == 404
     m.close()
     with pytest.raises(OSError):
