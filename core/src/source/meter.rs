@@ -25,9 +25,10 @@
 //!
 //! **Locks.** One mutex per meter (through [`crate::sync`]), a leaf, held for a few additions
 //! at a read's issue and again at its completion (and, once every `slot_reads` reads, to clear
-//! a slot's [`BUCKETS`] counters); never across the read. No allocation after the meter is
-//! made. [`SourceMeters`]' own lock is taken when a source file is opened, not per read.
-//! The cost is below the noise of a warm read ([measured](../../../docs/STATS.md#source)).
+//! a slot's three histograms of [`BUCKETS`] counters); never across the read. No allocation
+//! after the meter is made. [`SourceMeters`]' own lock is taken when a source file is opened,
+//! not per read. The cost is a tenth of a microsecond per read, a few thousandths of the
+//! cheapest source read ([measured](../../../docs/STATS.md#source)).
 //!
 //! **Clock.** Times come from a [`Clock`]: [`MonotonicClock`] in the daemon, [`ManualClock`] in
 //! tests, which set every latency and busy period exactly (no sleep decides an outcome).
@@ -95,8 +96,13 @@ pub struct MeterConfig {
     /// Reads the window must hold, and a slot to count for the bandwidth, before an estimate
     /// is given: fewer is too few for a low quantile of the latency.
     pub min_reads: u64,
-    /// The quantile of the window's latencies taken as the source's latency without queueing
-    /// (the low end, not the minimum, which one read served from the source's own cache sets).
+    /// The quantile (by bytes) of the latencies of the window's reads issued while no other
+    /// was in flight taken as the source's latency without queueing, when the window holds
+    /// `min_reads` of them: the median, as they did not queue.
+    pub solo_quantile: f64,
+    /// The quantile (by bytes) of all the window's latencies taken instead when it does not:
+    /// the low end, where the reads that queued least are (not the minimum, which one read
+    /// served from the source's own cache sets).
     pub floor_quantile: f64,
 }
 
@@ -107,6 +113,7 @@ impl Default for MeterConfig {
             slots: 4,
             smoothing_gain: 0.125,
             min_reads: 16,
+            solo_quantile: 0.5,
             floor_quantile: 0.1,
         }
     }
@@ -118,34 +125,69 @@ pub struct SourceEstimate {
     /// The best throughput while reading of a slot of the window: what the source delivered
     /// when it was kept busiest.
     pub bandwidth_bytes_per_second: f64,
-    /// The window's [`MeterConfig::floor_quantile`] of latency: a read's time when it does not
-    /// queue behind others.
+    /// A read's time when it does not queue behind others ([`SourceMeter::estimate`]).
     pub latency_floor: Duration,
     /// `bandwidth × latency floor`: the bytes in flight that keep the source busy.
     pub bandwidth_delay_bytes: u64,
 }
 
+/// The latencies of a set of reads, in the buckets of [`crate::histogram`]: counted (the
+/// quantiles shown), and weighted by the reads' bytes, of all reads and of those issued while no
+/// other was in flight (the latency floor).
+#[derive(Debug)]
+struct Latencies {
+    reads: u64,
+    solo_reads: u64,
+    counts: Box<[u64; BUCKETS]>,
+    bytes: Box<[u64; BUCKETS]>,
+    solo_bytes: Box<[u64; BUCKETS]>,
+}
+
+impl Latencies {
+    fn new() -> Latencies {
+        Latencies {
+            reads: 0,
+            solo_reads: 0,
+            counts: Box::new([0; BUCKETS]),
+            bytes: Box::new([0; BUCKETS]),
+            solo_bytes: Box::new([0; BUCKETS]),
+        }
+    }
+
+    fn add(&mut self, at: usize, bytes: u64, alone: bool) {
+        self.reads += 1;
+        self.counts[at] += 1;
+        self.bytes[at] = self.bytes[at].saturating_add(bytes);
+        if alone {
+            self.solo_reads += 1;
+            self.solo_bytes[at] = self.solo_bytes[at].saturating_add(bytes);
+        }
+    }
+
+    /// Takes `part` (a slot summed into this window) out, and clears it.
+    fn take_out(&mut self, part: &mut Latencies) {
+        self.reads -= part.reads;
+        self.solo_reads -= part.solo_reads;
+        for (sums, parts) in [
+            (&mut self.counts, &mut part.counts),
+            (&mut self.bytes, &mut part.bytes),
+            (&mut self.solo_bytes, &mut part.solo_bytes),
+        ] {
+            for (sum, n) in sums.iter_mut().zip(parts.iter_mut()) {
+                *sum -= *n;
+                *n = 0;
+            }
+        }
+        (part.reads, part.solo_reads) = (0, 0);
+    }
+}
+
 /// One slot of the recent window.
 #[derive(Debug)]
 struct Slot {
-    reads: u64,
     bytes: u64,
     busy_ns: u64,
-    counts: Box<[u64; BUCKETS]>,
-    /// Of `counts`, the reads issued while no other was in flight.
-    solo: Box<[u64; BUCKETS]>,
-}
-
-impl Slot {
-    fn new() -> Slot {
-        Slot {
-            reads: 0,
-            bytes: 0,
-            busy_ns: 0,
-            counts: Box::new([0; BUCKETS]),
-            solo: Box::new([0; BUCKETS]),
-        }
-    }
+    latencies: Latencies,
 }
 
 /// What a meter's lock guards.
@@ -162,13 +204,12 @@ struct State {
     bytes: u64,
     latency_ns: u64,
     smoothed_ns: Option<f64>,
-    /// Latencies since the meter was made.
+    /// Latencies since the meter was made, counted.
     counts: Box<[u64; BUCKETS]>,
     slots: Vec<Slot>,
     current: usize,
-    /// The sums of the slots' `counts` and `solo`.
-    window: Box<[u64; BUCKETS]>,
-    solo_window: Box<[u64; BUCKETS]>,
+    /// The sum of the slots' latencies.
+    window: Latencies,
 }
 
 impl State {
@@ -184,10 +225,15 @@ impl State {
             latency_ns: 0,
             smoothed_ns: None,
             counts: Box::new([0; BUCKETS]),
-            slots: (0..slots.max(1)).map(|_| Slot::new()).collect(),
+            slots: (0..slots.max(1))
+                .map(|_| Slot {
+                    bytes: 0,
+                    busy_ns: 0,
+                    latencies: Latencies::new(),
+                })
+                .collect(),
             current: 0,
-            window: Box::new([0; BUCKETS]),
-            solo_window: Box::new([0; BUCKETS]),
+            window: Latencies::new(),
         }
     }
 
@@ -213,61 +259,41 @@ impl State {
         self.latency_ns = self.latency_ns.saturating_add(latency_ns);
         let at = bucket(latency_ns);
         self.counts[at] += 1;
-        self.window[at] += 1;
-        if alone {
-            self.solo_window[at] += 1;
-        }
+        self.window.add(at, bytes, alone);
         let latency = latency_ns as f64;
         self.smoothed_ns = Some(match self.smoothed_ns {
             Some(smoothed) => smoothed + config.smoothing_gain * (latency - smoothed),
             None => latency,
         });
         let slot = &mut self.slots[self.current];
-        slot.reads += 1;
         slot.bytes = slot.bytes.saturating_add(bytes);
-        slot.counts[at] += 1;
-        if alone {
-            slot.solo[at] += 1;
-        }
-        if slot.reads >= config.slot_reads {
+        slot.latencies.add(at, bytes, alone);
+        if slot.latencies.reads >= config.slot_reads {
             self.current = (self.current + 1) % self.slots.len();
             let next = &mut self.slots[self.current];
-            for (sum, n) in self.window.iter_mut().zip(next.counts.iter_mut()) {
-                *sum -= *n;
-                *n = 0;
-            }
-            for (sum, n) in self.solo_window.iter_mut().zip(next.solo.iter_mut()) {
-                *sum -= *n;
-                *n = 0;
-            }
-            (next.reads, next.bytes, next.busy_ns) = (0, 0, 0);
+            self.window.take_out(&mut next.latencies);
+            (next.bytes, next.busy_ns) = (0, 0);
         }
-    }
-
-    fn window_reads(&self) -> u64 {
-        self.slots.iter().map(|slot| slot.reads).sum()
     }
 
     fn estimate(&self, config: &MeterConfig) -> Option<SourceEstimate> {
-        if self.window_reads() < config.min_reads.max(1) {
+        if self.window.reads < config.min_reads.max(1) {
             return None;
         }
         let enough = config.min_reads.clamp(1, config.slot_reads.max(1));
         let bandwidth = self
             .slots
             .iter()
-            .filter(|slot| slot.reads >= enough && slot.busy_ns > 0)
+            .filter(|slot| slot.latencies.reads >= enough && slot.busy_ns > 0)
             .map(|slot| slot.bytes as f64 * 1e9 / slot.busy_ns as f64)
             .max_by(f64::total_cmp)?;
-        // Reads issued alone did not queue behind others: their latency is the floor, when the
-        // window holds enough of them; else the low end of all.
-        let solo: u64 = self.solo_window.iter().sum();
-        let floor_from = if solo >= config.min_reads.max(1) {
-            &self.solo_window
+        // Weighted by bytes: by Little's law, bytes in flight are bytes per second times the
+        // time a byte spends in flight, so a few small reads (headers) must not set it.
+        let floor_ns = if self.window.solo_reads >= config.min_reads.max(1) {
+            quantile_ns(&self.window.solo_bytes[..], config.solo_quantile)
         } else {
-            &self.window
-        };
-        let floor_ns = quantile_ns(&floor_from[..], config.floor_quantile)?;
+            quantile_ns(&self.window.bytes[..], config.floor_quantile)
+        }?;
         Some(SourceEstimate {
             bandwidth_bytes_per_second: bandwidth,
             latency_floor: Duration::from_nanos(floor_ns),
@@ -373,11 +399,13 @@ impl SourceMeter {
 
     /// The bandwidth-delay product of the source: the best throughput while reading of a slot
     /// of the recent window (what the source delivered when kept busiest), times the latency
-    /// of a read that does not queue behind others: the [`MeterConfig::floor_quantile`] of the
-    /// window's reads issued while no other was in flight, when it holds
-    /// [`MeterConfig::min_reads`] of them, else of all its reads. That many bytes in flight
-    /// keep the source busy; fewer leave it idle between reads, more only queue. `None` until
-    /// the window holds `min_reads` reads.
+    /// of a read that does not queue behind others: the median by bytes
+    /// ([`MeterConfig::solo_quantile`]) of the window's reads issued while no other was in
+    /// flight, when it holds [`MeterConfig::min_reads`] of them, else the low end by bytes
+    /// ([`MeterConfig::floor_quantile`]) of all its reads. By bytes: Little's law counts the
+    /// time each byte is in flight, so small reads (headers) weigh little. That many bytes in
+    /// flight keep the source busy; fewer leave it idle between reads, more only queue. `None`
+    /// until the window holds `min_reads` reads.
     ///
     /// Not the product of the throughput and the latency measured together: by Little's law
     /// that is the mean of the bytes in flight, whatever they are, so sizing reads in flight by
@@ -407,7 +435,7 @@ impl SourceMeter {
         let mut state = lock(&self.state);
         state.accrue(now);
         let us = |ns: u64| ns as f64 / 1e3;
-        let quantile = |q: f64| quantile_ns(&state.window[..], q).map(us);
+        let quantile = |q: f64| quantile_ns(&state.window.counts[..], q).map(us);
         let (window_bytes, window_busy) = state
             .slots
             .iter()
@@ -432,7 +460,7 @@ impl SourceMeter {
             in_flight_peak: state.in_flight_peak,
             in_flight_mean: (state.busy_ns > 0)
                 .then(|| state.in_flight_ns as f64 / state.busy_ns as f64),
-            window_reads: state.window_reads(),
+            window_reads: state.window.reads,
             histogram: coarse(state.counts.iter().copied(), state.latency_ns),
         }
     }

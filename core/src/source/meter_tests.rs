@@ -267,3 +267,41 @@ fn reads_from_many_threads_lose_nothing() {
     assert_eq!((s.reads, s.bytes, s.in_flight), (7_200, 7_200 * 4096, 0));
     assert!((1..=4).contains(&s.in_flight_peak), "{s:?}");
 }
+
+#[test]
+fn small_reads_do_not_set_the_latency_of_the_bytes() {
+    // Headers: 4 KiB in 0.2 ms; chunks: 4 MiB in 10 ms; as many of each, all alone.
+    let (clock, meter) = meter();
+    for _ in 0..16 {
+        serial_reads(&clock, &meter, 1, (4096, Duration::from_micros(200), ms(1)));
+        serial_reads(&clock, &meter, 1, (4 * MIB, ms(10), ms(1)));
+    }
+    let s = meter.snapshot();
+    // Half the reads are fast, p50 is one of them; almost every byte took 10 ms.
+    assert!(s.latency_p50_us.unwrap() <= 250.0, "{s:?}");
+    let estimate = meter.estimate().unwrap();
+    assert!(
+        (ms(10)..=ms(13)).contains(&estimate.latency_floor),
+        "{estimate:?}"
+    );
+    assert!(estimate.bandwidth_delay_bytes >= 4 * MIB, "{estimate:?}");
+}
+
+#[test]
+fn without_reads_issued_alone_the_floor_is_the_low_end_of_all() {
+    // A long read always in flight, so no other is issued alone: 36 reads take 20 ms, 3 are
+    // answered from the source's own cache in 1 ms. The low end is the 20 ms ones, not the
+    // few that were faster than the source.
+    let (clock, meter) = meter();
+    let background = meter.start();
+    for i in 0..39 {
+        let latency = if i % 13 == 0 { ms(1) } else { ms(20) };
+        serial_reads(&clock, &meter, 1, (MIB, latency, Duration::ZERO));
+    }
+    let estimate = meter.estimate().unwrap();
+    assert!(
+        (ms(20)..=ms(25)).contains(&estimate.latency_floor),
+        "{estimate:?}"
+    );
+    drop(background);
+}
