@@ -152,19 +152,16 @@ impl ModelFile {
         membership: shards::Membership,
         (index_cap, config): (u64, &ModelsConfig),
     ) -> Result<(ModelFile, Arc<SourceFile>), OpenError> {
-        let source = Arc::new(
-            match opened {
-                Some(file) => {
-                    let dup = file.try_clone().map_err(|source| SourceError::Open {
-                        path: abs.to_owned(),
-                        source,
-                    })?;
-                    SourceFile::adopt(abs, dup, wrap)?
-                }
-                None => SourceFile::open_with(paths.as_ref(), abs, wrap)?,
+        let source = Arc::new(match opened {
+            Some(file) => {
+                let dup = file.try_clone().map_err(|source| SourceError::Open {
+                    path: abs.to_owned(),
+                    source,
+                })?;
+                SourceFile::adopt(abs, dup, wrap)?.metered(meters)
             }
-            .metered(meters),
-        );
+            None => SourceFile::open_with(paths.as_ref(), abs, wrap)?.metered(meters),
+        });
         let file_key = SavedOrders::key(&source.canonical_path(), &source.identity());
         let mut order_key = file_key.clone();
         let format = Format::of_path(path).unwrap_or_default();
