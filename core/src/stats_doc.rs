@@ -97,7 +97,9 @@ impl CommonStats {
                 errors: Counters::get(&c.disk_errors),
                 probe_bytes: Counters::get(&c.probe_bytes),
                 direct_bytes: Counters::get(&c.direct_bytes),
-            },
+                ..DiskSnapshot::default()
+            }
+            .with_source_faults(&store.source_io().snapshot()),
             prefetch: PrefetchSnapshot::from_counters(
                 &c.prefetch_issued_bytes,
                 &c.prefetch_used_bytes,

@@ -26,6 +26,7 @@ use crate::cache::ChunkCache;
 use crate::passthrough::PassthroughTier;
 use crate::prefetch::saved::SavedOrders;
 use crate::prefetch::{Executor, Prefetcher};
+use crate::source::deadline::{SourceIo, SourceIoConfig};
 use crate::source::{PathAccess, PlainPaths, ReadWrapper, SourceError, SourceFile, SourceIdentity};
 use crate::stats::Counters;
 use crate::sync::{lock, Mutex, MutexGuard};
@@ -67,6 +68,8 @@ pub struct ModelStore {
     pub(super) chunk_floor: AtomicU64,
     /// Tuning ([`ModelsConfig`]).
     pub(super) config: ModelsConfig,
+    /// Source reads: deadline, retries and their I/O threads ([`Self::with_source_io`]).
+    pub(super) source_io: Arc<SourceIo>,
 }
 
 /// Who opens a file version ([`ModelStore::open_version`]).
@@ -128,6 +131,7 @@ impl ModelStore {
             sequence: Mutex::new(sequence::Sequence::default()),
             chunk_floor: AtomicU64::new(0),
             config: ModelsConfig::default(),
+            source_io: Arc::new(SourceIo::default()),
         }
     }
 
@@ -226,6 +230,18 @@ impl ModelStore {
         drop(files);
         self.config = config;
         self
+    }
+
+    /// Bounds the time of source reads and retries them by `config` (`--source-timeout`), for
+    /// files opened from now on ([`crate::source::deadline`]).
+    pub fn with_source_io(mut self, config: SourceIoConfig) -> ModelStore {
+        self.source_io = Arc::new(SourceIo::new(config));
+        self
+    }
+
+    /// The mount's source reads, with their failure counters.
+    pub fn source_io(&self) -> &SourceIo {
+        &self.source_io
     }
 
     /// The store's tuning.
@@ -338,7 +354,12 @@ impl ModelStore {
         let (file, source) = ModelFile::open(
             (path, abs, opened),
             generation,
-            (&self.saved, self.read_wrapper.as_ref(), &paths),
+            (
+                &self.saved,
+                self.read_wrapper.as_ref(),
+                &paths,
+                &self.source_io,
+            ),
             membership,
             (index_cap, &self.config),
         )?;

@@ -51,8 +51,10 @@ use windows as platform;
 #[cfg(not(any(target_os = "linux", windows)))]
 compile_error!("tierfs-core reads sources on Linux and Windows only");
 
+pub mod deadline;
 #[cfg(target_os = "linux")]
 pub mod limits;
+pub mod retry;
 pub mod slot;
 
 use crate::sync::{lock_static, StaticMutex};
@@ -87,6 +89,16 @@ pub enum SourceError {
     NotAFile { path: PathBuf },
     #[error("cannot allocate a {len}-byte buffer: {source}")]
     Alloc { len: usize, source: io::Error },
+    /// The source did not answer within the deadline ([`deadline`]).
+    #[error("reading {path} at offset {offset} timed out after {after:?}: the source does not answer (--source-timeout)")]
+    TimedOut {
+        path: PathBuf,
+        offset: u64,
+        after: std::time::Duration,
+    },
+    /// Every I/O thread is stuck in a read the source never answered ([`deadline`]).
+    #[error("cannot read {path}: the source does not answer ({stuck} reads stuck)")]
+    Unresponsive { path: PathBuf, stuck: usize },
 }
 
 /// What identifies one version of a file: if any of these change, cached bytes are stale.
@@ -372,6 +384,10 @@ pub struct SourceFile {
     wrap: Option<ReadWrapper>,
     /// On a file system held in RAM (tmpfs, ramfs): see [`SourceFile::is_in_ram`].
     in_ram: bool,
+    /// Descriptors of this very version opened again after these died (`ENOTCONN`,
+    /// `ESTALE`): reads go through them from then on ([`slot::SourceSlot`]); they close with
+    /// this file.
+    successor: crate::sync::Mutex<Option<Arc<SourceFile>>>,
 }
 
 impl std::fmt::Debug for SourceFile {
@@ -438,7 +454,27 @@ impl SourceFile {
             identity,
             wrap: wrap.cloned(),
             in_ram,
+            successor: crate::sync::Mutex::new(None),
         })
+    }
+
+    /// The descriptors reads of this version go through: these, or the last ones opened again
+    /// after these died ([`Self::set_successor`]).
+    pub fn current(self: &Arc<Self>) -> Arc<SourceFile> {
+        let mut at = Arc::clone(self);
+        loop {
+            let next = crate::sync::lock(&at.successor).clone();
+            match next {
+                Some(next) => at = next,
+                None => return at,
+            }
+        }
+    }
+
+    /// Makes `fresh`, descriptors of this same version opened again, the ones reads of this
+    /// version go through from now on ([`Self::current`]).
+    pub(crate) fn set_successor(&self, fresh: Arc<SourceFile>) {
+        *crate::sync::lock(&self.successor) = Some(fresh);
     }
 
     /// Whether the file lives on a file system held in RAM (tmpfs, ramfs): its bytes are in
