@@ -33,7 +33,7 @@
 //! reads stay below the readers'.
 //!
 //! **Cost.** One channel hop per source read (a chunk of up to 4 MiB): a few microseconds
-//! against the read itself ([measured](../../../docs/PERFORMANCE.md#source-reads-in-bounded-time)).
+//! against the read itself ([measured](../../../docs/RELIABILITY.md#source-reads-in-bounded-time)).
 //!
 //! **Locks.** `SourceIo::pools` and each pool's `state` are leaves, never held across a read or
 //! a wait.
@@ -59,7 +59,8 @@ pub struct SourceIoConfig {
     /// under a second), and long enough to ride out the hiccups that recover by themselves (a
     /// NAS or Ceph OSD failover, 20–30 s; a network volume's reconnect), while a user staring at
     /// a frozen loader gets an error in half a minute rather than never (an NFS soft mount
-    /// gives up after about 3 minutes, a hard mount never).
+    /// gives up after about 3 minutes, a hard mount never;
+    /// [why](../../../docs/RELIABILITY.md#a-source-that-fails-or-stops-answering)).
     pub timeout: Option<Duration>,
     /// Retries of transient errors ([`RetryPolicy`]).
     pub retry: RetryPolicy,
@@ -428,8 +429,8 @@ impl Pool {
                         if !self.rx.is_empty() {
                             continue; // a task claimed this thread meanwhile
                         }
-                        state.idle -= 1;
-                        state.threads -= 1;
+                        state.idle = state.idle.saturating_sub(1);
+                        state.threads = state.threads.saturating_sub(1);
                         return;
                     }
                 },
@@ -446,7 +447,7 @@ impl Pool {
             }
             let mut state = lock(&self.state);
             if task.state.swap(DONE, Ordering::AcqRel) == ABANDONED {
-                state.abandoned -= 1;
+                state.abandoned = state.abandoned.saturating_sub(1);
                 tracing::info!("a source read abandoned at its deadline returned");
             }
             if state.queued > 0 {

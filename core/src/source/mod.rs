@@ -5,8 +5,13 @@
 //! with less RAM than the model, that second copy is what pushes everything else out).
 //! [`SourceFile::read_aligned`] returns exactly the bytes asked for, in page-aligned memory of
 //! its own, or an error (a short read is [`SourceError::Truncated`], never a partly stale
-//! buffer). A [`SourceFile`] reads one version of a file ([`SourceIdentity`]). The only lock
-//! here guards the spare buffers: a leaf, taken through [`crate::sync::lock_static`].
+//! buffer). A [`SourceFile`] reads one version of a file ([`SourceIdentity`]). The locks here
+//! are leaves: the spare buffers' (through [`crate::sync::lock_static`]) and a file's
+//! successor's ([`SourceFile::current`]).
+//!
+//! Reads of a mount's files go through [`slot::SourceSlot`], whose reads are bounded in time
+//! and retried by [`deadline::SourceIo`] (transient errors: [`retry`]): a source that stops
+//! answering gives an error within `--source-timeout`, never a hang.
 //!
 //! The platform parts live in `linux.rs` (`O_DIRECT`, `posix_fadvise`, anonymous `mmap`) and
 //! `windows.rs` (`FILE_FLAG_NO_BUFFERING`, `VirtualAlloc`); this file holds what both share: the

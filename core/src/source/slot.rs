@@ -31,6 +31,11 @@
 //! descriptor opened) must equal the version's, else the reopen fails with
 //! [`SourceError::Changed`] and nothing is read: a read of that version fails (`EIO`), a
 //! prefetch is skipped. Readers that open the file again get its new version.
+//!
+//! **Dead descriptors.** After `ENOTCONN` or `ESTALE` (a network filesystem's connection or
+//! file handle is gone) a read's retry opens the version again the same way, checked the same
+//! way, and the dead descriptors' holders read through the new ones from then on
+//! ([`SourceFile::current`]); the new descriptors close with the dead ones.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
