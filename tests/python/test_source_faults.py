@@ -216,7 +216,8 @@ def test_unmount_while_a_prefetch_hangs(stack, mount, tierfs_bin):
     assert rc == 0, f"exit code {rc}\n{m.log_tail()}"
 
 
-@pytest.mark.parametrize("code", [errno.EIO, errno.ECONNRESET], ids=["EIO", "ECONNRESET"])
+@pytest.mark.parametrize("code", [errno.EIO, errno.ECONNRESET, errno.ESTALE],
+                         ids=["EIO", "ECONNRESET", "ESTALE"])
 def test_transient_errors_are_retried_invisibly_and_counted(stack, mount, code):
     src, model, ff = stack
     m = mount(ff.mnt, "64MiB", extra=("--no-model-passthrough",))
@@ -237,6 +238,10 @@ def test_transient_errors_are_retried_invisibly_and_counted(stack, mount, code):
     assert disk["source_errors"] == disk["source_retries"], disk
     assert disk["errors"] == 0, f"a transient error reached a read: {disk}"
     assert disk["source_timeouts"] == 0, disk
+    if code == errno.ESTALE:
+        # A dead file handle: the retries opened the file again, found it the same version
+        # and read on through the new descriptors.
+        assert disk["source_reopens"] >= 1, disk
     log = ff.log_path.read_bytes()
     assert log.count(f"transient errno {code}".encode()) == 4, "faultfs did not inject them"
     assert m.alive()
