@@ -5,14 +5,56 @@
 //! Behind the `cli` feature (it brings `clap`); nothing here touches the filesystem.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::Args;
 
 use crate::size::parse_size;
+use crate::source::deadline::SourceIoConfig;
 
 /// Parses a size argument (`512MiB`, `8GiB`, `8G`, bytes) for `clap`.
 pub fn parse_size_arg(text: &str) -> Result<u64, String> {
     parse_size(text).map_err(|e| e.to_string())
+}
+
+/// Parses a duration argument for `clap`: `30s`, `500ms`, `2m`, or seconds (`30`, `0.5`).
+pub fn parse_duration_arg(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, unit) = match text.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(at) => text.split_at(at),
+        None => (text, "s"),
+    };
+    let value: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("not a duration: {text:?} (30s, 500ms, 2m)"))?;
+    let seconds = match unit.trim() {
+        "ms" => value / 1000.0,
+        "s" | "sec" => value,
+        "m" | "min" => value * 60.0,
+        _ => return Err(format!("unknown unit in {text:?}: use ms, s or m")),
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
+}
+
+/// `--source-timeout DURATION`: how long a read of SOURCE may take.
+#[derive(Args, Debug, Clone, PartialEq, Eq)]
+pub struct SourceArgs {
+    /// Longest a read of SOURCE may take, its retries included, before the reader gets EIO
+    /// (a network filesystem whose server stopped answering): 30s, 500ms, 2m; 0 waits
+    /// forever (see docs/RELIABILITY.md).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration_arg)]
+    pub source_timeout: Duration,
+}
+
+impl SourceArgs {
+    /// The source reads' tuning with this timeout (0: none).
+    pub fn config(&self) -> SourceIoConfig {
+        SourceIoConfig {
+            timeout: (!self.source_timeout.is_zero()).then_some(self.source_timeout),
+            ..SourceIoConfig::default()
+        }
+    }
 }
 
 /// `--ram-cache SIZE`: the mount's cache budget.
@@ -98,6 +140,37 @@ mod tests {
         assert_eq!(cli.state.orders_file(|| PathBuf::from("/d")), None);
         assert!(Cli::try_parse_from(["t", "--no-state", "--state-dir", "/s"]).is_err());
         assert!(Cli::try_parse_from(["t", "--ram-cache", "lots"]).is_err());
+    }
+
+    #[test]
+    fn source_timeouts_parse_and_zero_means_none() {
+        #[derive(Parser, Debug)]
+        struct Src {
+            #[command(flatten)]
+            source: SourceArgs,
+        }
+        let timeout = |args: &[&str]| {
+            let mut all = vec!["t"];
+            all.extend_from_slice(args);
+            Src::try_parse_from(all).map(|cli| cli.source.config().timeout)
+        };
+        assert_eq!(timeout(&[]).unwrap(), Some(Duration::from_secs(30)));
+        assert_eq!(
+            timeout(&["--source-timeout", "500ms"]).unwrap(),
+            Some(Duration::from_millis(500))
+        );
+        assert_eq!(
+            timeout(&["--source-timeout", "2m"]).unwrap(),
+            Some(Duration::from_secs(120))
+        );
+        assert_eq!(
+            timeout(&["--source-timeout", "1.5"]).unwrap(),
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(timeout(&["--source-timeout", "0"]).unwrap(), None);
+        assert!(timeout(&["--source-timeout", "soon"]).is_err());
+        assert!(timeout(&["--source-timeout", "5h"]).is_err());
+        assert!(timeout(&["--source-timeout", "-1s"]).is_err());
     }
 
     #[test]

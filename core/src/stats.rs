@@ -111,7 +111,7 @@ pub struct IndexSnapshot {
 }
 
 /// `disk` section.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct DiskSnapshot {
     pub read_bytes: u64,
     pub reads: u64,
@@ -121,6 +121,31 @@ pub struct DiskSnapshot {
     /// Part of `read_bytes` read for `O_DIRECT` readers of files larger than the chunk cache
     /// (exactly what they asked for, uncached, no prefetch).
     pub direct_bytes: u64,
+    /// Tries of source reads that failed with an error (retried or not; timeouts apart).
+    pub source_errors: u64,
+    /// Tries started again after a transient error (`crate::source::retry`).
+    pub source_retries: u64,
+    /// Source reads that gave up at their deadline (`--source-timeout`).
+    pub source_timeouts: u64,
+    /// Source descriptors opened again after `ENOTCONN` or `ESTALE`.
+    pub source_reopens: u64,
+    /// Source reads failed at once because every I/O thread was stuck.
+    pub source_refused: u64,
+    /// Source reads abandoned at their deadline whose thread is still blocked (now).
+    pub source_stuck: u64,
+}
+
+impl DiskSnapshot {
+    /// The `source_*` figures from the mount's source reads.
+    pub fn with_source_faults(mut self, s: &crate::source::deadline::SourceIoSnapshot) -> Self {
+        self.source_errors = s.errors;
+        self.source_retries = s.retries;
+        self.source_timeouts = s.timeouts;
+        self.source_reopens = s.reopens;
+        self.source_refused = s.refused;
+        self.source_stuck = s.stuck;
+        self
+    }
 }
 
 /// `prefetch` section.

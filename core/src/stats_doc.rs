@@ -107,7 +107,9 @@ impl CommonStats {
                 errors: Counters::get(&c.disk_errors),
                 probe_bytes: Counters::get(&c.probe_bytes),
                 direct_bytes: Counters::get(&c.direct_bytes),
-            },
+                ..DiskSnapshot::default()
+            }
+            .with_source_faults(&store.source_io().snapshot()),
             source: SourceSection {
                 devices: store.source_meters().snapshot(),
             },

@@ -64,6 +64,7 @@ pub fn run(size: u64, budget: u64) -> Result<()> {
         index_cap: tierfs_core::models::DEFAULT_INDEX_CAP,
         state_file: None,
         metrics_addr: None,
+        source_io: tierfs_core::source::deadline::SourceIoConfig::default(),
     };
     let mounted = Mounted::start(&request)?;
     let streamed = stream_twice(&mnt.join(name), &models.join(name));

@@ -32,7 +32,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use tierfs_core::cli::{parse_size_arg, BudgetArgs, CtlArgs, StateArgs};
+use tierfs_core::cli::{parse_size_arg, BudgetArgs, CtlArgs, SourceArgs, StateArgs};
 use tierfs_core::size::format_size;
 
 #[derive(Parser)]
@@ -90,6 +90,8 @@ enum Command {
         index_cache: u64,
         #[command(flatten)]
         state: StateArgs,
+        #[command(flatten)]
+        source_io: SourceArgs,
         /// Serve the metrics (as in MOUNTPOINT/.tierfs/metrics) at http://ADDR/metrics for a
         /// Prometheus scraper: PORT (on 127.0.0.1) or HOST:PORT.
         #[arg(long, value_name = "ADDR", value_parser = metrics::server::parse_addr)]
@@ -185,6 +187,7 @@ fn run(command: Command) -> Result<()> {
             allow_other,
             index_cache,
             state,
+            source_io,
             metrics_addr,
         } => {
             let budget = ram_cache.unwrap_or_else(|| {
@@ -209,6 +212,7 @@ fn run(command: Command) -> Result<()> {
                 index_cap: index_cache,
                 state_file: state.orders_file(mount::default_state_dir),
                 metrics_addr,
+                source_io: source_io.config(),
             };
             if daemon {
                 return daemon::run(&request, log_file.as_deref());

@@ -60,6 +60,8 @@ pub struct MountRequest {
     pub state_file: Option<PathBuf>,
     /// Where to serve the metrics over HTTP (`--metrics-addr`; `None`: only in the mount).
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// How source reads are bounded in time and retried (`--source-timeout`).
+    pub source_io: tierfs_core::source::deadline::SourceIoConfig,
 }
 
 /// The default cache budget: a quarter of physical RAM (or of the memory cgroup's limit),
@@ -174,7 +176,8 @@ impl Mounted {
                 request.budget,
                 SavedOrders::load(request.state_file.clone()),
             )
-            .with_index_cap(request.index_cap),
+            .with_index_cap(request.index_cap)
+            .with_source_io(request.source_io),
         );
         let governor = start_governor(request, &store);
         let window = Arc::new(KernelCacheWindow::with_headroom(

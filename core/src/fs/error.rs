@@ -59,7 +59,9 @@ pub enum FsError {
     /// A model file could not be opened (its own errno) or indexed (EIO).
     #[error("cannot open model file: {0}")]
     ModelOpen(#[from] OpenError),
-    /// Reading a model file through the cache failed.
+    /// Reading a model file through the cache failed: EIO, whatever the cause, a source that
+    /// did not answer within `--source-timeout` included (EIO is the error `read(2)` documents
+    /// and every loader handles as a failed read; the log says the source timed out).
     #[error("read failed: {0}")]
     Read(#[from] ReadError),
 }
@@ -135,5 +137,27 @@ mod tests {
         assert_eq!(FsError::ReadOnly.errno(), libc::EROFS);
         assert_eq!(FsError::Control("x".into()).errno(), libc::EINVAL);
         assert_eq!(FsError::TooSmall.errno(), libc::ERANGE);
+    }
+
+    #[test]
+    fn a_source_that_does_not_answer_is_eio_for_the_read() {
+        use crate::cache::CacheError;
+        use std::sync::Arc;
+        let timed_out = || SourceError::TimedOut {
+            path: "x".into(),
+            offset: 0,
+            after: std::time::Duration::from_secs(30),
+        };
+        let stuck = SourceError::Unresponsive {
+            path: "x".into(),
+            stuck: 32,
+        };
+        for read in [
+            ReadError::Source(timed_out()),
+            ReadError::Cache(CacheError::Source(Arc::new(timed_out()))),
+            ReadError::Source(stuck),
+        ] {
+            assert_eq!(FsError::Read(read).errno(), libc::EIO);
+        }
     }
 }

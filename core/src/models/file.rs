@@ -28,6 +28,7 @@ use crate::index::{Format, TensorIndex};
 use crate::prefetch::saved::SavedOrders;
 use crate::prefetch::PrefetchTarget;
 use crate::reader::ReaderTracker;
+use crate::source::deadline::SourceIo;
 use crate::source::meter::SourceMeters;
 use crate::source::slot::SourceSlot;
 use crate::source::{aligned_footprint, PathAccess, ReadWrapper, SourceError, SourceFile};
@@ -143,11 +144,12 @@ impl ModelFile {
     pub(super) fn open(
         (path, abs, opened): (&Path, &Path, Option<&File>),
         generation: u64,
-        (saved, wrap, paths, meters): (
+        (saved, wrap, paths, meters, io): (
             &SavedOrders,
             Option<&ReadWrapper>,
             &Arc<dyn PathAccess>,
             &SourceMeters,
+            &Arc<SourceIo>,
         ),
         membership: shards::Membership,
         (index_cap, config): (u64, &ModelsConfig),
@@ -210,7 +212,7 @@ impl ModelFile {
         let file = ModelFile {
             path: path.to_owned(),
             generation,
-            source: SourceSlot::new(&source, wrap.cloned(), Arc::clone(paths)),
+            source: SourceSlot::new(&source, wrap.cloned(), Arc::clone(paths), Arc::clone(io)),
             header,
             layout,
             marks: Arc::new(ChunkMarks::new(chunks)),
@@ -315,7 +317,7 @@ impl ModelFile {
             marks: Arc::clone(&self.marks),
         });
         let got = cache.get_or_load(self.key(chunk), footprint, want, owner.as_ref(), || {
-            self.source.get()?.read_aligned(span.start, span.end)
+            self.source.read_aligned(span.start, span.end)
         });
         // A load that was under way when the version was pruned must not leave its chunk in the
         // budget. The flag is set before the pruning forgets the file's chunks, and read after

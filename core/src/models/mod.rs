@@ -80,3 +80,7 @@ mod lifecycle_tests;
 
 #[cfg(test)]
 mod shard_tests;
+
+#[cfg(test)]
+#[cfg(target_os = "linux")]
+mod source_fault_tests;

@@ -271,7 +271,7 @@ impl ModelStore {
             Counters::add(&self.counters().hit_bytes, end - offset);
             return Ok(bytes);
         }
-        let bytes = file.source.get()?.read_aligned(offset, end)?;
+        let bytes = file.source.read_aligned(offset, end)?;
         let counters = self.counters();
         Counters::add(&counters.disk_reads, 1);
         Counters::add(&counters.disk_read_bytes, end - offset);
@@ -359,7 +359,7 @@ impl ModelStore {
         };
         let start = out.len();
         out.resize(start + (stop - pos) as usize, 0);
-        let got = file.source.get()?.read_at(&mut out[start..], pos)?;
+        let got = file.source.read_at(&mut out[start..], pos)?;
         let counters = self.counters();
         Counters::add(&counters.disk_reads, 1);
         Counters::add(&counters.disk_read_bytes, got as u64);

@@ -26,6 +26,7 @@ use crate::cache::ChunkCache;
 use crate::passthrough::PassthroughTier;
 use crate::prefetch::saved::SavedOrders;
 use crate::prefetch::{Executor, Prefetcher};
+use crate::source::deadline::{SourceIo, SourceIoConfig};
 use crate::source::meter::SourceMeters;
 use crate::source::{PathAccess, PlainPaths, ReadWrapper, SourceError, SourceFile, SourceIdentity};
 use crate::stats::Counters;
@@ -70,6 +71,8 @@ pub struct ModelStore {
     pub(super) config: ModelsConfig,
     /// The measured speed of each source device the mount reads from.
     pub(super) meters: Arc<SourceMeters>,
+    /// Source reads: deadline, retries and their I/O threads ([`Self::with_source_io`]).
+    pub(super) source_io: Arc<SourceIo>,
 }
 
 /// Who opens a file version ([`ModelStore::open_version`]).
@@ -132,6 +135,7 @@ impl ModelStore {
             chunk_floor: AtomicU64::new(0),
             config: ModelsConfig::default(),
             meters: Arc::new(SourceMeters::default()),
+            source_io: Arc::new(SourceIo::default()),
         }
     }
 
@@ -242,6 +246,18 @@ impl ModelStore {
         drop(files);
         self.config = config;
         self
+    }
+
+    /// Bounds the time of source reads and retries them by `config` (`--source-timeout`), for
+    /// files opened from now on ([`crate::source::deadline`]).
+    pub fn with_source_io(mut self, config: SourceIoConfig) -> ModelStore {
+        self.source_io = Arc::new(SourceIo::new(config));
+        self
+    }
+
+    /// The mount's source reads, with their failure counters.
+    pub fn source_io(&self) -> &SourceIo {
+        &self.source_io
     }
 
     /// The store's tuning.
@@ -359,6 +375,7 @@ impl ModelStore {
                 self.read_wrapper.as_ref(),
                 &paths,
                 &self.meters,
+                &self.source_io,
             ),
             membership,
             (index_cap, &self.config),

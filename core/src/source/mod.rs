@@ -5,8 +5,13 @@
 //! with less RAM than the model, that second copy is what pushes everything else out).
 //! [`SourceFile::read_aligned`] returns exactly the bytes asked for, in page-aligned memory of
 //! its own, or an error (a short read is [`SourceError::Truncated`], never a partly stale
-//! buffer). A [`SourceFile`] reads one version of a file ([`SourceIdentity`]). The only lock
-//! here guards the spare buffers: a leaf, taken through [`crate::sync::lock_static`].
+//! buffer). A [`SourceFile`] reads one version of a file ([`SourceIdentity`]). The locks here
+//! are leaves: the spare buffers' (through [`crate::sync::lock_static`]) and a file's
+//! successor's ([`SourceFile::current`]).
+//!
+//! Reads of a mount's files go through [`slot::SourceSlot`], whose reads are bounded in time
+//! and retried by [`deadline::SourceIo`] (transient errors: [`retry`]): a source that stops
+//! answering gives an error within `--source-timeout`, never a hang.
 //!
 //! The platform parts live in `linux.rs` (`O_DIRECT`, `posix_fadvise`, anonymous `mmap`) and
 //! `windows.rs` (`FILE_FLAG_NO_BUFFERING`, `VirtualAlloc`); this file holds what both share: the
@@ -51,9 +56,11 @@ use windows as platform;
 #[cfg(not(any(target_os = "linux", windows)))]
 compile_error!("tierfs-core reads sources on Linux and Windows only");
 
+pub mod deadline;
 #[cfg(target_os = "linux")]
 pub mod limits;
 pub mod meter;
+pub mod retry;
 pub mod slot;
 
 use crate::sync::{lock_static, StaticMutex};
@@ -89,6 +96,16 @@ pub enum SourceError {
     NotAFile { path: PathBuf },
     #[error("cannot allocate a {len}-byte buffer: {source}")]
     Alloc { len: usize, source: io::Error },
+    /// The source did not answer within the deadline ([`deadline`]).
+    #[error("reading {path} at offset {offset} timed out after {after:?}: the source does not answer (--source-timeout)")]
+    TimedOut {
+        path: PathBuf,
+        offset: u64,
+        after: std::time::Duration,
+    },
+    /// Every I/O thread is stuck in a read the source never answered ([`deadline`]).
+    #[error("cannot read {path}: the source does not answer ({stuck} reads stuck)")]
+    Unresponsive { path: PathBuf, stuck: usize },
 }
 
 /// What identifies one version of a file: if any of these change, cached bytes are stale.
@@ -376,6 +393,10 @@ pub struct SourceFile {
     in_ram: bool,
     /// Where its reads are measured ([`meter`]); `None`: not measured.
     meter: Option<Arc<SourceMeter>>,
+    /// Descriptors of this very version opened again after these died (`ENOTCONN`,
+    /// `ESTALE`): reads go through them from then on ([`slot::SourceSlot`]); they close with
+    /// this file.
+    successor: crate::sync::Mutex<Option<Arc<SourceFile>>>,
 }
 
 impl std::fmt::Debug for SourceFile {
@@ -443,6 +464,7 @@ impl SourceFile {
             wrap: wrap.cloned(),
             in_ram,
             meter: None,
+            successor: crate::sync::Mutex::new(None),
         })
     }
 
@@ -461,6 +483,25 @@ impl SourceFile {
     /// The meter this file's reads are measured on.
     pub fn meter(&self) -> Option<&Arc<SourceMeter>> {
         self.meter.as_ref()
+    }
+
+    /// The descriptors reads of this version go through: these, or the last ones opened again
+    /// after these died ([`Self::set_successor`]).
+    pub fn current(self: &Arc<Self>) -> Arc<SourceFile> {
+        let mut at = Arc::clone(self);
+        loop {
+            let next = crate::sync::lock(&at.successor).clone();
+            match next {
+                Some(next) => at = next,
+                None => return at,
+            }
+        }
+    }
+
+    /// Makes `fresh`, descriptors of this same version opened again, the ones reads of this
+    /// version go through from now on ([`Self::current`]).
+    pub(crate) fn set_successor(&self, fresh: Arc<SourceFile>) {
+        *crate::sync::lock(&self.successor) = Some(fresh);
     }
 
     /// Whether the file lives on a file system held in RAM (tmpfs, ramfs): its bytes are in

@@ -31,18 +31,31 @@
 //! descriptor opened) must equal the version's, else the reopen fails with
 //! [`SourceError::Changed`] and nothing is read: a read of that version fails (`EIO`), a
 //! prefetch is skipped. Readers that open the file again get its new version.
+//!
+//! **Dead descriptors.** After `ENOTCONN` or `ESTALE` (a network filesystem's connection or
+//! file handle is gone) a read's retry opens the version again the same way, checked the same
+//! way, and the dead descriptors' holders read through the new ones from then on
+//! ([`SourceFile::current`]); the new descriptors close with the dead ones.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
+use super::deadline::SourceIo;
 use super::meter::SourceMeter;
-use super::{PathAccess, ReadWrapper, SourceError, SourceFile, SourceIdentity};
+use super::{AlignedBytes, PathAccess, ReadWrapper, SourceError, SourceFile, SourceIdentity};
 use crate::sync::{lock, Mutex};
 
 /// One version of a source file, and its descriptors while someone holds them (see the module
-/// docs).
+/// docs). Its reads ([`Self::read_aligned`], [`Self::read_at`]) are bounded in time and retried
+/// by the mount's [`SourceIo`].
 pub struct SourceSlot {
+    inner: Arc<SlotInner>,
+    io: Arc<SourceIo>,
+}
+
+/// What a read on an I/O thread needs of the slot (it may outlive the caller's wait).
+struct SlotInner {
     path: PathBuf,
     identity: SourceIdentity,
     wrap: Option<ReadWrapper>,
@@ -60,8 +73,8 @@ pub struct SourceSlot {
 impl std::fmt::Debug for SourceSlot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SourceSlot")
-            .field("path", &self.path)
-            .field("identity", &self.identity)
+            .field("path", &self.inner.path)
+            .field("identity", &self.inner.identity)
             .field("open", &self.is_open())
             .finish()
     }
@@ -70,21 +83,25 @@ impl std::fmt::Debug for SourceSlot {
 impl SourceSlot {
     /// The slot of the version `source` was opened as; `source` stays open while the caller
     /// (or anyone it hands a clone to) holds it. Reopens go through `paths` and read through
-    /// `wrap` too.
+    /// `wrap` too; reads are run by `io`.
     pub fn new(
         source: &Arc<SourceFile>,
         wrap: Option<ReadWrapper>,
         paths: Arc<dyn PathAccess>,
+        io: Arc<SourceIo>,
     ) -> SourceSlot {
         SourceSlot {
-            path: source.path().to_owned(),
-            identity: source.identity(),
-            wrap,
-            paths,
-            open: Mutex::new(Arc::downgrade(source)),
-            direct_io: AtomicBool::new(source.uses_direct_io()),
-            reopens: AtomicU64::new(0),
-            meter: source.meter().cloned(),
+            inner: Arc::new(SlotInner {
+                path: source.path().to_owned(),
+                identity: source.identity(),
+                wrap,
+                paths,
+                open: Mutex::new(Arc::downgrade(source)),
+                direct_io: AtomicBool::new(source.uses_direct_io()),
+                reopens: AtomicU64::new(0),
+                meter: source.meter().cloned(),
+            }),
+            io,
         }
     }
 
@@ -92,24 +109,34 @@ impl SourceSlot {
     /// and checked to be this very version ([`SourceError::Changed`] if the path names another
     /// file now, the OS's error if it names none).
     pub fn get(&self) -> Result<Arc<SourceFile>, SourceError> {
-        let mut open = lock(&self.open);
-        if let Some(source) = open.upgrade() {
-            return Ok(source);
-        }
-        let source = Arc::new(
-            SourceFile::open_with(self.paths.as_ref(), &self.path, self.wrap.as_ref())?
-                .with_meter(self.meter.clone()),
-        );
-        if source.identity() != self.identity {
-            return Err(SourceError::Changed {
-                path: self.path.clone(),
-            });
-        }
-        self.direct_io
-            .store(source.uses_direct_io(), Ordering::Relaxed);
-        self.reopens.fetch_add(1, Ordering::Relaxed);
-        *open = Arc::downgrade(&source);
-        Ok(source)
+        self.inner.get()
+    }
+
+    /// Bytes `[start, end)` of this version ([`SourceFile::read_aligned`]), within the mount's
+    /// deadline, transient errors retried ([`SourceIo::read`]); a try after `ENOTCONN` or
+    /// `ESTALE` opens the version again by path, checked to be this very version.
+    pub fn read_aligned(&self, start: u64, end: u64) -> Result<AlignedBytes, SourceError> {
+        let inner = Arc::clone(&self.inner);
+        self.io.read((&self.inner.path, start), move |reopen| {
+            inner.source(reopen)?.read_aligned(start, end)
+        })
+    }
+
+    /// Up to `buf.len()` bytes at `offset` ([`SourceFile::read_at`]: short only at end of
+    /// file), bounded and retried as [`Self::read_aligned`]. The try reads into a buffer of its
+    /// own (a try abandoned at the deadline may still write), copied into `buf`.
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize, SourceError> {
+        let len = buf.len();
+        let inner = Arc::clone(&self.inner);
+        let got = self.io.read((&self.inner.path, offset), move |reopen| {
+            let mut own = vec![0u8; len];
+            let n = inner.source(reopen)?.read_at(&mut own, offset)?;
+            own.truncate(n);
+            Ok(own)
+        })?;
+        let n = got.len().min(len);
+        buf[..n].copy_from_slice(&got[..n]);
+        Ok(n)
     }
 
     /// [`Self::get`], taking `file` (a descriptor the caller opened by path) as the descriptor
@@ -119,53 +146,110 @@ impl SourceSlot {
         &self,
         file: std::fs::File,
     ) -> Result<Option<Arc<SourceFile>>, SourceError> {
-        let mut open = lock(&self.open);
+        let inner = &self.inner;
+        let mut open = lock(&inner.open);
         if let Some(source) = open.upgrade() {
-            return Ok(Some(source));
+            return Ok(Some(source.current()));
         }
         let source = Arc::new(
-            SourceFile::adopt(&self.path, file, self.wrap.as_ref())?.with_meter(self.meter.clone()),
+            SourceFile::adopt(&inner.path, file, inner.wrap.as_ref())?
+                .with_meter(inner.meter.clone()),
         );
-        if source.identity() != self.identity {
+        if source.identity() != inner.identity {
             return Ok(None);
         }
-        self.reopens.fetch_add(1, Ordering::Relaxed);
+        inner.reopens.fetch_add(1, Ordering::Relaxed);
         *open = Arc::downgrade(&source);
         Ok(Some(source))
     }
 
     /// Whether someone holds the descriptors now.
     pub fn is_open(&self) -> bool {
-        lock(&self.open).strong_count() > 0
+        lock(&self.inner.open).strong_count() > 0
     }
 
-    /// Times the descriptors were opened again after everyone had let go of them.
+    /// Times the descriptors were opened again after everyone had let go of them (or after
+    /// they died: `ENOTCONN`, `ESTALE`).
     pub fn reopens(&self) -> u64 {
-        self.reopens.load(Ordering::Relaxed)
+        self.inner.reopens.load(Ordering::Relaxed)
     }
 
     /// The absolute source path.
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.inner.path
     }
 
     pub fn identity(&self) -> SourceIdentity {
-        self.identity
+        self.inner.identity
     }
 
     /// Whether reads bypass the page cache (as of the descriptors open now, or last opened).
     pub fn uses_direct_io(&self) -> bool {
-        match lock(&self.open).upgrade() {
-            Some(source) => source.uses_direct_io(),
-            None => self.direct_io.load(Ordering::Relaxed),
+        let open = lock(&self.inner.open).upgrade();
+        match open {
+            Some(source) => source.current().uses_direct_io(),
+            None => self.inner.direct_io.load(Ordering::Relaxed),
         }
     }
 
     /// Whether `path` names this version now (false when it names another file or none).
     pub fn is_current(&self) -> bool {
-        self.paths
-            .identity(&self.path)
-            .is_ok_and(|now| now == self.identity)
+        self.inner
+            .paths
+            .identity(&self.inner.path)
+            .is_ok_and(|now| now == self.inner.identity)
+    }
+}
+
+impl SlotInner {
+    /// See [`SourceSlot::get`]. The path is opened without the lock held: an open that hangs
+    /// on a source that stopped answering blocks only its own read, never the stats or the
+    /// other reads of descriptors already open.
+    fn get(&self) -> Result<Arc<SourceFile>, SourceError> {
+        if let Some(source) = lock(&self.open).upgrade() {
+            return Ok(source.current());
+        }
+        let fresh = self.open_checked()?;
+        let mut open = lock(&self.open);
+        if let Some(source) = open.upgrade() {
+            return Ok(source.current()); // opened by another read meanwhile
+        }
+        self.direct_io
+            .store(fresh.uses_direct_io(), Ordering::Relaxed);
+        self.reopens.fetch_add(1, Ordering::Relaxed);
+        *open = Arc::downgrade(&fresh);
+        Ok(fresh)
+    }
+
+    /// New descriptors of this version, opened by path and checked to be this very version.
+    fn open_checked(&self) -> Result<Arc<SourceFile>, SourceError> {
+        let source = Arc::new(
+            SourceFile::open_with(self.paths.as_ref(), &self.path, self.wrap.as_ref())?
+                .with_meter(self.meter.clone()),
+        );
+        if source.identity() != self.identity {
+            return Err(SourceError::Changed {
+                path: self.path.clone(),
+            });
+        }
+        Ok(source)
+    }
+
+    /// Descriptors for a try: the open ones, or (`reopen`: the previous try's descriptor died)
+    /// new ones of this very version, which the holders of the dead ones read through from now
+    /// on ([`SourceFile::current`]).
+    fn source(&self, reopen: bool) -> Result<Arc<SourceFile>, SourceError> {
+        if !reopen {
+            return self.get();
+        }
+        let fresh = self.open_checked()?;
+        let mut open = lock(&self.open);
+        match open.upgrade() {
+            Some(held) => held.current().set_successor(Arc::clone(&fresh)),
+            None => *open = Arc::downgrade(&fresh),
+        }
+        self.reopens.fetch_add(1, Ordering::Relaxed);
+        Ok(fresh)
     }
 }
 
@@ -190,7 +274,7 @@ mod tests {
         let path = dir.path().join("f");
         std::fs::write(&path, vec![7u8; 10_000]).unwrap();
         let first = Arc::new(SourceFile::open(&path).unwrap());
-        let slot = SourceSlot::new(&first, None, Arc::new(PlainPaths));
+        let slot = SourceSlot::new(&first, None, Arc::new(PlainPaths), Arc::default());
         let again = slot.get().unwrap();
         assert!(
             Arc::ptr_eq(&first, &again),
@@ -220,6 +304,7 @@ mod tests {
             &Arc::new(SourceFile::open(&path).unwrap()),
             None,
             Arc::new(PlainPaths),
+            Arc::default(),
         );
         assert!(slot.is_current());
         // Same size, new inode: another file, whatever its bytes.
@@ -242,7 +327,7 @@ mod tests {
         let path = dir.path().join("f");
         std::fs::write(&path, vec![3u8; 8192]).unwrap();
         let held = Arc::new(SourceFile::open(&path).unwrap());
-        let slot = SourceSlot::new(&held, None, Arc::new(PlainPaths));
+        let slot = SourceSlot::new(&held, None, Arc::new(PlainPaths), Arc::default());
         std::fs::remove_file(&path).unwrap();
         let got = slot.get().unwrap().read_aligned(4096, 8192).unwrap();
         assert_eq!(got.as_slice(), &[3u8; 4096][..]);

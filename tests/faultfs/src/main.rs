@@ -14,6 +14,9 @@
 //! or empty faults file means "no faults"; an unparsable one is treated as "no
 //! faults" and logged to stderr.
 //!
+//! Entries with a `read_fault` object make reads hang until the entry is removed, or fail the
+//! first N times: see `read_faults.rs`.
+//!
 //! Files are opened with `FOPEN_DIRECT_IO`, so every read by the client reaches
 //! this process (no page cache in between) and clearing a fault takes effect
 //! immediately.  `O_DIRECT` and other open flags from the client are accepted
@@ -39,6 +42,9 @@ use fuser::{
 };
 use serde::Deserialize;
 
+mod read_faults;
+use read_faults::ReadFaults;
+
 /// Attributes are never cached by the kernel: the source may change under us.
 const TTL: Duration = Duration::ZERO;
 
@@ -62,6 +68,8 @@ struct FaultFs {
     inodes: Mutex<Inodes>,
     handles: Mutex<HashMap<u64, File>>,
     next_fh: AtomicU64,
+    /// Hanging and transient reads (`read_faults.rs`).
+    read_faults: ReadFaults,
 }
 
 #[derive(Default)]
@@ -260,6 +268,12 @@ impl Filesystem for FaultFs {
         let Some(rel) = self.rel_path(ino) else {
             return reply.error(Errno::ENOENT);
         };
+        if let Some(errno) =
+            self.read_faults
+                .before_read(&self.faults_path, &rel, offset, u64::from(size))
+        {
+            return reply.error(Errno::from_i32(errno));
+        }
         if self.is_faulty(&rel, offset, u64::from(size)) {
             eprintln!("faultfs: EIO for {} [{offset}, +{size})", rel.display());
             return reply.error(Errno::EIO);
@@ -398,6 +412,7 @@ fn main() -> ExitCode {
         inodes: Mutex::new(Inodes::new()),
         handles: Mutex::new(HashMap::new()),
         next_fh: AtomicU64::new(1),
+        read_faults: ReadFaults::new(),
     };
     let mut config = Config::default();
     config.mount_options = vec![MountOption::RO, MountOption::FSName("faultfs".into())];
