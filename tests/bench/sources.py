@@ -67,8 +67,13 @@ def drop_caches() -> None:
 class RamDisk:
     """An ext4 file system on a RAM-backed block device, mounted at `self.mnt`."""
 
-    def __init__(self, size: int, root: Path):
+    def __init__(self, size: int, root: Path, prefer_loop: bool = False):
+        """`prefer_loop`: a loop device over tmpfs even where zram exists.  zram takes requests
+        of at most 124 KiB (`max_sectors_kb`), so the kernel's readahead reaches it in pieces that
+        small; a loop device takes 1.25 MiB like a SATA disk, which matters where requests are
+        counted (an IOPS cap)."""
         self.size, self.root = size, root
+        self.prefer_loop = prefer_loop
         self.kind = ""
         self.dev = ""
         self.zram_id: int | None = None
@@ -94,7 +99,7 @@ class RamDisk:
         return dst
 
     def _attach(self) -> None:
-        if (ZRAM_CONTROL / "hot_add").exists():
+        if not self.prefer_loop and (ZRAM_CONTROL / "hot_add").exists():
             try:
                 self.zram_id = int((ZRAM_CONTROL / "hot_add").read_text())
                 Path(f"/sys/block/zram{self.zram_id}/disksize").write_text(f"{self.size}\n")
