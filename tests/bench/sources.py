@@ -9,7 +9,9 @@ from one minute to the next, so ratios measured on it drift.  acceptance.py puts
   O_DIRECT opens of its files).  Mounted with `-o discard`, so a deleted file gives its RAM back.
   A stand-in for a 3-7 GB/s NVMe (zram measured here: ~3 GB/s for one `dd bs=1M` reader).
 * **slow**: the same device, read-throttled with the cgroup v1 blkio controller
-  (`blkio.throttle.read_bps_device` on the device's MAJ:MIN).  The benchmark process joins the
+  (`blkio.throttle.read_bps_device` on the device's MAJ:MIN; `Throttle.set_iops` adds
+  `read_iops_device`, a cap on read requests per second, for tests/bench/slow_sources.py's
+  disk class).  The benchmark process joins the
   cgroup at the start, so every process it starts (loaders, the tierfs daemon, readers)
   inherits it: every reader is throttled, the daemon included.  blk-throttle acts where a bio
   is submitted, so it applies to bio-based devices like zram and loop too (measured: a 200 MB/s
@@ -65,8 +67,13 @@ def drop_caches() -> None:
 class RamDisk:
     """An ext4 file system on a RAM-backed block device, mounted at `self.mnt`."""
 
-    def __init__(self, size: int, root: Path):
+    def __init__(self, size: int, root: Path, prefer_loop: bool = False):
+        """`prefer_loop`: a loop device over tmpfs even where zram exists.  zram takes requests
+        of at most 124 KiB (`max_sectors_kb`), so the kernel's readahead reaches it in pieces that
+        small; a loop device takes 1.25 MiB like a SATA disk, which matters where requests are
+        counted (an IOPS cap)."""
         self.size, self.root = size, root
+        self.prefer_loop = prefer_loop
         self.kind = ""
         self.dev = ""
         self.zram_id: int | None = None
@@ -92,7 +99,7 @@ class RamDisk:
         return dst
 
     def _attach(self) -> None:
-        if (ZRAM_CONTROL / "hot_add").exists():
+        if not self.prefer_loop and (ZRAM_CONTROL / "hot_add").exists():
             try:
                 self.zram_id = int((ZRAM_CONTROL / "hot_add").read_text())
                 Path(f"/sys/block/zram{self.zram_id}/disksize").write_text(f"{self.size}\n")
@@ -165,14 +172,26 @@ class Throttle:
         _UNDO.append(self)
         (self.path / "cgroup.procs").write_text(f"{os.getpid()}\n")
         self.bps = 0
+        self.iops = 0
 
     def set(self, bps: int) -> None:
         (self.path / "blkio.throttle.read_bps_device").write_text(f"{self.majmin} {bps}\n")
         self.bps = bps
 
+    def set_iops(self, iops: int) -> None:
+        """Limits read requests per second on the device (`blkio.throttle.read_iops_device`;
+        0: no limit).  With `set(bps)` too, a request waits for whichever limit it hits first:
+        a hard disk's ~200 random IOPS beside its ~200 MB/s."""
+        (self.path / "blkio.throttle.read_iops_device").write_text(f"{self.majmin} {iops}\n")
+        self.iops = iops
+
     def read_bytes(self) -> int:
         """Bytes the cgroup's processes read from the device (block layer, throttled or not)."""
         return parse_service_bytes((self.path / "blkio.throttle.io_service_bytes").read_text(), self.majmin)
+
+    def read_ios(self) -> int:
+        """Read requests the cgroup's processes sent to the device (block layer)."""
+        return parse_service_bytes((self.path / "blkio.throttle.io_serviced").read_text(), self.majmin)
 
     def __repr__(self) -> str:
         return f"Throttle({self.path})"
@@ -202,7 +221,8 @@ class Throttle:
 
 
 def parse_service_bytes(text: str, majmin: str) -> int:
-    """The `MAJ:MIN Read N` figure of a blkio `io_service_bytes` file (0 when absent)."""
+    """The `MAJ:MIN Read N` figure of a blkio `io_service_bytes` (or `io_serviced`) file (0 when
+    absent)."""
     for line in text.splitlines():
         f = line.split()
         if len(f) == 3 and f[0] == majmin and f[1] == "Read":

