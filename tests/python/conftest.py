@@ -280,14 +280,16 @@ class Mount:
 class FaultFs:
     """A running faultfs: mirrors `source` at `mnt`; faults listed in `faults_path`."""
 
-    def __init__(self, source: Path):
+    def __init__(self, source: Path, extra_args: tuple[str, ...] = (), name: str = "faultmnt"):
+        """`extra_args` go to faultfs after the faults file (e.g. `--disk` and its model)."""
         self.source = source
-        self.mnt = fresh_dir("faultmnt")
+        self.mnt = fresh_dir(name)
         self.faults_path = self.mnt.parent / (self.mnt.name + ".faults.json")
         self.log_path = self.mnt.parent / (self.mnt.name + ".log")
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [str(FAULTFS_BIN), str(source), str(self.mnt), "--faults", str(self.faults_path)],
+            [str(FAULTFS_BIN), str(source), str(self.mnt), "--faults", str(self.faults_path),
+             *extra_args],
             stdout=self.log, stderr=subprocess.STDOUT)
         _PROCS.append(self.proc)
         deadline = time.monotonic() + 10

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import _PROCS, MiB, drop_caches, fresh_dir, is_mounted
+from conftest import FaultFs, MiB, drop_caches, fresh_dir, is_mounted
 import gen
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
@@ -95,39 +95,24 @@ def model(data_dir) -> tuple[Path, str]:
 
 # ----------------------------------------------------------------------------- the sources
 
-class SeekDisk:
+class SeekDisk(FaultFs):
     """`faultfs --disk` mirroring `source` at `self.mnt`; its counters in `self.stats_path`."""
 
-    def __init__(self, faultfs_bin: Path, source: Path):
-        self.mnt = fresh_dir("seekmnt")
-        self.stats_path = self.mnt.parent / (self.mnt.name + ".disk.json")
-        self.log_path = self.mnt.parent / (self.mnt.name + ".log")
-        self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(
-            [str(faultfs_bin), str(source), str(self.mnt), "--faults", str(self.mnt.parent / "none.json"),
-             "--disk", "--seek-ms", "8", "--disk-mbps", "200", "--disk-stats", str(self.stats_path)],
-            stdout=self.log, stderr=subprocess.STDOUT)
-        _PROCS.append(self.proc)
-        deadline = time.monotonic() + 10
-        while not is_mounted(self.mnt):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.close()
-                pytest.fail(f"faultfs --disk did not mount: {self.log_path.read_text(errors='replace')}")
-            time.sleep(0.05)
+    def __init__(self, source: Path):
+        stats_path = fresh_dir("seekstats") / "disk.json"
+        super().__init__(source, ("--disk", "--seek-ms", "8", "--disk-mbps", "200",
+                                  "--disk-stats", str(stats_path)), name="seekmnt")
+        self.stats_path = stats_path
 
     def counters(self) -> dict:
         return json.loads(self.stats_path.read_text())
-
-    def close(self) -> None:
-        netstore.unmount(self.mnt, self.proc)
-        self.log.close()
 
 
 @pytest.fixture
 def seek_disk(faultfs_bin, model):
     src = fresh_dir("seeksrc")
     shutil.copyfile(model[0], src / model[0].name)
-    d = SeekDisk(faultfs_bin, src)
+    d = SeekDisk(src)
     try:
         yield d
     finally:
