@@ -15,7 +15,7 @@
 //!
 //! The platform parts live in `linux.rs` (`O_DIRECT`, `posix_fadvise`, anonymous `mmap`) and
 //! `windows.rs` (`FILE_FLAG_NO_BUFFERING`, `VirtualAlloc`); this file holds what both share: the
-//! buffer reuse, the aligned read with its buffered fallback, and the error type. What follows
+//! aligned read with its buffered fallback, and the error type. What follows
 //! names the Linux calls; `windows.rs` says what differs there.
 //!
 //! **Aligned reads.** Chunk reads use `O_DIRECT` into page-aligned anonymous memory, which also
@@ -23,19 +23,7 @@
 //! FUSE filesystems), reads fall back to buffered `pread` followed by `posix_fadvise(DONTNEED)` on
 //! the range just read, so the page cache holds at most the chunks in flight.
 //!
-//! **Buffers.** Chunk buffers are anonymous `mmap`s (via `memmap2`) rather than heap
-//! allocations: glibc's malloc raises its mmap threshold after the first large free and then
-//! serves multi-MiB buffers from the heap, where freed memory is not returned to the OS. With one
-//! mapping per chunk, dropping a chunk gives its pages back at once, so the daemon's RSS follows
-//! the cache budget (give or take the few spare mappings, which `drop` and budget shrinks
-//! release).
-//!
-//! **Spare buffers.** A fresh mapping costs more than the read into it (the read faults in and
-//! zeroes every page first), and the cache evicts a chunk just before it loads the next one, so
-//! the mappings of the last few dropped buffers are kept ([`SpareBuffersConfig`]) and a read of
-//! the same size reuses one, already faulted in
-//! ([measured](../../../docs/PERFORMANCE.md#spare-chunk-buffers)). Every byte a reused buffer
-//! exposes is overwritten by the read first.
+//! Chunk buffers and the spare mappings kept for reuse are in `buffers.rs` ([`AlignedBytes`]).
 
 use std::fs::File;
 use std::io;
@@ -56,6 +44,7 @@ use windows as platform;
 #[cfg(not(any(target_os = "linux", windows)))]
 compile_error!("tierfs-core reads sources on Linux and Windows only");
 
+mod buffers;
 pub mod deadline;
 #[cfg(target_os = "linux")]
 pub mod limits;
@@ -63,10 +52,13 @@ pub mod meter;
 pub mod retry;
 pub mod slot;
 
-use crate::sync::{lock_static, StaticMutex};
+use buffers::{align_down, map_buffer};
+pub use buffers::{
+    aligned_footprint, release_spare_buffers, set_spare_buffers_config, AlignedBytes,
+    SpareBuffersConfig,
+};
 use meter::{SourceMeter, SourceMeters};
 pub use platform::open_direct;
-use platform::ChunkMemory;
 
 /// Alignment of `O_DIRECT` offsets, lengths and buffers. 4 KiB satisfies both 512-byte and
 /// 4 KiB logical-sector devices, and is also what cuFile wants; anonymous mappings are always
@@ -182,177 +174,6 @@ impl PathAccess for PlainPaths {
             false => Ok(None),
         }
     }
-}
-
-/// Which mappings of dropped buffers are kept for reuse (see the module docs). Process-wide:
-/// [`set_spare_buffers_config`] changes it; tests make their own pool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SpareBuffersConfig {
-    /// Mappings kept at most: four is one per prefetch worker, and the cache frees a chunk
-    /// right before each load. They are at most 16 MiB of 4 MiB chunks outside the cache
-    /// budget ([measured](../../../docs/PERFORMANCE.md#spare-chunk-buffers)).
-    pub max_spares: usize,
-    /// Buffers smaller than this are not kept: cheap to map, and they would crowd out
-    /// chunk-sized ones.
-    pub min_bytes: usize,
-}
-
-impl SpareBuffersConfig {
-    /// Today's values (a `const`, for the process-wide pool).
-    pub const DEFAULT: SpareBuffersConfig = SpareBuffersConfig {
-        max_spares: 4,
-        min_bytes: 1 << 20,
-    };
-}
-
-impl Default for SpareBuffersConfig {
-    fn default() -> Self {
-        SpareBuffersConfig::DEFAULT
-    }
-}
-
-/// Mappings of dropped buffers, oldest first, kept by the rules of a [`SpareBuffersConfig`].
-struct SpareBuffers {
-    config: SpareBuffersConfig,
-    maps: Vec<ChunkMemory>,
-}
-
-impl SpareBuffers {
-    const fn with_config(config: SpareBuffersConfig) -> SpareBuffers {
-        SpareBuffers {
-            config,
-            maps: Vec::new(),
-        }
-    }
-
-    /// A kept mapping of exactly `len` bytes, the most recently kept first.
-    fn take(&mut self, len: usize) -> Option<ChunkMemory> {
-        let at = self.maps.iter().rposition(|map| map.len() == len)?;
-        Some(self.maps.remove(at))
-    }
-
-    /// Keeps `map` (dropping the oldest if there are enough), unless it is too small.
-    fn keep(&mut self, map: ChunkMemory) {
-        if map.len() < self.config.min_bytes || self.config.max_spares == 0 {
-            return;
-        }
-        while self.maps.len() >= self.config.max_spares {
-            self.maps.remove(0);
-        }
-        self.maps.push(map);
-    }
-
-    fn set_config(&mut self, config: SpareBuffersConfig) {
-        self.config = config;
-        let excess = self.maps.len().saturating_sub(config.max_spares);
-        self.maps.drain(..excess);
-        self.maps.retain(|map| map.len() >= config.min_bytes);
-    }
-}
-
-/// The spare mappings. Process-wide, like the allocator it stands in front of.
-static SPARE: StaticMutex<SpareBuffers> =
-    StaticMutex::new(SpareBuffers::with_config(SpareBuffersConfig::DEFAULT));
-
-/// A mapping of `len` bytes: a spare one of exactly that size if there is one, else a new one.
-fn map_buffer(len: usize) -> io::Result<ChunkMemory> {
-    let spare = lock_static(&SPARE).take(len);
-    match spare {
-        Some(map) => Ok(map),
-        None => ChunkMemory::new(len),
-    }
-}
-
-/// Unmaps the spare mappings, so that the daemon's RSS is the cache's again (after `drop` or a
-/// smaller budget).
-pub fn release_spare_buffers() {
-    lock_static(&SPARE).maps.clear();
-}
-
-/// Changes which dropped mappings the process keeps; spares the new rules do not keep are
-/// unmapped at once.
-pub fn set_spare_buffers_config(config: SpareBuffersConfig) {
-    lock_static(&SPARE).set_config(config);
-}
-
-/// Keeps `map` as a spare (dropping the oldest spare if there are enough).
-fn keep_spare(map: ChunkMemory) {
-    lock_static(&SPARE).keep(map);
-}
-
-/// Bytes `[start, end)` of a source file, held in their own page-aligned mapping.
-pub struct AlignedBytes {
-    /// Always `Some` until dropped, when the mapping goes back to the spares.
-    map: Option<ChunkMemory>,
-    skip: usize,
-    len: usize,
-}
-
-impl AlignedBytes {
-    /// `len` zero bytes in a fresh anonymous mapping, untouched (so costing no memory until
-    /// written): for tests and benchmarks of the cache without files.
-    #[doc(hidden)]
-    pub fn anonymous(len: usize) -> io::Result<AlignedBytes> {
-        Ok(AlignedBytes {
-            map: Some(ChunkMemory::new(align_up(len.max(1) as u64) as usize)?),
-            skip: 0,
-            len,
-        })
-    }
-
-    /// A copy of `bytes` in its own (page-rounded) mapping: for tests of the cache without
-    /// files.
-    #[doc(hidden)]
-    pub fn copy_of(bytes: &[u8]) -> io::Result<AlignedBytes> {
-        let mut map = ChunkMemory::new(align_up(bytes.len().max(1) as u64) as usize)?;
-        map[..bytes.len()].copy_from_slice(bytes);
-        Ok(AlignedBytes {
-            map: Some(map),
-            skip: 0,
-            len: bytes.len(),
-        })
-    }
-
-    pub fn as_slice(&self) -> &[u8] {
-        self.map
-            .as_deref()
-            .map_or(&[], |map| &map[self.skip..self.skip + self.len])
-    }
-
-    /// Bytes of memory this buffer occupies (what the cache budget is charged).
-    pub fn footprint(&self) -> u64 {
-        self.map.as_ref().map_or(0, |map| map.len() as u64)
-    }
-}
-
-impl Drop for AlignedBytes {
-    fn drop(&mut self) {
-        if let Some(map) = self.map.take() {
-            keep_spare(map);
-        }
-    }
-}
-
-impl std::fmt::Debug for AlignedBytes {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AlignedBytes")
-            .field("len", &self.len)
-            .field("footprint", &self.footprint())
-            .finish()
-    }
-}
-
-/// The memory an aligned read of `[start, end)` needs; lets the cache reserve budget first.
-pub fn aligned_footprint(start: u64, end: u64) -> u64 {
-    align_up(end) - align_down(start)
-}
-
-fn align_down(x: u64) -> u64 {
-    x & !(DIRECT_IO_ALIGN - 1)
-}
-
-fn align_up(x: u64) -> u64 {
-    x.div_ceil(DIRECT_IO_ALIGN) * DIRECT_IO_ALIGN
 }
 
 /// Positional reads of one open file. Implemented by [`File`]; tests wrap it to inject the
@@ -739,36 +560,6 @@ mod tests {
             base(&got) == address
         });
         assert!(reused, "a dropped chunk's mapping was not reused");
-    }
-
-    #[test]
-    fn spare_buffers_keep_what_their_config_says() {
-        let big = 2 * 4096;
-        let map = || ChunkMemory::new(big).unwrap();
-        let mut two = SpareBuffers::with_config(SpareBuffersConfig {
-            max_spares: 2,
-            min_bytes: 4096,
-        });
-        for _ in 0..3 {
-            two.keep(map());
-        }
-        assert_eq!(two.maps.len(), 2, "the oldest is dropped past max_spares");
-        two.keep(ChunkMemory::new(1024).unwrap());
-        assert_eq!(two.maps.len(), 2, "smaller than min_bytes: not kept");
-        assert!(two.take(big).is_some());
-
-        let mut none = SpareBuffers::with_config(SpareBuffersConfig {
-            max_spares: 0,
-            ..SpareBuffersConfig::default()
-        });
-        none.keep(ChunkMemory::new(SpareBuffersConfig::DEFAULT.min_bytes).unwrap());
-        assert!(none.take(SpareBuffersConfig::DEFAULT.min_bytes).is_none());
-
-        two.set_config(SpareBuffersConfig {
-            max_spares: 0,
-            min_bytes: 4096,
-        });
-        assert!(two.maps.is_empty(), "a smaller config unmaps the excess");
     }
 
     #[test]

@@ -150,6 +150,7 @@ pub fn needs_reopen(e: &SourceError) -> bool {
 mod tests {
     use super::*;
 
+    #[cfg(target_os = "linux")]
     fn read_err(e: io::Error) -> SourceError {
         SourceError::Read {
             path: "f".into(),
