@@ -259,10 +259,12 @@ fn reads_in_flight_never_reserve_more_than_half_the_budget() {
     assert_eq!(cache.snapshot().chunks, 8);
 }
 
-#[test]
-fn a_prefetch_is_skipped_while_reads_in_flight_fill_a_quarter_of_the_budget() {
-    let fx = Arc::new(fixture(4));
-    let cache = Arc::new(ChunkCache::new(4 * CHUNK, Arc::new(Counters::default())));
+/// Tries a prefetch of chunk 1 while a reader's load of chunk 0 (a quarter of a four-chunk
+/// budget) is in flight; returns the prefetch's outcome once the reader's load has finished.
+fn prefetch_beside_a_read_in_flight(
+    fx: &Arc<Fixture>,
+    cache: &Arc<ChunkCache>,
+) -> Result<(Arc<Chunk>, Outcome), CacheError> {
     let (started, release) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
     let reader = {
         let (fx, cache) = (fx.clone(), cache.clone());
@@ -282,8 +284,16 @@ fn a_prefetch_is_skipped_while_reads_in_flight_fill_a_quarter_of_the_budget() {
         fx.source.read_aligned(CHUNK, 2 * CHUNK)
     });
     release.wait();
-    assert!(matches!(prefetch, Err(CacheError::NoRoom)), "{prefetch:?}");
     reader.join().unwrap().unwrap();
+    prefetch
+}
+
+#[test]
+fn a_prefetch_is_skipped_while_reads_in_flight_fill_a_quarter_of_the_budget() {
+    let fx = Arc::new(fixture(4));
+    let cache = Arc::new(ChunkCache::new(4 * CHUNK, Arc::new(Counters::default())));
+    let prefetch = prefetch_beside_a_read_in_flight(&fx, &cache);
+    assert!(matches!(prefetch, Err(CacheError::NoRoom)), "{prefetch:?}");
     // With nothing in flight, the same prefetch goes ahead.
     let prefetch = cache.get_or_load(key(1), CHUNK, Want::Prefetch, None, || {
         fx.source.read_aligned(CHUNK, 2 * CHUNK)
@@ -643,27 +653,8 @@ fn the_prefetch_in_flight_share_is_configurable() {
         Arc::new(Counters::default()),
         config,
     ));
-    let (started, release) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
-    let reader = {
-        let (fx, cache) = (fx.clone(), cache.clone());
-        let (started, release) = (started.clone(), release.clone());
-        thread::spawn(move || {
-            cache
-                .get_or_load(key(0), CHUNK, Want::Read, None, || {
-                    started.wait();
-                    release.wait(); // in flight until the prefetch below was tried
-                    fx.source.read_aligned(0, CHUNK)
-                })
-                .map(|_| ())
-        })
-    };
-    started.wait();
-    let prefetch = cache.get_or_load(key(1), CHUNK, Want::Prefetch, None, || {
-        fx.source.read_aligned(CHUNK, 2 * CHUNK)
-    });
-    release.wait();
+    let prefetch = prefetch_beside_a_read_in_flight(&fx, &cache);
     assert!(prefetch.is_ok(), "{prefetch:?}");
-    reader.join().unwrap().unwrap();
     cache.check_accounting();
 }
 
