@@ -64,16 +64,22 @@ struct Setup {
     faults: Arc<Faults>,
 }
 
-fn setup(budget: u64, faults: &[Fault]) -> Setup {
+/// A 12 MiB bf16 DiT checkpoint, `m.safetensors` in a temporary folder, and its bytes.
+pub(super) fn dit_checkpoint(seed: u64) -> (tempfile::TempDir, Vec<u8>) {
     let dir = tempfile::tempdir().unwrap();
     let spec = SynthSpec {
         layout: SynthLayout::Dit,
         target_bytes: 12 << 20,
         dtype: SynthDtype::BF16,
-        seed: 9,
+        seed,
     };
     write_checkpoint(&dir.path().join("m.safetensors"), &spec).unwrap();
     let bytes = std::fs::read(dir.path().join("m.safetensors")).unwrap();
+    (dir, bytes)
+}
+
+fn setup(budget: u64, faults: &[Fault]) -> Setup {
+    let (dir, bytes) = dit_checkpoint(9);
     let injected = Arc::new(Faults::default());
     injected.active.lock().unwrap().extend_from_slice(faults);
     let shared = Arc::clone(&injected);

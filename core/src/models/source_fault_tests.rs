@@ -18,7 +18,6 @@ use crate::source::deadline::{SourceIo, SourceIoConfig};
 use crate::source::retry::RetryPolicy;
 use crate::source::{AlignedBytes, ReadAt, SourceError};
 use crate::stats::Counters;
-use crate::synth::{write_checkpoint, Layout as SynthLayout, SynthDtype, SynthSpec};
 
 /// Longer than any healthy step here: a wait past it fails the test instead of hanging it.
 const BOUND: Duration = Duration::from_secs(20);
@@ -88,15 +87,7 @@ fn config(timeout: Duration) -> SourceIoConfig {
 }
 
 fn setup(timeout: Duration) -> Setup {
-    let dir = tempfile::tempdir().unwrap();
-    let spec = SynthSpec {
-        layout: SynthLayout::Dit,
-        target_bytes: 12 << 20,
-        dtype: SynthDtype::BF16,
-        seed: 5,
-    };
-    write_checkpoint(&dir.path().join("m.safetensors"), &spec).unwrap();
-    let bytes = std::fs::read(dir.path().join("m.safetensors")).unwrap();
+    let (dir, bytes) = super::fault_tests::dit_checkpoint(5);
     let source = Arc::new(Misbehaviour::default());
     let shared = Arc::clone(&source);
     // Prefetches run only when a test asks (never here): every source read is a reader's.
