@@ -57,9 +57,15 @@ FILER_HTTP, FILER_GRPC = 8888, 18888
 PROXY_HTTP, PROXY_GRPC = 8890, 18890
 MASTER_PORT, VOLUME_PORT = 9333, 8080
 START_TIMEOUT_S = 60
+# The master's Raft election timeout: a restarted store (`start_server`) elects its single master
+# again before its filer serves; weed's default (10 s) makes that take about 20 s.
+ELECTION_TIMEOUT = "1s"
 
 _LIVE: list = []
 _SEQ = itertools.count()
+
+
+PUT_TRIES = 5  # copies into the store tried before it is called broken (see WeedStore.put)
 
 
 def weed_binary() -> Path:
@@ -153,6 +159,11 @@ class NetNs:
                 _run(*tc, "filter", "add", "dev", "lo", "parent", "1:", "protocol", "ip", "prio", "1", "u32",
                      "match", "ip", field, str(port), "0xffff", "flowid", "1:10")
 
+    def set_rate(self, rate_bps: int) -> None:
+        """Another rate for the shaped class (after `shape`)."""
+        _run(*self.cmd("tc", "qdisc", "change", "dev", "lo", "parent", "1:10", "handle", "10:", "tbf", "rate",
+                       str(rate_bps), "burst", str(256 << 10), "latency", "100ms"))
+
     def shaped_bytes(self) -> int:
         """Bytes sent through the shaped class (tc's counter of the tbf leaf)."""
         out = _run(*self.cmd("tc", "-s", "qdisc", "show", "dev", "lo"))
@@ -204,7 +215,9 @@ class ProxyStats:
 class WeedStore:
     """SeaweedFS in a namespace of its own, its filer behind the delay proxy on a shaped link,
     and `weed mount` of it at `self.mnt`.  `put(src)` copies a file in; `remount()` gives a
-    fresh client (nothing of the previous one's memory); `close()` undoes everything."""
+    fresh client (nothing of the previous one's memory); `stop_server()` / `start_server()` kill
+    and restart the store under the client, `cut_network()` / `restore_network()` cut the link
+    and bring it back; `close()` undoes everything."""
 
     def __init__(self, root: Path, delay_ms: float, rate_bps: int = 1_000_000_000, label: str = "store",
                  nice: int | None = None):
@@ -220,6 +233,8 @@ class WeedStore:
         self.mnt.mkdir()
         self.stats = ProxyStats(self.root / "proxy.json")
         self._logs: list = []
+        self._server_starts = 0
+        self.network_cut = False
         _LIVE.append(self)
         try:
             self._start()
@@ -254,19 +269,55 @@ class WeedStore:
     def _start(self) -> None:
         self.ns = NetNs()
         self.ns.shape([PROXY_HTTP, PROXY_GRPC], self.rate_bps)
-        data = self.root / "data"
-        data.mkdir()
-        self.server = subprocess.Popen(
-            [*self.ns.cmd(*self.nice, str(self.weed), "server", "-filer", f"-dir={data}", f"-ip={LOOPBACK}",
-                          f"-ip.bind={LOOPBACK}", f"-master.port={MASTER_PORT}", f"-volume.port={VOLUME_PORT}",
-                          f"-filer.port={FILER_HTTP}", f"-filer.port.grpc={FILER_GRPC}",
-                          f"-filer.localSocket={self.root / 'filer.sock'}", "-master.volumeSizeLimitMB=1024",
-                          "-volume.max=16")],
-            stdout=self._log("server"), stderr=subprocess.STDOUT, start_new_session=True)
-        self._wait_port(FILER_GRPC, self.server, "server")
-        self._wait_port(FILER_HTTP, self.server, "server")
+        (self.root / "data").mkdir()
+        self.start_server()
         self._start_proxy()
         self.mount_client()
+
+    def start_server(self) -> None:
+        """Starts `weed server -filer` on the store's data folder and ports (again, after
+        `stop_server()`: the same volumes and filer metadata, so the client's files are back) and
+        waits until its filer listens.  Each start logs to a file of its own (`server.log`,
+        `server.1.log`, ...)."""
+        if self.server is not None and self.server.poll() is None:
+            raise RuntimeError("weed server is running already")
+        name = "server" if self._server_starts == 0 else f"server.{self._server_starts}"
+        self._server_starts += 1
+        self.server = subprocess.Popen(
+            [*self.ns.cmd(*self.nice, str(self.weed), "server", "-filer", f"-dir={self.root / 'data'}",
+                          f"-ip={LOOPBACK}", f"-ip.bind={LOOPBACK}", f"-master.port={MASTER_PORT}",
+                          f"-volume.port={VOLUME_PORT}", f"-filer.port={FILER_HTTP}",
+                          f"-filer.port.grpc={FILER_GRPC}", f"-filer.localSocket={self.root / 'filer.sock'}",
+                          "-master.volumeSizeLimitMB=1024", "-volume.max=16",
+                          f"-master.electionTimeout={ELECTION_TIMEOUT}")],
+            stdout=self._log(name), stderr=subprocess.STDOUT, start_new_session=True)
+        self._wait_port(FILER_GRPC, self.server, name)
+        self._wait_port(FILER_HTTP, self.server, name)
+
+    def stop_server(self) -> None:
+        """Kills `weed server` with SIGKILL, by its PID: the store gone at once, as when its
+        machine crashes.  The proxy and the client stay up (the proxy accepts the client's
+        connections and closes them, finding nothing behind it)."""
+        if self.server is not None and self.server.poll() is None:
+            self.server.kill()
+            self.server.wait(timeout=30)
+
+    def cut_network(self) -> None:
+        """Takes the namespace's loopback down: every packet between the client, the proxy and
+        the store is dropped while every process stays up (a network cut: connections and
+        connection attempts time out, nothing is refused)."""
+        _run(*self.ns.cmd("ip", "link", "set", "lo", "down"))
+        self.network_cut = True
+
+    def restore_network(self) -> None:
+        """Brings the namespace's loopback up again (its addresses and tc shaping are kept)."""
+        _run(*self.ns.cmd("ip", "link", "set", "lo", "up"))
+        self.network_cut = False
+
+    def set_rate(self, rate_bps: int) -> None:
+        """Another rate for the shaped link between the client and the proxy."""
+        self.ns.set_rate(rate_bps)
+        self.rate_bps = rate_bps
 
     def _start_proxy(self) -> None:
         self.proxy = subprocess.Popen(
@@ -317,11 +368,23 @@ class WeedStore:
     def put(self, src: Path, rel: str | None = None) -> Path:
         """Copies `src` into the store (through the client) and returns its path on the mount."""
         dst = self.mnt / (rel or src.name)
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        with open(src, "rb") as fi, open(dst, "wb") as fo:
-            shutil.copyfileobj(fi, fo, 8 << 20)
-            fo.flush()
-            os.fsync(fo.fileno())
+        # A fresh store sometimes assigns a volume before its volume server has it ("volume N
+        # not found"), and the client's write then fails with EIO: the copy is tried again, a
+        # bounded number of times, before the store is called broken.
+        for attempt in range(PUT_TRIES):
+            try:
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                with open(src, "rb") as fi, open(dst, "wb") as fo:
+                    shutil.copyfileobj(fi, fo, 8 << 20)
+                    fo.flush()
+                    os.fsync(fo.fileno())
+                break
+            except OSError as e:
+                if attempt + 1 == PUT_TRIES:
+                    raise OSError(e.errno, f"{e.strerror} writing {dst} ({PUT_TRIES} tries); weed mount log: "
+                                           f"{self.log_tail('mount')}; weed server log: "
+                                           f"{self.log_tail('server')}") from e
+                time.sleep(2)
         deadline = time.monotonic() + 30
         while os.path.getsize(dst) != os.path.getsize(src) and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -344,6 +407,8 @@ class WeedStore:
 
     def close(self) -> None:
         try:
+            if self.network_cut and self.ns is not None:
+                self.restore_network()  # the client's requests in flight end, so it stops at once
             unmount(self.mnt, self.client)
             self.client = None
             stop_pid(self.proxy)
