@@ -1,8 +1,12 @@
 //! The hard-disk model of `faultfs --disk`: one head, seeks, and a bandwidth cap.
 //!
 //! Contract: every read request that reaches faultfs is served through one [`Disk`], one at a
-//! time (a mutex held for the whole request: one head serves one request), and takes at least
-//! [`DiskModel::cost`] of wall time from the moment it gets the head:
+//! time (one head serves one request), and takes at least [`DiskModel::cost`] of wall time from
+//! the moment it gets the head. Requests waiting for the head are served as a disk's command
+//! queue (NCQ) and the kernel's elevator serve them: first the one that starts where the head
+//! is (the continuation of the last request, which costs no seek), else the oldest. So the
+//! pieces of one large read that arrive together are read in one sweep, while requests at
+//! scattered offsets still pay a seek each:
 //!
 //! - a **seek** (`seek`, default 8 ms: an average seek plus half a rotation of a 7 200 rpm disk)
 //!   when the request does not start where the previous request served by the disk ended, on the
@@ -20,7 +24,7 @@
 //! tests compare the seeks of two read patterns rather than their wall-clock times.
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// The default seek: an average seek (~4 ms) plus half a rotation at 7 200 rpm (~4.2 ms).
@@ -115,10 +119,37 @@ impl Head {
     }
 }
 
-/// The disk: the model, the head behind its mutex, and where the counters go.
+/// The head and the requests waiting for it.
+#[derive(Debug, Default)]
+struct Queue {
+    head: Head,
+    /// A request holds the head.
+    busy: bool,
+    /// Requests waiting: (ticket, file, offset), tickets in arrival order.
+    waiting: Vec<(u64, u64, u64)>,
+    next_ticket: u64,
+}
+
+impl Queue {
+    /// The ticket of the request the head serves next: the oldest of those that start where the
+    /// head is, else the oldest.
+    fn next(&self) -> Option<u64> {
+        let continues = self
+            .waiting
+            .iter()
+            .filter(|&&(_, ino, offset)| self.head.at == Some((ino, offset)))
+            .map(|&(ticket, _, _)| ticket)
+            .min();
+        continues.or_else(|| self.waiting.iter().map(|&(ticket, _, _)| ticket).min())
+    }
+}
+
+/// The disk: the model, the head and its queue, and where the counters go.
 pub struct Disk {
     model: DiskModel,
-    head: Mutex<Head>,
+    queue: Mutex<Queue>,
+    /// Signalled when the head is released.
+    free: Condvar,
     stats_path: Option<PathBuf>,
 }
 
@@ -126,35 +157,65 @@ impl Disk {
     pub fn new(model: DiskModel, stats_path: Option<PathBuf>) -> Self {
         let disk = Disk {
             model,
-            head: Mutex::new(Head::default()),
+            queue: Mutex::new(Queue::default()),
+            free: Condvar::new(),
             stats_path,
         };
         disk.write_stats(&DiskStats::default());
         disk
     }
 
-    /// Serves one request: holds the head while `read` runs (it returns the bytes it read, or an
-    /// error), then until the request's modelled time has passed.
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        match self.queue.lock() {
+            Ok(q) => q,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    /// Serves one request: waits for the head (see the module docs), holds it while `read`
+    /// runs (it returns the bytes it read, or an error), then until the request's modelled time
+    /// has passed.
     pub fn serve<T, E>(
         &self,
         ino: u64,
         offset: u64,
         read: impl FnOnce() -> Result<(T, u64), E>,
     ) -> Result<T, E> {
-        let mut head = match self.head.lock() {
-            Ok(h) => h,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        let t0 = Instant::now();
-        let (out, len) = read()?;
-        let cost = head.serve(&self.model, ino, offset, len);
-        let stats = head.stats;
-        self.write_stats(&stats);
-        let left = cost.saturating_sub(t0.elapsed());
-        if !left.is_zero() {
-            std::thread::sleep(left);
+        let mut queue = self.lock();
+        let ticket = queue.next_ticket;
+        queue.next_ticket += 1;
+        queue.waiting.push((ticket, ino, offset));
+        while queue.busy || queue.next() != Some(ticket) {
+            queue = match self.free.wait(queue) {
+                Ok(q) => q,
+                Err(poisoned) => poisoned.into_inner(),
+            };
         }
-        Ok(out)
+        queue.waiting.retain(|&(t, _, _)| t != ticket);
+        queue.busy = true;
+        drop(queue);
+        let t0 = Instant::now();
+        let result = read();
+        let mut queue = self.lock();
+        let served = result.map(|(out, len)| {
+            let cost = queue.head.serve(&self.model, ino, offset, len);
+            (out, cost, queue.head.stats)
+        });
+        drop(queue);
+        let out = match served {
+            Ok((out, cost, stats)) => {
+                self.write_stats(&stats);
+                let left = cost.saturating_sub(t0.elapsed());
+                if !left.is_zero() {
+                    std::thread::sleep(left);
+                }
+                Ok(out)
+            }
+            Err(e) => Err(e),
+        };
+        self.lock().busy = false;
+        self.free.notify_all();
+        out
     }
 
     fn write_stats(&self, stats: &DiskStats) {
@@ -196,6 +257,22 @@ mod tests {
         assert_eq!(free.cost(true, u64::MAX), Duration::ZERO);
         // no overflow for the largest request
         assert!(m.cost(false, u64::MAX) > Duration::from_secs(1 << 30));
+    }
+
+    #[test]
+    fn the_queue_serves_the_continuation_first_then_the_oldest() {
+        let mut q = Queue::default();
+        q.head.serve(&DiskModel::default(), 1, 0, 100); // the head is at (1, 100)
+        q.waiting = vec![(5, 1, 900), (6, 2, 100), (7, 1, 100), (8, 1, 100)];
+        assert_eq!(
+            q.next(),
+            Some(7),
+            "the oldest request continuing where the head is"
+        );
+        q.waiting.retain(|&(t, _, _)| t != 7 && t != 8);
+        assert_eq!(q.next(), Some(5), "none continues: the oldest");
+        q.waiting.clear();
+        assert_eq!(q.next(), None);
     }
 
     #[test]
