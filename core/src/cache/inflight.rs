@@ -110,6 +110,11 @@ impl<'a> InFlight<'a> {
         self.finished = true;
         self.cache.complete(&self, result)
     }
+
+    /// Ends the read with `error` (the read of a run it was part of failed), caching nothing.
+    pub(super) fn fail(self, error: CacheError) -> Result<Arc<Chunk>, CacheError> {
+        self.finish(Err(error))
+    }
 }
 
 impl Drop for InFlight<'_> {

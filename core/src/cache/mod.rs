@@ -37,7 +37,8 @@
 //! business ([`crate::models`]), which keeps this module testable without files. It reads how
 //! each file is being read from [`crate::reader`] and knows nothing of prefetch.
 //!
-//! Files: `evict.rs` (which chunk goes), `inflight.rs` (reads in flight), `resident` (the
+//! Files: `evict.rs` (which chunk goes), `inflight.rs` (reads in flight), [`run`] (one read
+//! for several adjacent chunks), `resident` (the
 //! resident chunks grouped by block), `served` (which bytes of a chunk readers were served),
 //! [`marks`] (chunk states for the stats), [`plan`] (how a file is cut into chunks).
 
@@ -46,6 +47,7 @@ mod inflight;
 pub mod marks;
 pub mod plan;
 mod resident;
+pub mod run;
 mod served;
 
 #[cfg(all(test, loom))]

@@ -160,6 +160,27 @@ impl AlignedBytes {
     pub fn footprint(&self) -> u64 {
         self.map.as_ref().map_or(0, |map| map.len() as u64)
     }
+
+    /// File bytes `[start, end)` copied into a buffer of their own, laid out as
+    /// [`super::SourceFile::read_aligned`] of that range would have them (same footprint),
+    /// from these bytes, which are the file's from offset `at`. `None` if the range is not
+    /// within these bytes. One read of several adjacent chunks is cut into one buffer per
+    /// chunk this way, so that each chunk is evicted on its own.
+    pub fn piece(&self, at: u64, start: u64, end: u64) -> Option<io::Result<AlignedBytes>> {
+        let from = usize::try_from(start.checked_sub(at)?).ok()?;
+        let len = usize::try_from(end.checked_sub(start)?).ok()?;
+        let bytes = self.as_slice().get(from..from.checked_add(len)?)?;
+        let skip = (start - align_down(start)) as usize;
+        let map_len = usize::try_from(aligned_footprint(start, end)).ok()?;
+        Some(map_buffer(map_len.max(1)).map(|mut map| {
+            map[skip..skip + len].copy_from_slice(bytes);
+            AlignedBytes {
+                map: Some(map),
+                skip,
+                len,
+            }
+        }))
+    }
 }
 
 impl Drop for AlignedBytes {
@@ -224,5 +245,29 @@ mod tests {
             min_bytes: 4096,
         });
         assert!(two.maps.is_empty(), "a smaller config unmaps the excess");
+    }
+
+    #[test]
+    fn a_piece_holds_its_range_with_the_layout_of_its_own_read() {
+        let bytes: Vec<u8> = (0..3 * 4096 + 100).map(|i| (i % 251) as u8).collect();
+        let at = 10_000; // file offset of bytes[0], not aligned
+        let whole = AlignedBytes::copy_of(&bytes).unwrap();
+        let (start, end) = (at + 5000, at + 9000);
+        let piece = whole.piece(at, start, end).unwrap().unwrap();
+        assert_eq!(piece.as_slice(), &bytes[5000..9000]);
+        assert_eq!(piece.footprint(), aligned_footprint(start, end));
+        assert_eq!(piece.skip as u64, start % 4096);
+        assert!(
+            whole.piece(at, at - 1, at + 10).is_none(),
+            "before the bytes"
+        );
+        assert!(
+            whole
+                .piece(at, at + 10, at + bytes.len() as u64 + 1)
+                .is_none(),
+            "past them"
+        );
+        let empty = whole.piece(at, at + 7, at + 7).unwrap().unwrap();
+        assert!(empty.as_slice().is_empty());
     }
 }

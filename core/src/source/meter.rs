@@ -34,13 +34,15 @@
 //! tests, which set every latency and busy period exactly (no sleep decides an outcome).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
 use crate::histogram::{bucket, coarse, quantile_ns, CoarseHistogram, BUCKETS};
 use crate::sync::{lock, Mutex};
+
+use super::kind::StorageKind;
 
 /// A monotonic time source for the meter.
 pub trait Clock: Send + Sync {
@@ -308,6 +310,8 @@ pub struct SourceMeter {
     config: MeterConfig,
     clock: Arc<dyn Clock>,
     state: Mutex<State>,
+    /// What the device is, as the file system says ([`SourceMeter::note_storage`]).
+    storage: OnceLock<StorageKind>,
 }
 
 impl std::fmt::Debug for SourceMeter {
@@ -355,7 +359,19 @@ impl SourceMeter {
             config,
             clock,
             state: Mutex::new(state),
+            storage: OnceLock::new(),
         }
+    }
+
+    /// Records what the device is, asking `kind` once per meter (the first file measured on
+    /// it tells).
+    pub fn note_storage(&self, kind: impl FnOnce() -> StorageKind) {
+        self.storage.get_or_init(kind);
+    }
+
+    /// What the device is ([`StorageKind::Unknown`] before a file told).
+    pub fn storage(&self) -> StorageKind {
+        self.storage.get().copied().unwrap_or(StorageKind::Unknown)
     }
 
     /// The device (`SourceIdentity::dev`) this meter measures.
@@ -422,6 +438,15 @@ impl SourceMeter {
         self.estimate().map(|e| e.bandwidth_delay_bytes)
     }
 
+    /// Bytes per second of busy time over every read since the mount, once they add up to
+    /// `min_bytes`: what one large read already tells of a source, before the window holds
+    /// enough reads for [`Self::estimate`].
+    pub fn throughput_since_mount(&self, min_bytes: u64) -> Option<f64> {
+        let state = lock(&self.state);
+        (state.bytes >= min_bytes.max(1) && state.busy_ns > 0)
+            .then(|| state.bytes as f64 * 1e9 / state.busy_ns as f64)
+    }
+
     /// The smoothed latency (`None` before the first read completed).
     pub fn smoothed_latency(&self) -> Option<Duration> {
         lock(&self.state)
@@ -444,6 +469,7 @@ impl SourceMeter {
         SourceDeviceSnapshot {
             device: device_name(self.dev),
             dev: self.dev,
+            storage: self.storage().name(),
             reads: state.reads,
             bytes: state.bytes,
             busy_seconds: state.busy_ns as f64 / 1e9,
@@ -475,6 +501,8 @@ pub struct SourceDeviceSnapshot {
     pub device: String,
     /// `SourceIdentity::dev`.
     pub dev: u64,
+    /// What the file system says the device is ([`StorageKind::name`]).
+    pub storage: &'static str,
     /// Reads completed, and their bytes.
     pub reads: u64,
     pub bytes: u64,

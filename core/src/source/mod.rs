@@ -46,6 +46,7 @@ compile_error!("tierfs-core reads sources on Linux and Windows only");
 
 mod buffers;
 pub mod deadline;
+pub mod kind;
 #[cfg(target_os = "linux")]
 pub mod limits;
 pub mod meter;
@@ -292,6 +293,7 @@ impl SourceFile {
     /// Measures this file's reads on the meter of its device in `meters`.
     pub fn metered(self, meters: &SourceMeters) -> SourceFile {
         let meter = meters.for_dev(self.identity.dev);
+        meter.note_storage(|| kind::StorageKind::of(&self.advice));
         self.with_meter(Some(meter))
     }
 

@@ -112,6 +112,11 @@ impl SourceSlot {
         self.inner.get()
     }
 
+    /// The meter this version's reads are measured on (`None`: not measured).
+    pub fn meter(&self) -> Option<&Arc<SourceMeter>> {
+        self.inner.meter.as_ref()
+    }
+
     /// Bytes `[start, end)` of this version ([`SourceFile::read_aligned`]), within the mount's
     /// deadline, transient errors retried ([`SourceIo::read`]); a try after `ENOTCONN` or
     /// `ESTALE` opens the version again by path, checked to be this very version.
