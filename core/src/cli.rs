@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use clap::Args;
 
+use crate::prefetch::PacingMode;
 use crate::size::parse_size;
 use crate::source::deadline::SourceIoConfig;
 
@@ -37,7 +38,8 @@ pub fn parse_duration_arg(text: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
 }
 
-/// `--source-timeout DURATION`: how long a read of SOURCE may take.
+/// `--source-timeout DURATION`: how long a read of SOURCE may take; `--source-pacing`: how
+/// reads ahead go to it.
 #[derive(Args, Debug, Clone, PartialEq, Eq)]
 pub struct SourceArgs {
     /// Longest a read of SOURCE may take, its retries included, before the reader gets EIO
@@ -45,9 +47,32 @@ pub struct SourceArgs {
     /// forever (see docs/RELIABILITY.md).
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration_arg)]
     pub source_timeout: Duration,
+    /// How reads ahead go to SOURCE: `ordered` (few large requests in file order, and no
+    /// passthrough: for hard disks and network or FUSE file systems), `parallel` (many at once:
+    /// local flash), or `auto`, which decides from the file system's type and the speed
+    /// measured (see docs/PERFORMANCE.md, "Slow and network sources").
+    #[arg(long, value_enum, default_value = "auto")]
+    pub source_pacing: SourcePacingArg,
+}
+
+/// The values of `--source-pacing`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourcePacingArg {
+    Auto,
+    Parallel,
+    Ordered,
 }
 
 impl SourceArgs {
+    /// Who decides the pacing of reads ahead.
+    pub fn pacing(&self) -> PacingMode {
+        match self.source_pacing {
+            SourcePacingArg::Auto => PacingMode::Auto,
+            SourcePacingArg::Parallel => PacingMode::Parallel,
+            SourcePacingArg::Ordered => PacingMode::Ordered,
+        }
+    }
+
     /// The source reads' tuning with this timeout (0: none).
     pub fn config(&self) -> SourceIoConfig {
         SourceIoConfig {

@@ -213,6 +213,7 @@ fn run(command: Command) -> Result<()> {
                 state_file: state.orders_file(mount::default_state_dir),
                 metrics_addr,
                 source_io: source_io.config(),
+                source_pacing: source_io.pacing(),
             };
             if daemon {
                 return daemon::run(&request, log_file.as_deref());

@@ -62,6 +62,8 @@ pub struct MountRequest {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// How source reads are bounded in time and retried (`--source-timeout`).
     pub source_io: tierfs_core::source::deadline::SourceIoConfig,
+    /// `--source-pacing`.
+    pub source_pacing: tierfs_core::prefetch::PacingMode,
 }
 
 /// The default cache budget: a quarter of physical RAM (or of the memory cgroup's limit),
@@ -177,7 +179,8 @@ impl Mounted {
                 SavedOrders::load(request.state_file.clone()),
             )
             .with_index_cap(request.index_cap)
-            .with_source_io(request.source_io),
+            .with_source_io(request.source_io)
+            .with_source_pacing(request.source_pacing),
         );
         let governor = start_governor(request, &store);
         let window = Arc::new(KernelCacheWindow::with_headroom(

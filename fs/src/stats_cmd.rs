@@ -251,8 +251,12 @@ pub fn source_summary(device: &SourceDeviceRead) -> String {
     let throughput = device
         .throughput_bytes_per_second
         .map_or("-".to_string(), |t| format!("{}/s", format_size(t as u64)));
+    let storage = device
+        .storage
+        .as_deref()
+        .map_or(String::new(), |s| format!(" ({s})"));
     format!(
-        "{}: latency {} (p50 {}, p99 {}), {throughput} while reading, {} in flight (peak {}), BDP {}; {} reads, {}",
+        "{}{storage}: latency {} (p50 {}, p99 {}), {throughput} while reading, {} in flight (peak {}), BDP {}; {} reads, {}",
         device.device.as_deref().unwrap_or("?"),
         latency(device.latency_smoothed_us),
         latency(device.latency_p50_us),
@@ -339,7 +343,7 @@ mod tests {
     fn shows_each_source_device() {
         let doc = serde_json::json!({
             "source": {"devices": [
-                {"device": "8:1", "reads": 1024, "bytes": 4u64 << 30, "latency_smoothed_us": 12300.0,
+                {"device": "8:1", "storage": "spinning disk", "reads": 1024, "bytes": 4u64 << 30, "latency_smoothed_us": 12300.0,
                  "latency_p50_us": 12500.0, "latency_p99_us": 640.0, "throughput_bytes_per_second": 367001600.0,
                  "in_flight": 2, "in_flight_peak": 4, "bandwidth_delay_bytes": 4u64 << 20},
                 {"device": "0:53", "reads": 0, "bytes": 0, "latency_smoothed_us": null},
@@ -347,7 +351,7 @@ mod tests {
         });
         let text = render_document(&serde_json::from_value(doc).expect("a stats document"));
         assert!(
-            text.contains("\nsource    8:1: latency 12.30 ms (p50 12.50 ms, p99 640 µs), 350.00 MiB/s while reading, 2 in flight (peak 4), BDP 4.00 MiB; 1024 reads, 4.00 GiB\n"),
+            text.contains("\nsource    8:1 (spinning disk): latency 12.30 ms (p50 12.50 ms, p99 640 µs), 350.00 MiB/s while reading, 2 in flight (peak 4), BDP 4.00 MiB; 1024 reads, 4.00 GiB\n"),
             "{text}"
         );
         assert!(

@@ -89,6 +89,8 @@ pub struct SourceRead {
 #[serde(default)]
 pub struct SourceDeviceRead {
     pub device: Option<String>,
+    /// What the file system says the device is (`flash`, `spinning disk`, `nfs`, `fuse`, …).
+    pub storage: Option<String>,
     pub reads: u64,
     pub bytes: u64,
     pub busy_seconds: f64,

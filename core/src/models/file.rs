@@ -21,12 +21,13 @@ use super::header::{read_header, HeaderError};
 use super::mode::{ModeReason, ServeMode};
 use super::{runs, shards, ModelsConfig};
 use crate::cache::plan::ChunkPlan;
+use crate::cache::run::RunChunk;
 use crate::cache::{
     CacheError, Chunk, ChunkCache, ChunkKey, ChunkMarks, ChunkOwner, Outcome, Want,
 };
 use crate::index::{Format, TensorIndex};
 use crate::prefetch::saved::SavedOrders;
-use crate::prefetch::PrefetchTarget;
+use crate::prefetch::{Pacing, PacingConfig, PrefetchTarget, SourceSpeed};
 use crate::reader::ReaderTracker;
 use crate::source::deadline::SourceIo;
 use crate::source::meter::SourceMeters;
@@ -311,11 +312,7 @@ impl ModelFile {
             return Ok(None);
         };
         let footprint = aligned_footprint(span.start, span.end);
-        let owner = self.tracker.as_ref().map(|tracker| ChunkOwner {
-            tracker: Arc::clone(tracker),
-            block: span.block,
-            marks: Arc::clone(&self.marks),
-        });
+        let owner = self.owner(span.block);
         let got = cache.get_or_load(self.key(chunk), footprint, want, owner.as_ref(), || {
             self.source.read_aligned(span.start, span.end)
         });
@@ -326,6 +323,25 @@ impl ModelFile {
             cache.forget_file(self.generation);
         }
         got.map(Some)
+    }
+
+    /// What the mount measured of this version's source device so far.
+    pub(super) fn source_speed(&self, config: &PacingConfig) -> SourceSpeed {
+        self.source
+            .meter()
+            .map_or_else(SourceSpeed::default, |meter| SourceSpeed {
+                estimate: meter.estimate(),
+                throughput: meter.throughput_since_mount(config.measured_after_bytes),
+            })
+    }
+
+    /// Who a chunk of block `block` belongs to, for the cache.
+    fn owner(&self, block: usize) -> Option<ChunkOwner> {
+        self.tracker.as_ref().map(|tracker| ChunkOwner {
+            tracker: Arc::clone(tracker),
+            block,
+            marks: Arc::clone(&self.marks),
+        })
     }
 
     /// Whether chunk `chunk` is already cached or being read.
@@ -364,5 +380,59 @@ impl PrefetchTarget for ModelFile {
 
     fn display_path(&self) -> &Path {
         &self.path
+    }
+
+    fn pacing(&self, config: &PacingConfig) -> Pacing {
+        match self.source.meter() {
+            Some(meter) => Pacing::for_source(meter.storage(), self.source_speed(config), config),
+            None => Pacing::Parallel,
+        }
+    }
+
+    fn prefetch_run(
+        &self,
+        cache: &ChunkCache,
+        chunk: usize,
+        max_bytes: u64,
+        more: &mut dyn FnMut(usize) -> bool,
+    ) -> Result<(), CacheError> {
+        let Some(plan) = self.plan().filter(|_| !self.pruned.load(Ordering::Relaxed)) else {
+            return Ok(()); // raw, or nobody can read it any more
+        };
+        let mut run: Vec<RunChunk> = Vec::new();
+        let mut bytes = 0;
+        for next in chunk..plan.len() {
+            let Some(span) = plan.get(next) else {
+                break;
+            };
+            if !run.is_empty() && (bytes + span.len() > max_bytes || !more(next)) {
+                break;
+            }
+            bytes += span.len();
+            run.push(RunChunk {
+                key: self.key(next),
+                start: span.start,
+                end: span.end,
+                owner: self.owner(span.block),
+            });
+        }
+        let got = cache.load_run(&run, Want::Prefetch, |start, end| {
+            self.source.read_aligned(start, end)
+        });
+        // As in `fetch_chunk`: a run read while the version was pruned leaves nothing cached.
+        if self.pruned.load(Ordering::SeqCst) {
+            cache.forget_file(self.generation);
+        }
+        if let (Ok(_), Some(tracker)) = (&got, self.tracker.as_ref()) {
+            let mut blocks: Vec<usize> = run
+                .iter()
+                .filter_map(|c| c.owner.as_ref().map(|o| o.block))
+                .collect();
+            blocks.dedup();
+            for block in blocks {
+                tracker.note_prefetch(block);
+            }
+        }
+        got.map(|_| ())
     }
 }

@@ -12,6 +12,8 @@
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use super::{Layout, ModelFile, ModelStore, RawReason};
+use crate::prefetch::PrefetchTarget;
+use crate::source::kind::StorageKind;
 
 /// How an open model file is served, as the stats show it (`files[].mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,10 +48,11 @@ pub(super) enum ModeReason {
     Competes,
     IndexCapFull,
     InRam,
+    SourceChargesPerRequest,
 }
 
 impl ModeReason {
-    pub(super) const ALL: [ModeReason; 11] = [
+    pub(super) const ALL: [ModeReason; 12] = [
         ModeReason::NotOpened,
         ModeReason::FitsBudget,
         ModeReason::InodeInPassthrough,
@@ -61,6 +64,7 @@ impl ModeReason {
         ModeReason::Competes,
         ModeReason::IndexCapFull,
         ModeReason::InRam,
+        ModeReason::SourceChargesPerRequest,
     ];
 
     pub(super) fn text(self) -> Option<&'static str> {
@@ -76,6 +80,9 @@ impl ModeReason {
             ModeReason::Competes => "competes with other models for the budget",
             ModeReason::IndexCapFull => "the index cap is full of open files' headers",
             ModeReason::InRam => "its source is held in RAM (tmpfs)",
+            ModeReason::SourceChargesPerRequest => {
+                "its source charges per request (a disk or a network): read in large requests"
+            }
         })
     }
 
@@ -140,6 +147,8 @@ impl ModelStore {
             })
         } else if !passthrough_possible {
             Some(ModeReason::PassthroughOff)
+        } else if self.source_charges_per_request(file) {
+            Some(ModeReason::SourceChargesPerRequest)
         } else if self.passthrough.refuses_competing(&identity) {
             Some(ModeReason::Competes)
         } else if self.cache.cached_bytes(file.generation) > 0 {
@@ -163,6 +172,37 @@ impl ModelStore {
         file.set_mode(mode, reason);
         self.rebalance();
         mode
+    }
+
+    /// Whether `file`'s source charges per request ([`crate::prefetch::pacing`]), so that the
+    /// chunk cache, which reads it in large ordered requests, serves it better than
+    /// passthrough, where the kernel reads it in its readahead's requests (128 KiB for a
+    /// mapping), each paying a seek or a round trip. A device that says it rotates but that the
+    /// mount has not measured yet is measured first, with one read of a request's worth of the
+    /// file ([`Self::measure_source`]): many virtual disks say they rotate.
+    fn source_charges_per_request(&self, file: &ModelFile) -> bool {
+        let config = &self.prefetcher.config().pacing;
+        let unmeasured_disk = file.source.meter().is_some_and(|meter| {
+            meter.storage() == StorageKind::SpinningDisk && !file.source_speed(config).is_measured()
+        });
+        if unmeasured_disk {
+            self.measure_source(file, config.measured_after_bytes);
+        }
+        file.pacing(config).is_ordered()
+    }
+
+    /// Reads the first `bytes` of `file`'s data (not kept), so that the source's meter has a
+    /// measurement; nothing if the file holds fewer.
+    fn measure_source(&self, file: &ModelFile, bytes: u64) {
+        let Some(start) = file.header_end() else {
+            return;
+        };
+        if file.size() < start.saturating_add(bytes) {
+            return;
+        }
+        if let Err(e) = file.source.read_aligned(start, start + bytes) {
+            tracing::debug!(file = %file.path.display(), error = %e, "could not measure the source");
+        }
     }
 
     /// Admits one more passthrough open of `file` whatever its size: for an inode the kernel

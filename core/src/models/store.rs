@@ -25,7 +25,7 @@ use super::{sequence, shards, Layout, ModelFile, ModelsConfig, OpenError, RawRea
 use crate::cache::ChunkCache;
 use crate::passthrough::PassthroughTier;
 use crate::prefetch::saved::SavedOrders;
-use crate::prefetch::{Executor, Prefetcher};
+use crate::prefetch::{Executor, PacingMode, Prefetcher};
 use crate::source::deadline::{SourceIo, SourceIoConfig};
 use crate::source::meter::SourceMeters;
 use crate::source::{PathAccess, PlainPaths, ReadWrapper, SourceError, SourceFile, SourceIdentity};
@@ -250,6 +250,11 @@ impl ModelStore {
 
     /// Bounds the time of source reads and retries them by `config` (`--source-timeout`), for
     /// files opened from now on ([`crate::source::deadline`]).
+    pub fn with_source_pacing(mut self, mode: PacingMode) -> ModelStore {
+        self.prefetcher = self.prefetcher.with_pacing_mode(mode);
+        self
+    }
+
     pub fn with_source_io(mut self, config: SourceIoConfig) -> ModelStore {
         self.source_io = Arc::new(SourceIo::new(config));
         self

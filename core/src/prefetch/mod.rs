@@ -22,6 +22,13 @@
 //! A queued prefetch is dropped when it went stale before a worker got to it: the reader left
 //! its block, or (a block prefetch) jumped since it was queued.
 //!
+//! **Pacing** ([`pacing`]): where a file's source charges per request (a spinning disk, a
+//! network or FUSE file system, a source measured slow), its prefetches go to the
+//! [`OrderedLane`] instead of the pools: started in the order queued, adjacent queued chunks
+//! read as one request ([`PrefetchTarget::prefetch_run`]), as many requests in flight as the
+//! source's bandwidth-delay product needs; and sequential read-ahead is queued a request's
+//! worth at a time ([`Prefetcher::after_read`]), so that those requests are large.
+//!
 //! **Interfaces.** The prefetcher knows files only through [`PrefetchTarget`] (their chunk
 //! plan, reader tracker, and how to fetch one chunk), which `models::ModelFile` implements, so
 //! this module does not depend on [`crate::models`]; it uses [`crate::cache`] and
@@ -32,6 +39,8 @@
 //! insert or remove one key, never while submitting work or reading.
 
 pub mod executor;
+pub mod lane;
+pub mod pacing;
 pub mod saved;
 
 use std::collections::HashSet;
@@ -45,6 +54,8 @@ use crate::reader::ReaderTracker;
 use crate::reader::Step;
 use crate::sync::{lock, Mutex};
 pub use executor::{Executor, ManualExecutor, WorkerPool};
+pub use lane::OrderedLane;
+pub use pacing::{Pacing, PacingConfig, PacingMode, SourceSpeed};
 
 /// What the prefetcher needs of a file (implemented by `models::ModelFile`).
 pub trait PrefetchTarget: Send + Sync + 'static {
@@ -63,6 +74,26 @@ pub trait PrefetchTarget: Send + Sync + 'static {
     fn chunk_present(&self, cache: &ChunkCache, chunk: usize) -> bool {
         cache.is_present(self.chunk_key(chunk))
     }
+
+    /// How reads ahead go to this file's source ([`pacing`]); by default in parallel.
+    fn pacing(&self, config: &PacingConfig) -> Pacing {
+        let _ = config;
+        Pacing::Parallel
+    }
+
+    /// Reads chunk `chunk` into `cache` as a prefetch, with the chunks after it for which
+    /// `more(c)` is true (asked in file order, until it is false), up to `max_bytes` in all,
+    /// as one source request ([`ChunkCache::load_run`]). By default the chunk alone.
+    fn prefetch_run(
+        &self,
+        cache: &ChunkCache,
+        chunk: usize,
+        max_bytes: u64,
+        more: &mut dyn FnMut(usize) -> bool,
+    ) -> Result<(), CacheError> {
+        let _ = (max_bytes, more);
+        self.prefetch_chunk(cache, chunk)
+    }
 }
 
 /// Sequential read-ahead still to queue ([`Prefetcher::read_ahead`]): the reader's block, the
@@ -75,7 +106,7 @@ pub struct ReadAhead {
 }
 
 /// The prefetcher's tuning; [`Default`] is what the daemon runs with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PrefetchConfig {
     /// Bytes read ahead of a sequential reader: 16 MiB is four chunks, about 16 ms of disk time
     /// at 1 GB/s, enough to cover the gap between two requests with the FUSE round trips.
@@ -99,6 +130,8 @@ pub struct PrefetchConfig {
     /// reader's requests get the CPU first. Only that pool
     /// ([measured](../../../docs/PERFORMANCE.md#reader-pace-and-the-background-pool)).
     pub background_nice: i32,
+    /// How reads ahead go to sources that charge per request ([`pacing`]).
+    pub pacing: PacingConfig,
 }
 
 impl Default for PrefetchConfig {
@@ -110,9 +143,14 @@ impl Default for PrefetchConfig {
             workers: 4,
             queue_depth: 1024,
             background_nice: 10,
+            pacing: PacingConfig::default(),
         }
     }
 }
+
+/// Blocks after the reader's that ordered read-ahead may reach into: 16 blocks of 2 MiB fill
+/// two 16 MiB requests, and the blocks of real checkpoints are larger.
+const READ_AHEAD_BLOCKS: usize = 16;
 
 /// Chunks queued and not yet picked up by a worker: a reader issues many small reads per chunk,
 /// and each would otherwise queue the same chunks again.
@@ -125,6 +163,9 @@ pub struct Prefetcher {
     /// Blocks ahead of a reader that computes between blocks
     /// ([`PrefetchConfig::background_nice`]).
     background: Arc<dyn Executor>,
+    /// Prefetches of files whose source charges per request ([`pacing`]); `None` with an
+    /// injected executor, which then runs those too.
+    lane: Option<Arc<OrderedLane>>,
     queued: Queued,
     config: PrefetchConfig,
 }
@@ -144,8 +185,14 @@ impl Prefetcher {
             config.queue_depth,
             config.background_nice,
         );
+        let lane = OrderedLane::new(
+            "tierfs-ordered",
+            config.pacing.max_depth,
+            config.queue_depth,
+        );
         Prefetcher {
             background: Arc::new(background),
+            lane: Some(Arc::new(lane)),
             ..Prefetcher::with_executor_config(cache, Arc::new(pool), config)
         }
     }
@@ -166,15 +213,30 @@ impl Prefetcher {
             cache,
             background: Arc::clone(&executor),
             executor,
+            lane: None,
             queued: Queued::default(),
             config,
         }
+    }
+
+    /// The tuning this prefetcher runs with.
+    pub fn config(&self) -> &PrefetchConfig {
+        &self.config
+    }
+
+    /// This prefetcher with its pacing decided by `mode` (`--source-pacing`).
+    pub fn with_pacing_mode(mut self, mode: PacingMode) -> Prefetcher {
+        self.config.pacing.mode = mode;
+        self
     }
 
     /// Returns once every prefetch queued so far has run (tests).
     pub fn wait_idle(&self) {
         self.executor.wait_idle();
         self.background.wait_idle();
+        if let Some(lane) = &self.lane {
+            lane.wait_idle();
+        }
     }
 
     /// A reader entered `block` of `file`: queues the rest of it and, if the reader follows the
@@ -249,6 +311,8 @@ impl Prefetcher {
             .max(next_block)
             .min(budget / of * most);
         let mut ahead = 0;
+        // An ordered source's chunks are queued together, in this order, once all are chosen.
+        let mut batch: Vec<(Arc<F>, usize)> = Vec::new();
         for (b, files) in blocks {
             if b != block || !whole_block_lead {
                 ahead += block_bytes(&files, b);
@@ -261,25 +325,41 @@ impl Prefetcher {
             let mut queued = 0;
             let background = b != block && computing;
             for f in &files {
-                if !self.queue_block(f, b, cap, &mut queued, epoch, background) {
+                let collect = f
+                    .pacing(&self.config.pacing)
+                    .is_ordered()
+                    .then_some(&mut batch);
+                if !self.queue_block(f, b, cap, (&mut queued, collect), epoch, background) {
                     return;
                 }
+            }
+        }
+        // Runs of the same file stay together: one batch per file, in order.
+        while let Some((f, _)) = batch.first() {
+            let f = Arc::clone(f);
+            let (mine, rest): (Vec<_>, Vec<_>) =
+                batch.into_iter().partition(|(g, _)| Arc::ptr_eq(g, &f));
+            batch = rest;
+            if !self.queue_batch(&f, mine.into_iter().map(|(_, c)| c).collect(), epoch) {
+                return;
             }
         }
     }
 
     /// Queues the chunks of `block` in `file` that are not in memory, while `queued` (bytes
-    /// queued for this block so far, in all its files) stays within `limit`. Returns false when
-    /// the executor is full. `background`: on the background pool.
+    /// queued for this block so far, in all its files) stays within `limit`, or adds them to
+    /// `collect` when given (an ordered source's batch). Returns false when the executor is
+    /// full. `background`: on the background pool.
     fn queue_block<F: PrefetchTarget>(
         &self,
         file: &Arc<F>,
         block: usize,
         limit: u64,
-        queued: &mut u64,
+        (queued, collect): (&mut u64, Option<&mut Vec<(Arc<F>, usize)>>),
         epoch: Option<u64>,
         background: bool,
     ) -> bool {
+        let mut collect = collect;
         let Some(plan) = file.plan() else {
             return true;
         };
@@ -291,7 +371,9 @@ impl Prefetcher {
             if *queued > limit {
                 return true;
             }
-            if !self.queue_on(file, chunk, epoch, background) {
+            if let Some(batch) = collect.as_deref_mut() {
+                batch.push((Arc::clone(file), chunk));
+            } else if !self.queue_on(file, chunk, epoch, background) {
                 return false;
             }
         }
@@ -303,6 +385,10 @@ impl Prefetcher {
     /// next shard: [`Self::read_ahead`]).
     pub fn after_read<F: PrefetchTarget>(&self, file: &Arc<F>, chunk: usize) -> Option<ReadAhead> {
         let span = file.plan().and_then(|p| p.get(chunk))?;
+        if let Pacing::Ordered { request_bytes, .. } = file.pacing(&self.config.pacing) {
+            self.read_ahead_in_requests(file, chunk + 1, span.block, request_bytes);
+            return None;
+        }
         let ahead = ReadAhead {
             block: span.block,
             next_block: file
@@ -332,6 +418,84 @@ impl Prefetcher {
             ahead.bytes -= next_span.len();
         }
         Some(ahead)
+    }
+
+    /// Sequential read-ahead of a file whose source charges per request, in a window of two
+    /// requests' worth (`request_bytes`; at most a quarter of the budget) from chunk `first`:
+    /// nothing while half the window is cached or being read; once less is, the rest of the
+    /// window, while it belongs to
+    /// `block` or one of the [`READ_AHEAD_BLOCKS`] blocks the order predicts after it (in file
+    /// order, blocks of a few MiB would otherwise end every request). So the lane gets half a
+    /// window or more at a time, which it reads as one request, where one chunk queued per
+    /// chunk read would make every request one chunk.
+    fn read_ahead_in_requests<F: PrefetchTarget>(
+        &self,
+        file: &Arc<F>,
+        first: usize,
+        block: usize,
+        request_bytes: u64,
+    ) {
+        let Some(plan) = file.plan() else {
+            return;
+        };
+        // The blocks the order predicts next, as many as a window of small blocks may hold.
+        let next_blocks = file
+            .tracker()
+            .map(|a| a.next_blocks(block, READ_AHEAD_BLOCKS))
+            .unwrap_or_default();
+        let window = (2 * request_bytes).min(self.cache.budget() / 4);
+        let (mut present, mut seen) = (0u64, 0u64);
+        let mut to_queue = Vec::new();
+        for next in first..plan.len() {
+            let Some(span) = plan.get(next) else {
+                break;
+            };
+            let follows = span.block == block || next_blocks.contains(&span.block);
+            if !follows || seen + span.len() > window {
+                break;
+            }
+            seen += span.len();
+            if to_queue.is_empty() && file.chunk_present(&self.cache, next) {
+                present += span.len();
+                if present >= window / 2 {
+                    return; // half the window is there: the lead is enough
+                }
+            } else {
+                to_queue.push(next);
+            }
+        }
+        self.queue_batch(file, to_queue, None);
+    }
+
+    /// Queues `chunks` (in order) unless cached, loading or queued, every one marked queued
+    /// before the first task is submitted: a lane thread that starts the first at once finds
+    /// the others queued, and joins them into its request. Returns false when the executor is
+    /// full.
+    fn queue_batch<F: PrefetchTarget>(
+        &self,
+        file: &Arc<F>,
+        chunks: Vec<usize>,
+        epoch: Option<u64>,
+    ) -> bool {
+        let fresh: Vec<usize> = {
+            let mut queued = lock(&self.queued);
+            chunks
+                .into_iter()
+                .filter(|&c| {
+                    !file.chunk_present(&self.cache, c) && queued.insert(file.chunk_key(c))
+                })
+                .collect()
+        };
+        for (i, &next) in fresh.iter().enumerate() {
+            if !self.submit(file, next, epoch, false) {
+                let mut queued = lock(&self.queued);
+                for &c in &fresh[i..] {
+                    queued.remove(&file.chunk_key(c));
+                }
+                return false;
+            }
+        }
+        true
     }
 
     /// Queues every block of `file`, in its order, until the budget's worth is queued. The
@@ -382,46 +546,70 @@ impl Prefetcher {
         if file.chunk_present(&self.cache, chunk) || !lock(&self.queued).insert(key) {
             return true;
         }
+        if self.submit(file, chunk, epoch, background) {
+            return true;
+        }
+        lock(&self.queued).remove(&key);
+        false
+    }
+
+    /// Submits the prefetch of `chunk`, already marked queued, to the executor its pacing
+    /// chooses; false when that executor is full.
+    fn submit<F: PrefetchTarget>(
+        &self,
+        file: &Arc<F>,
+        chunk: usize,
+        epoch: Option<u64>,
+        background: bool,
+    ) -> bool {
+        let pacing = file.pacing(&self.config.pacing);
         let task = {
             let (file, cache, queued) = (
                 Arc::clone(file),
                 Arc::clone(&self.cache),
                 Arc::clone(&self.queued),
             );
-            Box::new(move || run(&*file, &cache, &queued, chunk, epoch))
+            Box::new(move || run(&*file, &cache, &queued, (chunk, epoch), pacing))
         };
-        let executor = if background {
-            &self.background
-        } else {
-            &self.executor
-        };
-        match executor.submit(task) {
-            Ok(()) => true,
-            Err(_) => {
-                lock(&self.queued).remove(&key);
-                false
+        let executor: &dyn Executor = match (pacing, &self.lane) {
+            (Pacing::Ordered { depth, .. }, Some(lane)) => {
+                lane.set_depth(depth);
+                &**lane
             }
-        }
+            _ if background => &*self.background,
+            _ => &*self.executor,
+        };
+        executor.submit(task).is_ok()
     }
 }
 
 /// One queued prefetch: reads chunk `chunk` unless someone read it meanwhile or, for a block
-/// prefetch (`epoch`), it went stale: a jump since, or the reader already left its block.
+/// prefetch (`epoch`), it went stale: a jump since, or the reader already left its block. On
+/// an ordered source, the queued chunks that follow it are read with it, as one request; their
+/// own tasks then find them present.
 fn run(
     file: &dyn PrefetchTarget,
     cache: &ChunkCache,
     queued: &Mutex<HashSet<ChunkKey>>,
-    chunk: usize,
-    epoch: Option<u64>,
+    (chunk, epoch): (usize, Option<u64>),
+    pacing: Pacing,
 ) {
     lock(queued).remove(&file.chunk_key(chunk));
-    if epoch.is_some() {
+    // The lane runs in order: holding one task back for a reader's pause would hold back all.
+    if epoch.is_some() && !pacing.is_ordered() {
         defer_lead_while_reading(file, chunk);
     }
     if stale(file, chunk, epoch) || file.chunk_present(cache, chunk) {
         return;
     }
-    if let Err(e) = file.prefetch_chunk(cache, chunk) {
+    let read = match pacing {
+        Pacing::Ordered { request_bytes, .. } => {
+            let mut more = |next: usize| lock(queued).remove(&file.chunk_key(next));
+            file.prefetch_run(cache, chunk, request_bytes, &mut more)
+        }
+        Pacing::Parallel => file.prefetch_chunk(cache, chunk),
+    };
+    if let Err(e) = read {
         tracing::trace!(file = %file.display_path().display(), chunk, error = %e, "prefetch not done; the reader will fetch it if needed");
     }
 }

@@ -1,0 +1,270 @@
+//! How reads ahead of a reader go to a file's source: chunk by chunk in parallel, or as few
+//! large requests in file order, and how many of those in flight.
+//!
+//! **Contract.** [`Pacing::for_source`] decides from what the mount measured of the source
+//! ([`SourceSpeed`]) and, until it measured enough, what the file system says it is
+//! ([`StorageKind`]), nothing else:
+//! - **Parallel** (measured at or above [`PacingConfig::ordered_below_bytes_per_second`], or
+//!   not measured yet and not a network file system): chunks are read ahead by the prefetch
+//!   pool's workers, several at once, each chunk its own request. Flash serves many requests
+//!   at once as fast as one large one.
+//! - **Ordered** (measured slower than the threshold, or not measured yet and a network or
+//!   FUSE file system): reads ahead go to one lane in the order they were queued (file order
+//!   within a block, blocks in the learned order), adjacent queued chunks joined into one
+//!   request of up to [`PacingConfig::request_bytes`], with `depth` requests in flight: one,
+//!   plus as many as it takes to cover the source's latency beyond one request's own transfer
+//!   (the bandwidth-delay product, [`SourceEstimate::bandwidth_delay_bytes`], less one request,
+//!   over the request size, rounded up once it is past [`PacingConfig::depth_slack`]), at most
+//!   [`PacingConfig::max_depth`]. The estimate's latency is that of reads issued alone, so a
+//!   second request in flight, queueing behind the first, does not raise it. Such a source
+//!   charges a seek or a round trip per request, so fewer, larger, contiguous requests are
+//!   what reaches its sequential speed ([measured](../../../docs/PERFORMANCE.md#slow-and-network-sources)).
+//!
+//! A measurement overrides the kind both ways: a FUSE file system may sit on local flash. A
+//! device that says it rotates is read in parallel until measured: many virtual disks say they
+//! rotate, and a real hard disk is measured slow within its first request's worth.
+
+use crate::source::kind::StorageKind;
+use crate::source::meter::SourceEstimate;
+
+/// Who decides the pacing: the rule of the module docs, or the user (`--source-pacing`), for a
+/// source the rule misjudges (a FUSE file system over local flash, a disk measured fast
+/// through a cache of its own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PacingMode {
+    #[default]
+    Auto,
+    Parallel,
+    Ordered,
+}
+
+/// The pacing's tuning, part of [`super::PrefetchConfig`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PacingConfig {
+    /// Who decides ([`PacingMode`]).
+    pub mode: PacingMode,
+    /// Largest request of an ordered source: 16 MiB, twelve times the 1.25 MiB a hard disk's
+    /// readahead sends, so a seek or a round trip of 8–20 ms is a small share of each request's
+    /// time at 100–200 MB/s ([measured](../../../docs/PERFORMANCE.md#slow-and-network-sources)).
+    pub request_bytes: u64,
+    /// A source measured slower than this is read in order even if nothing says it charges per
+    /// request (a throttled cloud volume, a USB disk): 500 MB/s is above what hard disks and
+    /// 1–2.5 GbE networks deliver and below local flash, which parallel reads serve as well
+    /// ([measured](../../../docs/PERFORMANCE.md#slow-and-network-sources)).
+    pub ordered_below_bytes_per_second: f64,
+    /// Most requests in flight on an ordered source: 4 × 16 MiB covers a 1 GB/s link with
+    /// 60 ms to first byte, beyond any source this lane is for.
+    pub max_depth: usize,
+    /// Latency beyond one request's transfer that is worth no second request in flight, in
+    /// requests: one. A reader's own miss queued beside the lane's request doubles the latency
+    /// measured with no gap to fill, and a second request at another offset costs a disk a
+    /// seek; 20 ms to first byte at 1 Gbit/s (15 % of a 16 MiB request) is served at the
+    /// source's limit with one ([measured](../../../docs/PERFORMANCE.md#slow-and-network-sources)).
+    pub depth_slack: f64,
+    /// Bytes read from a source before their throughput decides its pacing (before the meter's
+    /// window has enough reads for an estimate): one request's worth, one large read.
+    pub measured_after_bytes: u64,
+}
+
+impl Default for PacingConfig {
+    fn default() -> Self {
+        PacingConfig {
+            mode: PacingMode::Auto,
+            request_bytes: 16 << 20,
+            ordered_below_bytes_per_second: 500e6,
+            max_depth: 4,
+            depth_slack: 1.0,
+            measured_after_bytes: 16 << 20,
+        }
+    }
+}
+
+/// What the mount measured of a source so far.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct SourceSpeed {
+    /// The meter's estimate, once its window holds enough reads.
+    pub estimate: Option<SourceEstimate>,
+    /// Throughput over every read so far, once they are [`PacingConfig::measured_after_bytes`].
+    pub throughput: Option<f64>,
+}
+
+/// How reads ahead go to one file's source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pacing {
+    Parallel,
+    Ordered { request_bytes: u64, depth: usize },
+}
+
+impl Pacing {
+    /// The pacing of a source that is `kind` and measured `estimate` (see the module docs).
+    pub fn for_source(kind: StorageKind, speed: SourceSpeed, config: &PacingConfig) -> Pacing {
+        let measured = speed
+            .estimate
+            .map(|e| e.bandwidth_bytes_per_second)
+            .or(speed.throughput);
+        let ordered = match (config.mode, measured) {
+            (PacingMode::Parallel, _) => false,
+            (PacingMode::Ordered, _) => true,
+            (PacingMode::Auto, Some(bandwidth)) => {
+                bandwidth < config.ordered_below_bytes_per_second
+            }
+            (PacingMode::Auto, None) => matches!(kind, StorageKind::Network(_)),
+        };
+        if !ordered {
+            return Pacing::Parallel;
+        }
+        let request_bytes = config.request_bytes.max(1);
+        let depth = speed.estimate.map_or(1, |e| {
+            let beyond = e.bandwidth_delay_bytes.saturating_sub(request_bytes) as f64;
+            let more = (beyond / request_bytes as f64 - config.depth_slack)
+                .ceil()
+                .max(0.0);
+            1 + more.min(config.max_depth as f64) as usize
+        });
+        Pacing::Ordered {
+            request_bytes,
+            depth: depth.clamp(1, config.max_depth.max(1)),
+        }
+    }
+
+    pub fn is_ordered(self) -> bool {
+        matches!(self, Pacing::Ordered { .. })
+    }
+}
+
+impl SourceSpeed {
+    /// Whether any measurement is there.
+    pub fn is_measured(&self) -> bool {
+        self.estimate.is_some() || self.throughput.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn measured(bytes_per_second: f64, floor: Duration) -> SourceSpeed {
+        SourceSpeed {
+            estimate: Some(SourceEstimate {
+                bandwidth_bytes_per_second: bytes_per_second,
+                latency_floor: floor,
+                bandwidth_delay_bytes: (bytes_per_second * floor.as_secs_f64()) as u64,
+            }),
+            throughput: Some(bytes_per_second),
+        }
+    }
+
+    const NONE: SourceSpeed = SourceSpeed {
+        estimate: None,
+        throughput: None,
+    };
+
+    #[test]
+    fn the_user_may_decide() {
+        let config = |mode| PacingConfig {
+            mode,
+            ..PacingConfig::default()
+        };
+        let slow = measured(100e6, Duration::from_millis(160));
+        let parallel = config(PacingMode::Parallel);
+        assert_eq!(
+            Pacing::for_source(StorageKind::Network("nfs"), slow, &parallel),
+            Pacing::Parallel
+        );
+        let ordered = config(PacingMode::Ordered);
+        assert!(Pacing::for_source(
+            StorageKind::Flash,
+            measured(3e9, Duration::from_millis(5)),
+            &ordered
+        )
+        .is_ordered());
+    }
+
+    #[test]
+    fn flash_is_parallel_until_measured_slow() {
+        let config = PacingConfig::default();
+        let fast = measured(2e9, Duration::from_micros(2000));
+        assert_eq!(
+            Pacing::for_source(StorageKind::Flash, NONE, &config),
+            Pacing::Parallel
+        );
+        assert_eq!(
+            Pacing::for_source(StorageKind::Flash, fast, &config),
+            Pacing::Parallel
+        );
+        assert_eq!(
+            Pacing::for_source(StorageKind::Unknown, fast, &config),
+            Pacing::Parallel
+        );
+        let throttled = measured(200e6, Duration::from_millis(84));
+        assert!(Pacing::for_source(StorageKind::Flash, throttled, &config).is_ordered());
+    }
+
+    #[test]
+    fn disks_and_networks_are_ordered_with_the_depth_their_bandwidth_delay_product_needs() {
+        let config = PacingConfig::default();
+        let ordered = |kind, estimate| Pacing::for_source(kind, estimate, &config);
+        let one = Pacing::Ordered {
+            request_bytes: 16 << 20,
+            depth: 1,
+        };
+        assert_eq!(
+            ordered(StorageKind::Network("nfs"), NONE),
+            one,
+            "not measured: one"
+        );
+        assert_eq!(
+            ordered(StorageKind::SpinningDisk, NONE),
+            Pacing::Parallel,
+            "many virtual disks say they rotate: measured first"
+        );
+        // A virtual disk that says it rotates, measured fast after one large read.
+        let one_read = SourceSpeed {
+            estimate: None,
+            throughput: Some(1.5e9),
+        };
+        assert_eq!(
+            ordered(StorageKind::SpinningDisk, one_read),
+            Pacing::Parallel
+        );
+        let slow_read = SourceSpeed {
+            estimate: None,
+            throughput: Some(150e6),
+        };
+        assert_eq!(ordered(StorageKind::Flash, slow_read), one);
+        // 16 MiB at 200 MB/s alone take 84 ms: the transfer itself, one in flight.
+        let disk = measured(200e6, Duration::from_millis(84));
+        assert_eq!(ordered(StorageKind::SpinningDisk, disk), one);
+        // 20 ms to first byte at 1 Gbit/s: 15 % of a request, one in flight.
+        let object = measured(125e6, Duration::from_millis(134 + 20));
+        assert_eq!(ordered(StorageKind::Network("fuse"), object), one);
+        // A second request queued behind the first doubles the latency: still one.
+        let queued = measured(80e6, Duration::from_millis(400));
+        assert_eq!(ordered(StorageKind::Network("fuse"), queued), one);
+        // 100 ms to first byte at 400 MB/s, 2.4 requests' transfer: two more in flight.
+        let far_ish = measured(400e6, Duration::from_millis(42 + 100));
+        assert_eq!(
+            ordered(StorageKind::Network("fuse"), far_ish),
+            Pacing::Ordered {
+                request_bytes: 16 << 20,
+                depth: 3
+            }
+        );
+        // Measured fast: parallel, whatever the kind says.
+        let fast = measured(1.25e9, Duration::from_millis(30));
+        assert_eq!(
+            ordered(StorageKind::Network("fuse"), fast),
+            Pacing::Parallel
+        );
+        // A slow link far away: capped.
+        let far = measured(400e6, Duration::from_millis(300));
+        assert_eq!(
+            ordered(StorageKind::Network("fuse"), far),
+            Pacing::Ordered {
+                request_bytes: 16 << 20,
+                depth: 4
+            }
+        );
+    }
+}
