@@ -126,7 +126,15 @@ class DiskSource(Source):
         thr.set(DISK_BPS)
         thr.set_iops(DISK_IOPS)
         q = Path("/sys/block") / Path(disk.dev).name / "queue"
-        facts = ", ".join(f"{k} {(q / k).read_text().strip()}" for k in ("read_ahead_kb", "max_sectors_kb")
+        # A hard disk says it rotates; a loop device over tmpfs says it does not. Writing the
+        # flag makes the kernel recompute the device's readahead (2 x max_sectors_kb on a loop
+        # device): put back the 128 KiB a hard disk has.
+        self.rotational = q / "rotational"
+        self.was_rotational = self.rotational.read_text().strip()
+        readahead = (q / "read_ahead_kb").read_text().strip()
+        self.rotational.write_text("1")
+        (q / "read_ahead_kb").write_text(readahead)
+        facts = ", ".join(f"{k} {(q / k).read_text().strip()}" for k in ("read_ahead_kb", "max_sectors_kb", "rotational")
                           if (q / k).exists())
         self.describe = (f"ext4 on {disk.kind} ({disk.dev}; {facts}), blkio read_bps_device {DISK_BPS / 1e6:.0f} "
                          f"MB/s + read_iops_device {DISK_IOPS}/s on every process of the run")
@@ -143,6 +151,7 @@ class DiskSource(Source):
     def close(self) -> None:
         self.thr.set(0)
         self.thr.set_iops(0)
+        self.rotational.write_text(self.was_rotational)
 
 
 class SeekSource(Source):

@@ -109,7 +109,9 @@ def test_a_stalled_source_file_stalls_only_its_own_opens(mount, faultfs, workdir
     """A source that stalls for seconds on one file's opens (a network share): opens and reads
     of other models, and the stats, go on meanwhile. The stalled open passes through tierfs's
     open path twice (the requester's open, then the reopen that becomes the passthrough backing
-    file), so for its whole length no lock of the daemon may be held across source I/O."""
+    file), so for its whole length no lock of the daemon may be held across source I/O. The
+    source is a FUSE file system, which tierfs reads in ordered requests from the cache unless
+    told otherwise: `--source-pacing parallel` keeps the passthrough path this test is about."""
     import threading
     import time
 
@@ -120,7 +122,7 @@ def test_a_stalled_source_file_stalls_only_its_own_opens(mount, faultfs, workdir
     gen.write_small(fast, gen.dit_specs(256, 512, 2), seed=42)
     want = fast.read_bytes()
     ff = faultfs(src)
-    m = mount(ff.mnt, "256MiB")
+    m = mount(ff.mnt, "256MiB", ("--source-pacing", "parallel"))
     assert (m.mnt / "fast.safetensors").read_bytes() == want  # known and indexed
     stall = 3.0
     ff.set_faults([{"file": "slow.safetensors", "stall_open_ms": int(stall * 1000)}])
