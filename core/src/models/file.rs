@@ -34,6 +34,10 @@ use crate::source::meter::SourceMeters;
 use crate::source::slot::SourceSlot;
 use crate::source::{aligned_footprint, PathAccess, ReadWrapper, SourceError, SourceFile};
 
+/// How long a source device's pacing is kept before the meter's figures decide it again: a
+/// read asks for it every time, and on the sources it changes for, 100 ms is a few requests.
+const PACING_MAX_AGE: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Whether tierfs caches a file with this name: `.safetensors`, `.sft` and `.gguf`, any letter
 /// case.
 pub fn is_model_path(path: &Path) -> bool {
@@ -325,6 +329,15 @@ impl ModelFile {
         got.map(Some)
     }
 
+    /// The pacing of this version's source from the meter's figures now (uncached, unlike
+    /// [`PrefetchTarget::pacing`]).
+    pub(super) fn pacing_now(&self, config: &PacingConfig) -> Pacing {
+        match self.source.meter() {
+            Some(meter) => Pacing::for_source(meter.storage(), self.source_speed(config), config),
+            None => Pacing::Parallel,
+        }
+    }
+
     /// What the mount measured of this version's source device so far.
     pub(super) fn source_speed(&self, config: &PacingConfig) -> SourceSpeed {
         self.source
@@ -383,10 +396,11 @@ impl PrefetchTarget for ModelFile {
     }
 
     fn pacing(&self, config: &PacingConfig) -> Pacing {
-        match self.source.meter() {
-            Some(meter) => Pacing::for_source(meter.storage(), self.source_speed(config), config),
-            None => Pacing::Parallel,
-        }
+        let Some(meter) = self.source.meter() else {
+            return Pacing::Parallel;
+        };
+        let code = meter.derived(PACING_MAX_AGE, || self.pacing_now(config).code());
+        Pacing::from_code(code, config)
     }
 
     fn prefetch_run(

@@ -12,7 +12,6 @@
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use super::{Layout, ModelFile, ModelStore, RawReason};
-use crate::prefetch::PrefetchTarget;
 use crate::source::kind::StorageKind;
 
 /// How an open model file is served, as the stats show it (`files[].mode`).
@@ -188,7 +187,7 @@ impl ModelStore {
         if unmeasured_disk {
             self.measure_source(file, config.measured_after_bytes);
         }
-        file.pacing(config).is_ordered()
+        file.pacing_now(config).is_ordered()
     }
 
     /// Reads the first `bytes` of `file`'s data (not kept), so that the source's meter has a

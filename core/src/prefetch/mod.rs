@@ -148,6 +148,9 @@ impl Default for PrefetchConfig {
     }
 }
 
+/// Chunks of an ordered source chosen to be queued together, with their files, in order.
+type Batch<F> = Vec<(Arc<F>, usize)>;
+
 /// Blocks after the reader's that ordered read-ahead may reach into: 16 blocks of 2 MiB fill
 /// two 16 MiB requests, and the blocks of real checkpoints are larger.
 const READ_AHEAD_BLOCKS: usize = 16;
@@ -312,7 +315,7 @@ impl Prefetcher {
             .min(budget / of * most);
         let mut ahead = 0;
         // An ordered source's chunks are queued together, in this order, once all are chosen.
-        let mut batch: Vec<(Arc<F>, usize)> = Vec::new();
+        let mut batch: Batch<F> = Vec::new();
         for (b, files) in blocks {
             if b != block || !whole_block_lead {
                 ahead += block_bytes(&files, b);
@@ -355,7 +358,7 @@ impl Prefetcher {
         file: &Arc<F>,
         block: usize,
         limit: u64,
-        (queued, collect): (&mut u64, Option<&mut Vec<(Arc<F>, usize)>>),
+        (queued, collect): (&mut u64, Option<&mut Batch<F>>),
         epoch: Option<u64>,
         background: bool,
     ) -> bool {

@@ -130,6 +130,26 @@ impl Pacing {
     pub fn is_ordered(self) -> bool {
         matches!(self, Pacing::Ordered { .. })
     }
+
+    /// This pacing as a number ([`crate::source::meter::SourceMeter::derived`] keeps it): 0
+    /// parallel, else the depth of an ordered lane.
+    pub fn code(self) -> u32 {
+        match self {
+            Pacing::Parallel => 0,
+            Pacing::Ordered { depth, .. } => u32::try_from(depth.max(1)).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// The pacing [`Self::code`] gave `code`, under `config`.
+    pub fn from_code(code: u32, config: &PacingConfig) -> Pacing {
+        match code {
+            0 => Pacing::Parallel,
+            depth => Pacing::Ordered {
+                request_bytes: config.request_bytes.max(1),
+                depth: depth as usize,
+            },
+        }
+    }
 }
 
 impl SourceSpeed {
@@ -159,6 +179,20 @@ mod tests {
         estimate: None,
         throughput: None,
     };
+
+    #[test]
+    fn a_pacing_survives_its_code() {
+        let config = PacingConfig::default();
+        for pacing in [
+            Pacing::Parallel,
+            Pacing::Ordered {
+                request_bytes: config.request_bytes,
+                depth: 3,
+            },
+        ] {
+            assert_eq!(Pacing::from_code(pacing.code(), &config), pacing);
+        }
+    }
 
     #[test]
     fn the_user_may_decide() {

@@ -312,6 +312,9 @@ pub struct SourceMeter {
     state: Mutex<State>,
     /// What the device is, as the file system says ([`SourceMeter::note_storage`]).
     storage: OnceLock<StorageKind>,
+    /// [`SourceMeter::derived`]: milliseconds + 1 when derived (0: never) in the high half,
+    /// the value in the low half.
+    derived: AtomicU64,
 }
 
 impl std::fmt::Debug for SourceMeter {
@@ -360,7 +363,25 @@ impl SourceMeter {
             clock,
             state: Mutex::new(state),
             storage: OnceLock::new(),
+            derived: AtomicU64::new(0),
         }
+    }
+
+    /// A value derived from this meter's figures (the pacing of reads ahead of the device),
+    /// derived again by `derive` only when the last one is older than `max_age`: it is asked
+    /// for on every read, and the figures it comes from move with whole reads.
+    pub fn derived(&self, max_age: Duration, derive: impl FnOnce() -> u32) -> u32 {
+        let now_ms = (self.clock.now_ns() / 1_000_000).wrapping_add(1) & u64::from(u32::MAX);
+        let memo = self.derived.load(Ordering::Relaxed);
+        let at = memo >> 32;
+        let max_ms = u64::try_from(max_age.as_millis()).unwrap_or(u64::MAX);
+        if at != 0 && now_ms.wrapping_sub(at) & u64::from(u32::MAX) < max_ms {
+            return memo as u32;
+        }
+        let value = derive();
+        self.derived
+            .store((now_ms << 32) | u64::from(value), Ordering::Relaxed);
+        value
     }
 
     /// Records what the device is, asking `kind` once per meter (the first file measured on
