@@ -86,15 +86,15 @@ def test_top_shows_the_strip_and_acts_on_keys(mount, metrics_source):
         assert re.search(r"pressure none \(0 events, 0 B given back\)", screen), screen
         assert re.search(r"^│read +\d+ +0 +[\d.]+ [µm]s +[\d.]+ [µm]s", screen, re.M), screen
         assert "q quit" in screen, screen
-        # The source's line: its device, a latency above zero, its throughput while reading,
-        # reads in flight and a peak of at least one.
+        # The source's line: its device and what it is, a latency above zero, its throughput
+        # while reading, reads in flight and a peak of at least one.
         dev = os.stat(m.source / MODEL_REL).st_dev
-        source = re.search(r"^│source (\d+:\d+): latency ([\d.]+) (µs|ms) \(p50 [\d.]+ (?:µs|ms), "
-                           r"p99 [\d.]+ (?:µs|ms)\), ([\d.]+) (?:B|KiB|MiB|GiB)/s while reading, "
-                           r"(\d+) in flight \(peak (\d+)\), BDP ", screen, re.M)
+        source = re.search(r"^│source (\d+:\d+) \((flash|spinning disk|unknown|[a-z0-9]+)\): latency ([\d.]+) "
+                           r"(µs|ms) \(p50 [\d.]+ (?:µs|ms), p99 [\d.]+ (?:µs|ms)\), ([\d.]+) (?:B|KiB|MiB|GiB)/s "
+                           r"while reading, (\d+) in flight \(peak (\d+)\), BDP ", screen, re.M)
         assert source, screen
-        assert float(source.group(2)) > 0 and float(source.group(4)) > 0, source.group(0)
-        assert int(source.group(6)) >= 1, source.group(0)
+        assert float(source.group(3)) > 0 and float(source.group(5)) > 0, source.group(0)
+        assert int(source.group(7)) >= 1, source.group(0)
         assert source.group(1) == f"{os.major(dev)}:{os.minor(dev)}", source.group(0)
         # The model's own hit rate and served throughput, as a sparkline that peaks somewhere.
         pane.wait_for("the model's served sparkline",
@@ -157,5 +157,5 @@ def test_top_without_a_terminal_prints_the_text_view(mount, metrics_source):
     assert r.returncode == 0, r.stderr
     assert MODEL_REL in r.stdout and "\x1b[" not in r.stdout, r.stdout
     assert re.search(r"^cache +\S+ \S+ used of 32.00 MiB budget", r.stdout, re.M), r.stdout[:500]
-    assert re.search(r"^source +\d+:\d+: latency [\d.]+ (µs|ms) .* while reading, 0 in flight \(peak [1-9]",
+    assert re.search(r"^source +\d+:\d+ \([a-z0-9 ]+\): latency [\d.]+ (µs|ms) .* while reading, 0 in flight \(peak [1-9]",
                      r.stdout, re.M), r.stdout[:1500]

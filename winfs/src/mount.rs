@@ -85,10 +85,13 @@ pub fn run(request: MountRequest) -> Result<(), MountError> {
         return Err(MountError::NotADirectory(request.source));
     }
     winfsp::winfsp_init().map_err(|e| MountError::Init(code(&e)))?;
-    let store = Arc::new(ModelStore::new(
-        request.budget,
-        SavedOrders::load(request.state_file.clone()),
-    ));
+    let store = Arc::new(
+        ModelStore::new(
+            request.budget,
+            SavedOrders::load(request.state_file.clone()),
+        )
+        .with_source_pacing(tierfs_core::prefetch::PacingMode::Auto),
+    );
     // The budget is fixed on Windows (the memory pressure watcher is Linux only); the governor
     // is what the control file's `ram-cache` goes through.
     let target: Arc<dyn BudgetTarget> = store.clone();

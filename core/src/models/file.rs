@@ -400,7 +400,7 @@ impl PrefetchTarget for ModelFile {
             return Pacing::Parallel;
         };
         let code = meter.derived(PACING_MAX_AGE, || self.pacing_now(config).code());
-        Pacing::from_code(code, config)
+        Pacing::from_code(code)
     }
 
     fn prefetch_run(

@@ -5,7 +5,10 @@
 //! **Contract.** [`ModelStore::choose_mode`] admits a file to passthrough only when the caller
 //! can offer it and the whole file fits in what the chunk cache does not use: admission never
 //! evicts the chunk cache, and a file with bytes in the cache stays served from there. A file
-//! held in RAM (tmpfs) is passed through outside the budget. Every admission and release
+//! whose source charges per request ([`crate::prefetch::pacing`]) is never passed through: the
+//! cache reads it in large ordered requests, where the kernel's readahead would pay a seek or a
+//! round trip per 128 KiB. A file held in RAM (tmpfs) is passed through outside the budget.
+//! Every admission and release
 //! rebalances the budget between the chunk cache and the passthrough tier
 //! ([`ModelStore::rebalance`]). Mode and reason are stored per version in atomics (no lock).
 

@@ -121,7 +121,7 @@ impl ModelStore {
         saved: SavedOrders,
     ) -> ModelStore {
         ModelStore {
-            prefetcher,
+            prefetcher: prefetcher.with_pacing_mode(PacingMode::Parallel),
             budget: AtomicU64::new(cache.budget()),
             cache,
             passthrough: PassthroughTier::default(),
@@ -250,12 +250,18 @@ impl ModelStore {
 
     /// Bounds the time of source reads and retries them by `config` (`--source-timeout`), for
     /// files opened from now on ([`crate::source::deadline`]).
+    /// Reads ahead of sources as `mode` says (`--source-pacing`; [`crate::prefetch::pacing`]).
+    /// Until this is called a store reads ahead in parallel whatever its sources: the decision
+    /// from a source's measured speed depends on the machine, so a store is given it by the
+    /// daemon, which passes `auto` by default.
     pub fn with_source_pacing(mut self, mode: PacingMode) -> ModelStore {
         self.prefetcher = self.prefetcher.with_pacing_mode(mode);
         self
     }
 
+    /// Source reads run and bounded as `config` says (`--source-timeout`).
     pub fn with_source_io(mut self, config: SourceIoConfig) -> ModelStore {
+        self.prefetcher = self.prefetcher.with_source_deadline(config.timeout);
         self.source_io = Arc::new(SourceIo::new(config));
         self
     }

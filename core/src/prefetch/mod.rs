@@ -22,12 +22,13 @@
 //! A queued prefetch is dropped when it went stale before a worker got to it: the reader left
 //! its block, or (a block prefetch) jumped since it was queued.
 //!
-//! **Pacing** ([`pacing`]): where a file's source charges per request (a spinning disk, a
-//! network or FUSE file system, a source measured slow), its prefetches go to the
-//! [`OrderedLane`] instead of the pools: started in the order queued, adjacent queued chunks
-//! read as one request ([`PrefetchTarget::prefetch_run`]), as many requests in flight as the
-//! source's bandwidth-delay product needs; and sequential read-ahead is queued a request's
-//! worth at a time ([`Prefetcher::after_read`]), so that those requests are large.
+//! **Pacing** ([`pacing`]): where a file's source charges per request (a network or FUSE file
+//! system, or a source measured slower than local flash: a hard disk, a throttled volume), its
+//! prefetches go to the [`OrderedLane`] instead of the pools: started in the order queued,
+//! adjacent queued chunks read as one request ([`PrefetchTarget::prefetch_run`]), as many
+//! requests in flight as the source's bandwidth-delay product needs; and sequential read-ahead
+//! is queued half a window of two requests at a time ([`Prefetcher::after_read`]), so that
+//! those requests are large.
 //!
 //! **Interfaces.** The prefetcher knows files only through [`PrefetchTarget`] (their chunk
 //! plan, reader tracker, and how to fetch one chunk), which `models::ModelFile` implements, so
@@ -230,6 +231,13 @@ impl Prefetcher {
     /// This prefetcher with its pacing decided by `mode` (`--source-pacing`).
     pub fn with_pacing_mode(mut self, mode: PacingMode) -> Prefetcher {
         self.config.pacing.mode = mode;
+        self
+    }
+
+    /// This prefetcher with source reads bounded by `deadline` (`--source-timeout`), which
+    /// bounds the size of an ordered source's requests ([`PacingConfig::deadline_share`]).
+    pub fn with_source_deadline(mut self, deadline: Option<std::time::Duration>) -> Prefetcher {
+        self.config.pacing.deadline = deadline;
         self
     }
 

@@ -19,10 +19,16 @@
 //!   second request in flight, queueing behind the first, does not raise it. Such a source
 //!   charges a seek or a round trip per request, so fewer, larger, contiguous requests are
 //!   what reaches its sequential speed ([measured](../../../docs/PERFORMANCE.md#slow-and-network-sources)).
+//!   Requests start at [`PacingConfig::first_request_bytes`] until the source is measured, and
+//!   never take more than [`PacingConfig::deadline_share`] of the source's deadline
+//!   (`--source-timeout`) at its measured bandwidth: a large request on a slow link must not
+//!   time out where the chunk alone would not.
 //!
 //! A measurement overrides the kind both ways: a FUSE file system may sit on local flash. A
 //! device that says it rotates is read in parallel until measured: many virtual disks say they
 //! rotate, and a real hard disk is measured slow within its first request's worth.
+
+use std::time::Duration;
 
 use crate::source::kind::StorageKind;
 use crate::source::meter::SourceEstimate;
@@ -43,6 +49,14 @@ pub enum PacingMode {
 pub struct PacingConfig {
     /// Who decides ([`PacingMode`]).
     pub mode: PacingMode,
+    /// The longest a source read may take (`--source-timeout`; `None`: no bound).
+    pub deadline: Option<Duration>,
+    /// Share of `deadline` one request may take at the measured bandwidth: a quarter, so a
+    /// request in flight and the retries the deadline allows after a transient error fit.
+    pub deadline_share: f64,
+    /// Largest request before the source is measured: 4 MiB, the largest chunk, which a source
+    /// serves within the deadline whenever a chunk read alone would be.
+    pub first_request_bytes: u64,
     /// Largest request of an ordered source: 16 MiB, twelve times the 1.25 MiB a hard disk's
     /// readahead sends, so a seek or a round trip of 8–20 ms is a small share of each request's
     /// time at 100–200 MB/s ([measured](../../../docs/PERFORMANCE.md#slow-and-network-sources)).
@@ -70,6 +84,9 @@ impl Default for PacingConfig {
     fn default() -> Self {
         PacingConfig {
             mode: PacingMode::Auto,
+            deadline: None,
+            deadline_share: 0.25,
+            first_request_bytes: 4 << 20,
             request_bytes: 16 << 20,
             ordered_below_bytes_per_second: 500e6,
             max_depth: 4,
@@ -113,7 +130,16 @@ impl Pacing {
         if !ordered {
             return Pacing::Parallel;
         }
-        let request_bytes = config.request_bytes.max(1);
+        let largest = config.request_bytes.max(1);
+        let smallest = config.first_request_bytes.clamp(1, largest);
+        let request_bytes = match (measured, config.deadline) {
+            (None, _) => smallest,
+            (Some(bandwidth), Some(deadline)) => {
+                let in_time = bandwidth * deadline.as_secs_f64() * config.deadline_share;
+                (in_time as u64).clamp(smallest, largest)
+            }
+            (Some(_), None) => largest,
+        };
         let depth = speed.estimate.map_or(1, |e| {
             let beyond = e.bandwidth_delay_bytes.saturating_sub(request_bytes) as f64;
             let more = (beyond / request_bytes as f64 - config.depth_slack)
@@ -132,21 +158,28 @@ impl Pacing {
     }
 
     /// This pacing as a number ([`crate::source::meter::SourceMeter::derived`] keeps it): 0
-    /// parallel, else the depth of an ordered lane.
+    /// parallel, else the depth of an ordered lane (low 8 bits) and its request in KiB.
     pub fn code(self) -> u32 {
         match self {
             Pacing::Parallel => 0,
-            Pacing::Ordered { depth, .. } => u32::try_from(depth.max(1)).unwrap_or(u32::MAX),
+            Pacing::Ordered {
+                request_bytes,
+                depth,
+            } => {
+                let depth = u32::try_from(depth.clamp(1, 255)).unwrap_or(1);
+                let kib = u32::try_from((request_bytes >> 10).clamp(1, 0xff_ffff)).unwrap_or(1);
+                depth | kib << 8
+            }
         }
     }
 
-    /// The pacing [`Self::code`] gave `code`, under `config`.
-    pub fn from_code(code: u32, config: &PacingConfig) -> Pacing {
+    /// The pacing [`Self::code`] gave `code`.
+    pub fn from_code(code: u32) -> Pacing {
         match code {
             0 => Pacing::Parallel,
-            depth => Pacing::Ordered {
-                request_bytes: config.request_bytes.max(1),
-                depth: depth as usize,
+            code => Pacing::Ordered {
+                request_bytes: u64::from(code >> 8) << 10,
+                depth: (code & 0xff) as usize,
             },
         }
     }
@@ -190,8 +223,31 @@ mod tests {
                 depth: 3,
             },
         ] {
-            assert_eq!(Pacing::from_code(pacing.code(), &config), pacing);
+            assert_eq!(Pacing::from_code(pacing.code()), pacing);
         }
+    }
+
+    #[test]
+    fn a_request_takes_at_most_a_quarter_of_the_deadline() {
+        let config = PacingConfig {
+            deadline: Some(Duration::from_secs(3)),
+            ..PacingConfig::default()
+        };
+        let request = |bytes_per_second: f64| match Pacing::for_source(
+            StorageKind::Network("fuse"),
+            measured(bytes_per_second, Duration::from_millis(100)),
+            &config,
+        ) {
+            Pacing::Ordered { request_bytes, .. } => request_bytes,
+            Pacing::Parallel => 0,
+        };
+        assert_eq!(
+            request(100e6),
+            16 << 20,
+            "75 MB in a quarter of 3 s: the largest"
+        );
+        assert_eq!(request(6.25e6), 4_687_500, "50 Mbit/s: 0.75 s worth");
+        assert_eq!(request(1e6), 4 << 20, "never below a chunk");
     }
 
     #[test]
@@ -245,8 +301,11 @@ mod tests {
         };
         assert_eq!(
             ordered(StorageKind::Network("nfs"), NONE),
-            one,
-            "not measured: one"
+            Pacing::Ordered {
+                request_bytes: 4 << 20,
+                depth: 1,
+            },
+            "not measured: one request of a chunk's size at most"
         );
         assert_eq!(
             ordered(StorageKind::SpinningDisk, NONE),
