@@ -306,6 +306,17 @@ impl ChunkCache {
                 self.load(in_flight, (want, owner), load)
             }
         };
+        self.missed(want, started, result)
+    }
+
+    /// A request that was not a hit ends with `result`: a reader's miss is counted, with the
+    /// time it waited, and the chunk marked read.
+    fn missed(
+        &self,
+        want: Want,
+        started: Instant,
+        result: Result<Arc<Chunk>, CacheError>,
+    ) -> Result<(Arc<Chunk>, Outcome), CacheError> {
         if want == Want::Read {
             Counters::add(&self.counters.misses, 1);
             Counters::add(&self.counters.stall_ns, started.elapsed().as_nanos() as u64);

@@ -69,14 +69,7 @@ impl ChunkCache {
                 self.read_claimed(claimed, load)
             }
         };
-        if want == Want::Read {
-            Counters::add(&self.counters.misses, 1);
-            Counters::add(&self.counters.stall_ns, started.elapsed().as_nanos() as u64);
-            if let Ok(chunk) = &result {
-                self.note_read(chunk);
-            }
-        }
-        result.map(|chunk| (chunk, Outcome::Miss))
+        self.missed(want, started, result)
     }
 
     /// Claims the chunks of `rest` in order as prefetches, up to the first that cannot be.
