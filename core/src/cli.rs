@@ -128,9 +128,17 @@ pub struct CtlArgs {
 }
 
 impl CtlArgs {
-    /// The command as the control file takes it: the words joined by single spaces.
+    /// The command as the control file takes it: the words joined by single spaces; a `plan`'s
+    /// paths one per line (`tierfs ctl MNT plan A B` is `plan\nA\nB`), so that they may hold
+    /// spaces.
     pub fn command_line(&self) -> String {
-        self.command.join(" ")
+        match self.command.split_first() {
+            Some((word, paths)) if word == "plan" => std::iter::once(word.as_str())
+                .chain(paths.iter().map(String::as_str))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            _ => self.command.join(" "),
+        }
     }
 }
 
@@ -145,6 +153,23 @@ mod tests {
         budget: BudgetArgs,
         #[command(flatten)]
         state: StateArgs,
+    }
+
+    #[test]
+    fn a_plans_paths_go_one_per_line() {
+        let ctl = |words: &[&str]| CtlArgs {
+            mountpoint: "/m".into(),
+            command: words.iter().map(|w| w.to_string()).collect(),
+        };
+        assert_eq!(
+            ctl(&["prefetch", "a b.sft"]).command_line(),
+            "prefetch a b.sft"
+        );
+        assert_eq!(
+            ctl(&["plan", "a b.sft", "c.sft"]).command_line(),
+            "plan\na b.sft\nc.sft"
+        );
+        assert_eq!(ctl(&["plan"]).command_line(), "plan");
     }
 
     #[test]

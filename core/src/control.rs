@@ -3,7 +3,12 @@
 //! - `ram-cache SIZE`: change the cache budget (shrinking evicts at once);
 //! - `drop`: empty the cache;
 //! - `prefetch PATH`: warm a model file (PATH relative to the mount root) in its learned block
-//!   order, in the background, up to the budget.
+//!   order, in the background, up to the budget;
+//! - `plan` and one PATH per line after it: the model files a client will load, in order; the
+//!   first is warmed now, each next one when a reader is done with the one before
+//!   ([`crate::models`]' plan). `plan` alone clears it. Paths that are not model files refuse
+//!   the command; a file that cannot be opened (gone since) or is served as plain bytes is
+//!   left out of the plan, with the reason logged.
 //!
 //! [`apply`] carries a command out; both front ends (FUSE, WinFsp) call it.
 //!
@@ -18,14 +23,18 @@ use thiserror::Error;
 use crate::models::{is_model_path, Layout, ModelStore, OpenError};
 use crate::size::{parse_size, SizeError};
 
-/// Longest command accepted: a size or a path (PATH_MAX is 4096) with its keyword.
-pub const MAX_COMMAND_BYTES: usize = 4200;
+/// Longest command accepted: a plan of a few long paths (PATH_MAX is 4096), or many short ones.
+pub const MAX_COMMAND_BYTES: usize = 16 * 1024;
+
+/// Files a plan may name ([`crate::models::MAX_PLAN_FILES`]).
+pub use crate::models::MAX_PLAN_FILES;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
     RamCache(u64),
     Drop,
     Prefetch(PathBuf),
+    Plan(Vec<PathBuf>),
 }
 
 #[derive(Debug, Error)]
@@ -34,9 +43,9 @@ pub enum ControlError {
     TooLong(usize),
     #[error("command is not UTF-8 text")]
     NotText,
-    #[error("empty command (expected ram-cache SIZE, drop or prefetch PATH)")]
+    #[error("empty command (expected ram-cache SIZE, drop, prefetch PATH or plan PATHS)")]
     Empty,
-    #[error("unknown command {0:?} (expected ram-cache SIZE, drop or prefetch PATH)")]
+    #[error("unknown command {0:?} (expected ram-cache SIZE, drop, prefetch PATH or plan PATHS)")]
     Unknown(String),
     #[error("{command} takes {expected}")]
     Arguments {
@@ -47,6 +56,8 @@ pub enum ControlError {
     Size(#[from] SizeError),
     #[error("prefetch path {0:?} must be relative to the mount root and stay inside it")]
     Path(String),
+    #[error("a plan names {0} files; at most {MAX_PLAN_FILES} are accepted")]
+    PlanTooLong(usize),
     #[error("{} is not a model file in the mount", .0.display())]
     NotAModel(PathBuf),
     #[error("{} is served as plain bytes, not prefetched: {why}", path.display())]
@@ -64,6 +75,9 @@ pub fn parse(bytes: &[u8]) -> Result<Command, ControlError> {
         .map_err(|_| ControlError::NotText)?
         .trim();
     let (word, rest) = text.split_once(char::is_whitespace).unwrap_or((text, ""));
+    if word == "plan" {
+        return parse_plan(rest);
+    }
     let rest = rest.trim();
     match word {
         "" => Err(ControlError::Empty),
@@ -119,8 +133,41 @@ pub fn apply(store: &ModelStore, source: &Path, command: Command) -> Result<(), 
             store.warm(&model);
             tracing::info!(file = %rel.display(), "warming");
         }
+        Command::Plan(paths) => {
+            let mut files = Vec::with_capacity(paths.len());
+            for rel in &paths {
+                match store.open(rel, &source.join(rel)) {
+                    Ok(model) if !model.is_raw() => files.push(model),
+                    Ok(model) => {
+                        tracing::info!(file = %rel.display(), why = ?model.layout(), "left out of the plan: served as plain bytes")
+                    }
+                    Err(e) => {
+                        tracing::info!(file = %rel.display(), error = %e, "left out of the plan")
+                    }
+                }
+            }
+            tracing::info!(files = ?paths, kept = files.len(), "plan");
+            store.set_plan(files);
+        }
     }
     Ok(())
+}
+
+/// `plan`'s lines: one path per line (so that a path may hold spaces), blank lines skipped.
+fn parse_plan(lines: &str) -> Result<Command, ControlError> {
+    let paths = lines
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .map(relative_path)
+        .collect::<Result<Vec<_>, _>>()?;
+    if paths.len() > MAX_PLAN_FILES {
+        return Err(ControlError::PlanTooLong(paths.len()));
+    }
+    if let Some(bad) = paths.iter().find(|p| !is_model_path(p)) {
+        return Err(ControlError::NotAModel(bad.clone()));
+    }
+    Ok(Command::Plan(paths))
 }
 
 fn relative_path(text: &str) -> Result<PathBuf, ControlError> {
@@ -162,6 +209,34 @@ mod tests {
             parse(b"prefetch ./m.sft").unwrap(),
             Command::Prefetch("m.sft".into())
         );
+    }
+
+    #[test]
+    fn a_plan_is_one_path_per_line() {
+        assert_eq!(parse(b"plan").unwrap(), Command::Plan(vec![]));
+        assert_eq!(parse(b"plan\n").unwrap(), Command::Plan(vec![]));
+        assert_eq!(
+            parse(b"plan\ndiffusion_models/high noise.safetensors\r\n\n./vae/v.sft\n").unwrap(),
+            Command::Plan(vec![
+                "diffusion_models/high noise.safetensors".into(),
+                "vae/v.sft".into()
+            ])
+        );
+        assert!(matches!(
+            parse(b"plan\na.safetensors\n../b.safetensors"),
+            Err(ControlError::Path(_))
+        ));
+        assert!(matches!(
+            parse(b"plan\na.safetensors\nnotes.txt"),
+            Err(ControlError::NotAModel(_))
+        ));
+        let long: String = (0..=MAX_PLAN_FILES)
+            .map(|i| format!("m{i}.sft\n"))
+            .collect();
+        assert!(matches!(
+            parse(format!("plan\n{long}").as_bytes()),
+            Err(ControlError::PlanTooLong(_))
+        ));
     }
 
     #[test]

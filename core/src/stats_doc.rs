@@ -47,6 +47,16 @@ pub struct CommonStats {
     pub files: Vec<FileSnapshot>,
     /// Sharded models: their shards as one model (`crate::models::shards`).
     pub models: Vec<ModelSnapshot>,
+    /// The files a client said it will load next (`plan` on the control file).
+    pub plan: PlanSection,
+}
+
+/// `plan` section: the plan's files, as the mount shows them, in order, and the index of the
+/// one the reader is at or that is warmed for it (files before it are done).
+#[derive(Debug, Serialize)]
+pub struct PlanSection {
+    pub files: Vec<String>,
+    pub current: usize,
 }
 
 /// `passthrough` section: model files that fit the budget, served by the kernel from their
@@ -129,6 +139,10 @@ impl CommonStats {
             },
             files: store.files_snapshot(),
             models: store.models_snapshot(),
+            plan: {
+                let (files, current) = store.plan_snapshot();
+                PlanSection { files, current }
+            },
         }
     }
 }

@@ -97,7 +97,8 @@ enum Command {
         #[arg(long, value_name = "ADDR", value_parser = metrics::server::parse_addr)]
         metrics_addr: Option<std::net::SocketAddr>,
     },
-    /// Send a command to a mount's control file: ram-cache SIZE | drop | prefetch PATH.
+    /// Send a command to a mount's control file: ram-cache SIZE | drop | prefetch PATH |
+    /// plan PATH... (the model files a client will load, in order).
     Ctl(CtlArgs),
     /// Unmount a tierfs mount (also cleans up a dead one).
     Unmount {

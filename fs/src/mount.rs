@@ -150,7 +150,7 @@ pub fn send_control(mountpoint: &Path, command: &str) -> Result<()> {
     match file.write(command.as_bytes()) {
         Ok(_) => Ok(()),
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-            bail!("the mount refused {command:?} (commands: ram-cache SIZE, drop, prefetch PATH; the daemon's log says why)")
+            bail!("the mount refused {command:?} (commands: ram-cache SIZE, drop, prefetch PATH, plan PATH...; the daemon's log says why)")
         }
         Err(e) => Err(e).with_context(|| format!("cannot write to {}", path.display())),
     }

@@ -1,4 +1,4 @@
-"""``MNT/.tierfs/control`` (ram-cache SIZE / drop / prefetch PATH) and ``tierfs ctl``.
+"""``MNT/.tierfs/control`` (ram-cache SIZE / drop / prefetch PATH / plan PATHS) and ``tierfs ctl``.
 
 The control file is write-only for the mounting user (mode 0200), takes one command per
 ``write()`` (a trailing newline is fine), and answers anything else with ``EINVAL`` while leaving
@@ -378,6 +378,9 @@ def bad_commands(source: Path) -> list[bytes]:
         b"ram-cache 32MiB" + b" " * (1 << 20),
         b"drop" + b"\n" * (1 << 20),
         b"prefetch " + MODEL_REL.encode() + b"\n" * (1 << 20),
+        f"plan\n{MODEL_REL}\nnotes.txt".encode(), b"plan\n../../etc/passwd.safetensors",
+        f"plan\n{MODEL_REL}\n/{MODEL_REL}".encode(),
+        ("plan\n" + "".join(f"m{i}.safetensors\n" for i in range(65))).encode(),
     ]
 
 
@@ -602,3 +605,69 @@ def test_cli_ctl_not_a_mount(tierfs_bin, workdir):
     assert r.returncode not in (0, 101), r
     err = r.stderr.strip()
     assert err and len(err.splitlines()) == 1 and not PANIC.search(r.stderr), err
+
+
+# ----------------------------------------------------------------------------- plan
+
+@pytest.fixture(scope="session")
+def plan_source(data_dir) -> Path:
+    """SOURCE for the plan: two ~64 MiB DiTs (high and low noise, as Wan 2.2's experts), and a
+    text file. Never modified."""
+    root = data_dir / "plan_src"
+    done = root / ".complete"
+    if done.exists():
+        return root
+    (root / "diffusion_models").mkdir(parents=True, exist_ok=True)
+    for i, name in enumerate(("high noise.safetensors", "low noise.safetensors")):
+        gen.write_streaming(root / "diffusion_models" / name, gen.dit_specs(512, 2048, 8, ("BF16",)), seed=40 + i)
+    (root / "notes.txt").write_text("not a model\n")
+    done.write_text("ok\n")
+    return root
+
+
+def test_plan_warms_each_file_when_the_one_before_is_done(mount, plan_source):
+    """A budget that holds one expert, not both: `plan A B` warms A at once and B only once a
+    reader has read A and closed it; each is then read from RAM, bit-exact."""
+    a, b = "diffusion_models/high noise.safetensors", "diffusion_models/low noise.safetensors"
+    m = mount(plan_source, "100MiB", own_state())
+    want_a, want_b = data_bytes(plan_source / a), data_bytes(plan_source / b)
+    assert want_a + want_b > 100 * MiB >= max(want_a, want_b)
+    cmd = f"plan\n{a}\n{b}\n"
+    assert ctl(m.mnt, cmd) == len(cmd)
+    assert wait_for(lambda: (file_cached(m, a) or 0) >= want_a, 30), m.file_stats(a)
+    st = quiesce(m)
+    assert st["plan"] == {"files": [a, b], "current": 0}, st["plan"]
+    assert not file_cached(m, b), "the next file is warmed only when the reader is done with A"
+
+    disk0 = st["disk"]["read_bytes"]
+    read_exact(m.mnt / a, plan_source / a)
+    # A was read and closed: B is warmed, taking A's room.
+    assert wait_for(lambda: (file_cached(m, b) or 0) >= want_b, 30), m.file_stats(b)
+    st = quiesce(m)
+    assert st["plan"]["current"] == 1, st["plan"]
+    assert st["cache"]["used_bytes"] <= st["cache"]["budget_bytes"]
+    assert st["disk"]["read_bytes"] - disk0 <= want_b + MiB, "A was read from RAM, B once from the source"
+
+    disk1 = st["disk"]["read_bytes"]
+    read_exact(m.mnt / b, plan_source / b)
+    st = quiesce(m)
+    assert st["disk"]["read_bytes"] - disk1 <= max(MiB, want_b // 100), "B was read from RAM"
+    assert m.file_stats(b)["mode"] == "cache", m.file_stats(b)
+
+    # `plan` alone clears it; a file gone since is left out, not refused.
+    assert ctl(m.mnt, "plan\n") == len("plan\n")
+    assert m.stats()["plan"] == {"files": [], "current": 0}
+    cmd = f"plan\ndiffusion_models/gone.safetensors\n{a}"
+    assert ctl(m.mnt, cmd) == len(cmd)
+    assert m.stats()["plan"]["files"] == [a]
+    assert m.alive()
+
+
+def test_cli_ctl_plan_takes_paths_with_spaces(tierfs_bin, mount, plan_source):
+    a = "diffusion_models/high noise.safetensors"
+    m = mount(plan_source, "100MiB", own_state())
+    r = run_cli(tierfs_bin, "ctl", m.mnt, "plan", a, "diffusion_models/low noise.safetensors")
+    assert r.returncode == 0, r.stderr
+    assert m.stats()["plan"]["files"] == [a, "diffusion_models/low noise.safetensors"]
+    r = run_cli(tierfs_bin, "ctl", m.mnt, "plan", "notes.txt")
+    assert r.returncode != 0 and "refused" in r.stderr, r.stderr

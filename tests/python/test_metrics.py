@@ -275,6 +275,39 @@ def test_metrics_endpoint_serves_scrapes_until_unmount(mount, metrics_source):
         socket.create_connection(tuple_addr(addr), timeout=5).close()
 
 
+def get_as(addr: str, path: str, host: str | None) -> tuple[int, str]:
+    """GET http://ADDR/PATH with the `Host` header set to `host` (None: no Host at all)."""
+    import http.client
+
+    ip, port = tuple_addr(addr)
+    conn = http.client.HTTPConnection(ip, port, timeout=10)
+    try:
+        conn.putrequest("GET", path, skip_host=True)
+        if host is not None:
+            conn.putheader("Host", host)
+        conn.endheaders()
+        r = conn.getresponse()
+        return r.status, r.read().decode()
+    finally:
+        conn.close()
+
+
+def test_a_page_elsewhere_cannot_read_the_endpoint_through_dns_rebinding(mount, metrics_source):
+    m = mount(metrics_source, "256MiB", ("--no-passthrough", "--metrics-addr", "0"))
+    addr = served_addr(m)
+    read_all(m.mnt / MODEL_REL)
+    # What a browser sends after a name it was given resolved to 127.0.0.1.
+    for host in ("attacker.example", f"attacker.example:{tuple_addr(addr)[1]}", "localhost.attacker.example"):
+        for path in ("/stats", "/metrics", "/"):
+            status, body = get_as(addr, path, host)
+            assert status == 403, (host, path, status)
+            assert "DNS rebinding" in body and MODEL_REL not in body and str(m.pid) not in body, body
+    assert get_as(addr, "/stats", None)[0] == 403
+    for host in (addr, f"localhost:{tuple_addr(addr)[1]}", "localhost"):
+        status, body = get_as(addr, "/stats", host)
+        assert status == 200 and MODEL_REL in body, (host, status)
+
+
 def tuple_addr(addr: str) -> tuple[str, int]:
     host, port = addr.rsplit(":", 1)
     return host, int(port)

@@ -55,7 +55,7 @@ enum Command {
         #[command(flatten)]
         state: StateArgs,
     },
-    /// Send a command to a mount's control file: ram-cache SIZE | drop | prefetch PATH.
+    /// Send a command to a mount's control file: ram-cache SIZE | drop | prefetch PATH | plan PATH...
     Ctl(CtlArgs),
     /// Print a mount's live statistics (the JSON of MOUNTPOINT\.tierfs\stats).
     Stats { mountpoint: PathBuf },

@@ -9,7 +9,8 @@
 //!    served in that visit is idle.
 //! 2. **By turns across files** ([`Turn`]): distances are counted in each file's own blocks,
 //!    so they do not compare two files. The file a reader asked for last is *active*
-//!    ([`ChunkCache::note_active`]); a file nobody has read since the active reader's session
+//!    ([`ChunkCache::note_active`]; or the one a client's plan says comes next,
+//!    [`ChunkCache::hand_turn_to`]); a file nobody has read since the active reader's session
 //!    began (its open, its new pass) *waits* for its turn. The chunks the active reader has
 //!    passed go first ([`Turn::Passed`]), then those of waiting files ([`Turn::Waiting`], the
 //!    one read last going last: in a cycle of models it comes back last), then the active
@@ -222,6 +223,15 @@ impl ChunkCache {
         owner.tracker.note_served(self.now());
         self.active_since
             .store(owner.tracker.session_from(), Ordering::Relaxed);
+    }
+
+    /// The next reader will read the file of `tracker` (a client's plan says so): it becomes
+    /// the active file, and every other file waits for its turn from now ([`Turn`]), so that
+    /// its warm may take the room of files read before it.
+    pub fn hand_turn_to(&self, tracker: &Arc<crate::reader::ReaderTracker>) {
+        self.active
+            .store(Arc::as_ptr(tracker) as usize, Ordering::Relaxed);
+        self.active_since.store(self.now(), Ordering::Relaxed);
     }
 
     /// What a load may evict to make room: a reader's chunk is needed now and may evict

@@ -37,7 +37,8 @@
 //! [`header`]: the header read; [`classify`]: probes and spills; [`read`]: every read and what
 //! it triggers (prefetch hooks included); [`mode`]: passthrough admission; [`snapshot`]: the
 //! stats; [`store`]: the store, its budget and opens; [`open`]: handles and what their close
-//! prunes; [`shards`]: sharded models; [`sequence`]: which model follows which; [`runs`]:
+//! prunes; [`shards`]: sharded models; [`sequence`]: which model follows which; [`plan`]: the
+//! files a client said it will load next; [`runs`]:
 //! request runs; [`config`]: the tuning ([`ModelsConfig`]).
 
 mod classify;
@@ -46,6 +47,7 @@ mod file;
 mod header;
 mod mode;
 mod open;
+mod plan;
 mod read;
 mod runs;
 mod sequence;
@@ -58,6 +60,7 @@ pub use config::ModelsConfig;
 pub use file::{is_model_path, Layout, ModelFile, OpenError, RawReason};
 pub use mode::ServeMode;
 pub use open::OpenModel;
+pub use plan::MAX_PLAN_FILES;
 pub use read::{ReadBytes, ReadError, ReadKind};
 pub use store::ModelStore;
 pub use table::DEFAULT_INDEX_CAP;

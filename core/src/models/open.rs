@@ -121,7 +121,11 @@ impl ModelStore {
     fn closed(&self, file: &Arc<ModelFile>) {
         // Only a file a reader streamed is a step of a workflow; a header scan probes many.
         if file.streamed.load(Ordering::Relaxed) {
-            self.warm_successor(file);
+            // A plan is told what comes next; the learned sequence guesses.
+            match self.planned_after(file) {
+                Some(next) => self.warm_planned(&next),
+                None => self.warm_successor(file),
+            }
         }
         if file.source.is_current() {
             return;

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use super::mode::ServeMode;
 use super::table::ModelTable;
-use super::{sequence, shards, Layout, ModelFile, ModelsConfig, OpenError, RawReason};
+use super::{plan, sequence, shards, Layout, ModelFile, ModelsConfig, OpenError, RawReason};
 use crate::cache::ChunkCache;
 use crate::passthrough::PassthroughTier;
 use crate::prefetch::saved::SavedOrders;
@@ -64,6 +64,8 @@ pub struct ModelStore {
     pub(super) paths: std::sync::OnceLock<Arc<dyn PathAccess>>,
     /// Which model follows which ([`sequence`]).
     pub(super) sequence: Mutex<sequence::Sequence>,
+    /// The files a client said it will load next ([`plan`]).
+    pub(super) plan: Mutex<plan::Plan>,
     /// The chunk cache's share never goes below this (the governor's floor,
     /// [`Self::set_chunk_floor`]), whatever passthrough files hold.
     pub(super) chunk_floor: AtomicU64,
@@ -132,6 +134,7 @@ impl ModelStore {
             shards: shards::Registry::default(),
             paths: std::sync::OnceLock::new(),
             sequence: Mutex::new(sequence::Sequence::default()),
+            plan: Mutex::new(plan::Plan::default()),
             chunk_floor: AtomicU64::new(0),
             config: ModelsConfig::default(),
             meters: Arc::new(SourceMeters::default()),
@@ -185,10 +188,56 @@ impl ModelStore {
     /// `file` is streamed for the first time since it was opened: it follows the model streamed
     /// and closed before it ([`sequence`]).
     pub(super) fn first_stream(&self, file: &Arc<ModelFile>) {
+        lock(&self.plan).streamed(file);
         let learned = lock(&self.sequence).streamed(file);
         if let Some((key, next)) = learned {
             self.saved.put_next_model(&key, next);
         }
+    }
+
+    /// Replaces the mount's plan with `files`, in the order a client will load them, and
+    /// warms what the plan says to warm now ([`plan`]).
+    pub fn set_plan(&self, files: Vec<Arc<ModelFile>>) {
+        let warm = lock(&self.plan).set(files);
+        if let Some(file) = warm {
+            self.warm_planned(&file);
+        }
+    }
+
+    /// The plan's files and the index of the current one (the stats' `plan` section).
+    pub fn plan_snapshot(&self) -> (Vec<String>, usize) {
+        lock(&self.plan).snapshot()
+    }
+
+    /// The plan's next file after `file`, whose last handle a reader that streamed it closed,
+    /// if `file` is in the plan.
+    pub(super) fn planned_after(&self, file: &ModelFile) -> Option<Arc<ModelFile>> {
+        lock(&self.plan).closed(file)
+    }
+
+    /// Warms `file`, the plan's next, up to the budget: the chunk cache gets its room back from
+    /// parked passthrough files first, as for a model it serves (the file is then served from
+    /// the chunk cache, which holds it: `ModeReason::AlreadyCached`). The file gets the cache's
+    /// turn ([`ChunkCache::hand_turn_to`]): the files read before it are done, as far as the
+    /// plan knows, and its warm may take their room. Nothing is warmed for a
+    /// file the kernel serves from its page cache already (open by passthrough, or parked whole).
+    pub(super) fn warm_planned(&self, file: &Arc<ModelFile>) {
+        let open_by_passthrough =
+            file.mode() == ServeMode::Passthrough && file.handles.load(Ordering::Acquire) > 0;
+        // Its page cache, parked, holds it (nearly) whole: the next open is a page-cache hit.
+        let parked = self.passthrough.parked_bytes_of(&file.source.identity());
+        let in_page_cache = parked.saturating_mul(100) >= file.size().saturating_mul(95);
+        if file.is_raw() || file.in_ram || open_by_passthrough || in_page_cache {
+            return;
+        }
+        tracing::debug!(file = %file.path.display(), "warming the plan's next file");
+        self.passthrough
+            .make_room_for_model(self.budget(), file.size());
+        self.rebalance();
+        if let Some(tracker) = file.tracker() {
+            self.cache.hand_turn_to(tracker);
+        }
+        self.warm(file);
     }
 
     /// Queues the first blocks of `next`, the model that followed the one just closed

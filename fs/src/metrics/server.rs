@@ -10,8 +10,15 @@
 //! `127.0.0.1:9567`): the metrics name the models in use, so exposing them on other interfaces
 //! is asked for explicitly (`0.0.0.0:9567`). The server stops when the mount's [`MetricsServer`]
 //! is dropped.
+//!
+//! **Who is answered** ([`check_host`]): a request whose `Host` names a loopback name
+//! (`localhost`, `*.localhost`) or the address the server is bound to (any address of the
+//! machine when bound to `0.0.0.0`/`[::]`). Anything else gets 403 with the reason. A web page a
+//! browser opened elsewhere can point a name it controls at 127.0.0.1 (DNS rebinding) and read
+//! the answers as its own; its requests then carry that name, never a loopback name or an
+//! address, so they are refused.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 
@@ -90,8 +97,60 @@ impl Drop for MetricsServer {
     }
 }
 
+/// Whether a request whose `Host` header is `host` (None: absent) is answered by a server bound
+/// to `bound`; `Err` says why not.
+pub fn check_host(host: Option<&str>, bound: IpAddr) -> Result<(), String> {
+    let Some(host) = host.map(str::trim).filter(|h| !h.is_empty()) else {
+        return Err("the request names no Host".into());
+    };
+    let name = host_name(host).to_ascii_lowercase();
+    let name = name.strip_suffix('.').unwrap_or(&name);
+    if name == "localhost" || name.ends_with(".localhost") {
+        return Ok(());
+    }
+    match name.parse::<IpAddr>() {
+        Ok(ip) if ip == bound || bound.is_unspecified() => Ok(()),
+        Ok(ip) => Err(format!(
+            "Host {host:?} is the address {ip}, not the one this server is bound to ({bound})"
+        )),
+        Err(_) => Err(format!(
+            "Host {host:?} is not a loopback name or an address of this server: refused, as a \
+             page elsewhere could have pointed that name here (DNS rebinding); ask by address"
+        )),
+    }
+}
+
+/// The host part of a `Host` header: without its port, a v6 address without its brackets.
+fn host_name(host: &str) -> &str {
+    if let Some(rest) = host.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or_default();
+    }
+    match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    }
+}
+
 fn serve(server: &Server, render: &dyn Fn(Page) -> Vec<u8>) {
+    let bound = server
+        .server_addr()
+        .to_ip()
+        .map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), |addr| addr.ip());
     for request in server.incoming_requests() {
+        let host = request
+            .headers()
+            .iter()
+            .find(|h| h.field.equiv("Host"))
+            .map(|h| h.value.as_str());
+        if let Err(why) = check_host(host, bound) {
+            tracing::debug!(%why, "refused a metrics request");
+            let response =
+                Response::from_string(format!("forbidden: {why}\n")).with_status_code(403);
+            if let Err(e) = request.respond(response) {
+                tracing::debug!(error = %e, "a refused request went away before its answer");
+            }
+            continue;
+        }
         let path = request.url().split('?').next().unwrap_or_default();
         let response = match (request.method(), path) {
             (Method::Get | Method::Head, "/metrics") => {
@@ -134,5 +193,39 @@ mod tests {
         assert_eq!(parse_addr("[::1]:9567"), Ok("[::1]:9567".parse().unwrap()));
         assert!(parse_addr("localhost:x").is_err());
         assert!(parse_addr("70000").is_err());
+    }
+
+    #[test]
+    fn only_loopback_names_and_the_bound_address_are_answered() {
+        let lo: IpAddr = "127.0.0.1".parse().unwrap();
+        let any: IpAddr = "0.0.0.0".parse().unwrap();
+        for ok in [
+            "localhost",
+            "localhost:9567",
+            "LOCALHOST.",
+            "tierfs.localhost:80",
+            "127.0.0.1:9567",
+            "127.0.0.1",
+        ] {
+            assert_eq!(check_host(Some(ok), lo), Ok(()), "{ok}");
+        }
+        assert_eq!(
+            check_host(Some("[::1]:9567"), "::1".parse().unwrap()),
+            Ok(())
+        );
+        assert_eq!(check_host(Some("10.1.2.3:9567"), any), Ok(()));
+        for bad in [
+            "attacker.example",
+            "attacker.example:9567",
+            "localhost.attacker.example",
+            "127.0.0.1.nip.example",
+            "10.1.2.3:9567",
+            "[::1]:9567",
+            "",
+        ] {
+            assert!(check_host(Some(bad), lo).is_err(), "{bad}");
+        }
+        assert!(check_host(None, lo).is_err());
+        assert!(check_host(Some("attacker.example"), any).is_err());
     }
 }
