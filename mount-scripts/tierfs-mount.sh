@@ -8,14 +8,15 @@
 # own, a quarter of RAM). Exits non-zero with a message on stderr if anything fails.
 #
 # Environment:
-#   TIERFS_BIN        the tierfs binary (default: `tierfs` on PATH, else this repository's
-#                     target/release/tierfs)
+#   TIERFS_BIN        the tierfs binary (default: the `tierfs` installed beside this script,
+#                     as the deb and the wheel install them; else `tierfs` on PATH; else this
+#                     repository's target/release/tierfs)
 #   TIERFS_LOG_FILE   daemon log (default: /var/log/tierfs/NAME.log as root, else
 #                     ${XDG_STATE_HOME:-~/.local/state}/tierfs/NAME.log; NAME from MOUNTPOINT)
 #   TIERFS_WAIT       seconds to wait for the mount to answer (default 30)
 set -euo pipefail
 
-prog=tierfs-mount.sh
+prog=${0##*/}
 die() { echo "$prog: error: $*" >&2; exit 1; }
 say() { echo "$prog: $*" >&2; }
 usage() {
@@ -48,17 +49,23 @@ find_tierfs() {
         printf '%s\n' "$TIERFS_BIN"
         return
     fi
+    local here
+    here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+    # Installed (/usr/bin/tierfs-mount from the deb, VENV/bin/tierfs-mount from the wheel): the
+    # binary of the same package, even where that bin/ is not on PATH.
+    if [ -x "$here/tierfs" ] && [ ! -d "$here/tierfs" ]; then
+        printf '%s\n' "$here/tierfs"
+        return
+    fi
     if command -v tierfs >/dev/null 2>&1; then
         command -v tierfs
         return
     fi
-    local here
-    here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
     if [ -x "$here/../target/release/tierfs" ]; then
         printf '%s\n' "$here/../target/release/tierfs"
         return
     fi
-    die "tierfs not found: put it on PATH, set TIERFS_BIN, or build it (cargo build --release -p tierfs)"
+    die "tierfs not found beside $here or on PATH: install the package, set TIERFS_BIN, or build it (cargo build --release -p tierfs)"
 }
 tierfs=$(find_tierfs)
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The system side of the test suite, as root: the apt packages it needs (installed only if
-# missing), a configured fuse3 and a /dev/fuse, and the Rust target of the Windows checks.
+# missing), a configured fuse3 and a /dev/fuse, the Rust target of the Windows checks, and
+# cargo-deb (the Debian package).
 # tests/run.sh calls it on every run (it changes nothing when everything is there); so does
 # .ci/run. The Python side is tests/setup-venv.sh.
 set -euo pipefail
@@ -27,6 +28,9 @@ command -v chromium >/dev/null || need_apt+=(chromium)
 # namespaces and tc (iproute2), nsenter (util-linux), ss (iproute2).
 command -v ip >/dev/null && command -v tc >/dev/null && command -v ss >/dev/null || need_apt+=(iproute2)
 command -v nsenter >/dev/null || need_apt+=(util-linux)
+# The Debian package of tests/python/test_packages.py: cargo-deb reads the binary's library
+# dependencies with dpkg-shlibdeps.
+command -v dpkg-shlibdeps >/dev/null || need_apt+=(dpkg-dev)
 # Windows checks (tests/windows/check.sh): mingw-w64 links, wine64 runs the core's tests.
 command -v x86_64-w64-mingw32-gcc >/dev/null || need_apt+=(gcc-mingw-w64-x86-64)
 command -v wine >/dev/null || need_apt+=(wine64)
@@ -65,4 +69,9 @@ if ! command -v cargo >/dev/null; then
 fi
 rustup target list --installed 2>/dev/null | grep -qx x86_64-pc-windows-gnu ||
     rustup target add x86_64-pc-windows-gnu
-
+# cargo-deb, which packaging/build.sh builds the Debian package with (tests/python/test_packages.py):
+# from the crate registry, compiled once (about a minute).
+if ! cargo deb --version >/dev/null 2>&1; then
+    log "installing cargo-deb: cargo install cargo-deb --version ^3.8 --locked"
+    cargo install cargo-deb --version '^3.8' --locked
+fi

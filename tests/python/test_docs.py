@@ -32,7 +32,8 @@ import gen
 from conftest import REPO, TIERFS_BIN, fresh_dir, mounted_under
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "tests" / "bench" / "README.md"]
-REPO_DIRS = ("core/", "fs/", "tests/", "mount-scripts/", "gpu-side/", "winfs/", "fuzz/", "docs/", ".ci/")
+REPO_DIRS = ("core/", "fs/", "tests/", "mount-scripts/", "gpu-side/", "winfs/", "fuzz/", "docs/", ".ci/",
+             "packaging/")
 GPU_BIN = TIERFS_BIN.parent / "tierfs-gpu"
 
 
