@@ -6,8 +6,9 @@ custom nodes. It imports ``server``, ``folder_paths``, ``nodes`` (and, in fast_d
 
 - builds the :class:`mounts.MountRegistry` over ``folder_paths.folder_names_and_paths`` and
   starts its first probe in the background (the "no mount" hint is logged by the registry);
-- registers the on-prompt handler and wraps ``PromptServer.queue_updated`` (see hooks.py for
-  why these two), which drive the planner's worker thread;
+- registers the on-prompt handler and wraps ``PromptServer.queue_updated`` and
+  ``PromptServer.send_sync`` (see hooks.py for why these), which drive the planner's worker
+  thread;
 - wraps ``comfy.storage.fast_storage`` so that files on a mount count as a fast disk.
 
 It returns the registry (the sidebar route's ``find_mounts`` is its ``find_mounts``), or None
@@ -26,7 +27,7 @@ from typing import Any
 
 from . import fast_disk, graph
 from .control import ControlWriter
-from .hooks import PrefetchService, queue_reader, wrap_queue_updated
+from .hooks import PrefetchService, queue_reader, wrap_queue_updated, wrap_send_sync
 from .mounts import MountRegistry, find_mount_root
 
 log = logging.getLogger("tierfs")
@@ -108,10 +109,10 @@ def setup() -> MountRegistry | None:
         info = graph.DefaultNodeInfo()
     resolver = CachedResolver(folder_paths.get_full_path)
 
-    def models_of(prompt: Any, outputs: Any) -> dict[str, list[str]]:
+    def models_of(prompt: Any, outputs: Any, cached: Any) -> dict[str, list[str]]:
         return graph.prompt_models(prompt, resolver, registry.locate,
                                    all_folders=list(folder_paths.folder_names_and_paths),
-                                   outputs=outputs, info=info)
+                                   outputs=outputs, info=info, cached=cached)
 
     service = PrefetchService(
         models_of=models_of,
@@ -126,6 +127,9 @@ def setup() -> MountRegistry | None:
     if not wrap_queue_updated(prompt_server, service.queue_changed):
         log.warning("[tierfs] this ComfyUI has no PromptServer.queue_updated: "
                     "plans follow posted prompts only")
+    if not wrap_send_sync(prompt_server, service.on_message):
+        log.info("[tierfs] this ComfyUI has no PromptServer.send_sync: models of cached "
+                 "loaders stay in the plan")
     log.info("[tierfs] node loaded: prompts' model files are announced to tierfs mounts")
     setattr(registry, "service", service)
     return registry

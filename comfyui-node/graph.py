@@ -9,8 +9,10 @@ Contract:
   nodes each output needs are added depth-first, a node is ready once every node it links to
   has run, and among the ready nodes ``ux_friendly_pick_node`` picks an output or async node
   first, then one feeding an output, then one two steps from an output, else the first
-  ready one. Assumed: nothing is cached from an earlier run, no node expands into new nodes,
-  every link is needed (lazy inputs count as needed).
+  ready one. Nodes whose outputs ComfyUI has cached from an earlier run (``cached``, as its
+  ``execution_cached`` message lists them) do not run, as in ``ExecutionList.is_cached``.
+  Assumed: no node expands into new nodes, every link is needed (lazy inputs count as
+  needed).
 - :func:`model_refs` lists, in that order, the inputs that name a model file: known loader
   inputs (``ckpt_name`` -> checkpoints, ``unet_name`` -> diffusion_models, ...) and any other
   string input ending in a model extension (looked up in every folder).
@@ -156,18 +158,20 @@ def _safe(pred: Callable[[str], bool], class_type: str) -> bool:
 
 
 def execution_order(prompt: Any, outputs: Sequence[str] | None = None,
-                    info: NodeInfo | None = None) -> list[str]:
+                    info: NodeInfo | None = None, cached: Iterable[str] = ()) -> list[str]:
     """Node ids in ComfyUI's execution order (see the module docstring). `outputs`: the output
     node ids ComfyUI will run, in its order (the queue item's list); default
-    :func:`output_nodes`. Never raises; a cycle ends the order where ComfyUI would stop."""
+    :func:`output_nodes`. `cached`: node ids whose outputs ComfyUI has cached. Never raises; a
+    cycle ends the order where ComfyUI would stop."""
     try:
-        return _execution_order(prompt, outputs, info or DefaultNodeInfo())
+        return _execution_order(prompt, outputs, info or DefaultNodeInfo(), frozenset(cached))
     except Exception as e:  # noqa: BLE001 - never raise to the caller
         log.debug("[tierfs] could not order the prompt's nodes: %r", e)
         return []
 
 
-def _execution_order(prompt: Any, outputs: Sequence[str] | None, info: NodeInfo) -> list[str]:
+def _execution_order(prompt: Any, outputs: Sequence[str] | None, info: NodeInfo,
+                     cached: frozenset[str]) -> list[str]:
     nodes = _nodes(prompt)
     if outputs is None:
         outputs = output_nodes(prompt, info)
@@ -187,9 +191,12 @@ def _execution_order(prompt: Any, outputs: Sequence[str] | None, info: NodeInfo)
             blocking[uid] = {}
             for value in nodes[uid]["inputs"].values():
                 if is_link(value) and value[0] in nodes:
-                    stack.append(value[0])
+                    if value[0] not in cached:
+                        stack.append(value[0])
                     links.append((value[0], value[1], uid))
         for from_id, socket, to_id in links:
+            if from_id in cached:
+                continue
             add_node(from_id)
             if to_id not in blocking[from_id]:
                 blocking[from_id][to_id] = {}
@@ -236,11 +243,11 @@ def _is_model_name(value: str) -> bool:
 
 
 def model_refs(prompt: Any, outputs: Sequence[str] | None = None,
-               info: NodeInfo | None = None) -> list[ModelRef]:
+               info: NodeInfo | None = None, cached: Iterable[str] = ()) -> list[ModelRef]:
     """The inputs naming model files, in execution order (inputs in the node's order)."""
     nodes = _nodes(prompt)
     refs: list[ModelRef] = []
-    for node_id in execution_order(prompt, outputs, info):
+    for node_id in execution_order(prompt, outputs, info, cached):
         node = nodes[node_id]
         by_class = CLASS_INPUT_FOLDERS.get(node["class_type"], {})
         for input_name, value in node["inputs"].items():
@@ -321,11 +328,11 @@ def models_by_mount(paths: Iterable[str], locate: Locator) -> dict[str, list[str
 
 def prompt_models(prompt: Any, resolver: Resolver, locate: Locator,
                   all_folders: Sequence[str] = (), outputs: Sequence[str] | None = None,
-                  info: NodeInfo | None = None) -> dict[str, list[str]]:
+                  info: NodeInfo | None = None, cached: Iterable[str] = ()) -> dict[str, list[str]]:
     """All of the above: {mount root: [relative paths in load order]} for one prompt. Never
     raises."""
     try:
-        refs = model_refs(prompt, outputs, info)
+        refs = model_refs(prompt, outputs, info, cached)
         return models_by_mount(resolve_paths(refs, resolver, all_folders), locate)
     except Exception as e:  # noqa: BLE001 - never raise to the caller
         log.debug("[tierfs] could not list the prompt's models: %r", e)

@@ -28,6 +28,13 @@ How the node learns about prompts (ComfyUI 0.8.0 ``server.py`` / ``execution.py`
 - The queue itself is read with ``PromptQueue.get_current_queue_volatile()`` (a shallow copy
   under its lock): items ``(number, prompt_id, prompt, extra_data, outputs_to_execute, ...)``;
   queued items run in ``number`` order.
+- When a prompt starts, ComfyUI lists the nodes whose outputs it has cached from earlier runs
+  in an ``execution_cached`` message (``{"nodes": [...], "prompt_id": ...}``, sent through
+  ``PromptServer.send_sync`` when the prompt has a client id, as prompts from the web UI do).
+  Cached loaders do not open their files again, so :meth:`PrefetchService.on_message` takes
+  that list and the running prompt's models are worked out again without them (a file the
+  daemon is told about but nobody opens would hold up the rest of the plan). Without the
+  message (no client id) the full list stands.
 """
 
 from __future__ import annotations
@@ -48,8 +55,8 @@ log = logging.getLogger("tierfs")
 
 # (running items, queued items) as ComfyUI's PromptQueue gives them.
 QueueSnapshot = Callable[[], "tuple[Sequence[Any], Sequence[Any]]"]
-# prompt, outputs to execute (None: unknown) -> {mount root: [relative paths]}
-ModelsOf = Callable[[Any, "Sequence[str] | None"], "dict[str, list[str]]"]
+# prompt, outputs to execute (None: unknown), cached node ids -> {mount root: [relative paths]}
+ModelsOf = Callable[[Any, "Sequence[str] | None", "frozenset[str]"], "dict[str, list[str]]"]
 
 
 def queue_entry(item: Any) -> tuple[str, Any, list[str] | None, float] | None:
@@ -82,10 +89,13 @@ class PrefetchService:
         self.mount_roots = mount_roots
         self.planner = planner or _planner.Planner()
         self._max_submitted = max_submitted
+        self._cached: dict[str, frozenset[str]] = {}  # prompt id -> cached node ids
+        self._cached_applied: set[str] = set()
         self._submitted: list[Any] = []  # on-prompt bodies' prompts, for the worker
         self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._idle = threading.Event()
+        self._cond = threading.Condition(self._lock)
+        self._requested = 0  # wake-ups asked for
+        self._handled = 0  # wake-ups the worker has caught up with
         self._thread: threading.Thread | None = None
         self._warned: set[str] = set()
 
@@ -108,33 +118,54 @@ class PrefetchService:
         """ComfyUI's queue changed (a prompt was queued, started, finished or removed)."""
         self.wake()
 
+    def on_message(self, event: Any, data: Any) -> None:
+        """A message ComfyUI sends its clients; ``execution_cached`` is used (see above)."""
+        if event != "execution_cached" or not isinstance(data, Mapping):
+            return
+        prompt_id, nodes = data.get("prompt_id"), data.get("nodes")
+        if not isinstance(prompt_id, str) or not isinstance(nodes, (list, tuple)):
+            return
+        with self._lock:
+            if len(self._cached) >= 4 * self.planner.max_prompts:
+                self._cached.pop(next(iter(self._cached)))
+            self._cached[prompt_id] = frozenset(n for n in nodes if isinstance(n, str))
+        self.wake()
+
     # ----------------------------------------------------------------- the worker
 
     def wake(self) -> None:
-        self._idle.clear()
-        self._wake.set()
-        if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._run, name="tierfs-planner", daemon=True)
-            self._thread.start()
+        """Ask the worker for a refresh (never blocks; wake-ups coalesce)."""
+        with self._cond:
+            self._requested += 1
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="tierfs-planner",
+                                                daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
 
     def wait_idle(self, timeout: float = 5.0) -> bool:
-        """Wait until the worker has handled every wake-up (tests)."""
-        return self._idle.wait(timeout)
+        """Wait until the worker has caught up with every wake-up so far (tests)."""
+        with self._cond:
+            target = self._requested
+            return self._cond.wait_for(lambda: self._handled >= target, timeout)
 
     def _run(self) -> None:
         while True:
-            self._wake.wait()
-            self._wake.clear()
+            with self._cond:
+                self._cond.wait_for(lambda: self._handled < self._requested)
+                target = self._requested
             try:
                 self.refresh()
             except Exception:  # noqa: BLE001 - the worker never dies
                 log.exception("[tierfs] planning failed")
-            if not self._wake.is_set():
-                self._idle.set()
+            with self._cond:
+                self._handled = target
+                self._cond.notify_all()
 
-    def _models(self, prompt: Any, outputs: Sequence[str] | None) -> dict[str, list[str]]:
+    def _models(self, prompt: Any, outputs: Sequence[str] | None,
+                cached: frozenset[str] = frozenset()) -> dict[str, list[str]]:
         try:
-            models = self.models_of(prompt, outputs)
+            models = self.models_of(prompt, outputs, cached)
         except Exception as e:  # noqa: BLE001 - a prompt we cannot read plans nothing
             self._warn_once("models", f"could not list a prompt's models: {e!r}")
             return {}
@@ -156,6 +187,17 @@ class PrefetchService:
         queued = sorted((e for e in map(queue_entry, queued_items or []) if e),
                         key=lambda e: e[3])
         self.planner.sync([e[0] for e in running], [e[0] for e in queued])
+        with self._lock:
+            live_ids = {e[0] for e in running + queued}
+            for pid in [p for p in self._cached if p not in live_ids]:
+                del self._cached[pid]
+            self._cached_applied &= live_ids
+            cached = dict(self._cached)
+        for prompt_id, prompt, outputs, _ in running:
+            if prompt_id in cached and prompt_id not in self._cached_applied:
+                self._cached_applied.add(prompt_id)
+                self.planner.set_models(prompt_id, self._models(prompt, outputs,
+                                                                cached[prompt_id]))
         for prompt_id, prompt, outputs, _ in running + queued:
             if not self.planner.knows(prompt_id) and prompt_id in self.planner.missing():
                 self.planner.set_models(prompt_id, self._models(prompt, outputs))
@@ -198,6 +240,26 @@ def wrap_queue_updated(server: Any, on_change: Callable[[], None]) -> bool:
 
     queue_updated.__tierfs_original__ = original  # type: ignore[attr-defined]
     server.queue_updated = queue_updated
+    return True
+
+
+def wrap_send_sync(server: Any, on_message: Callable[[Any, Any], None]) -> bool:
+    """Make ``server.send_sync(event, data, sid)`` also call `on_message(event, data)` (first,
+    non-blocking). Wrapping twice replaces the earlier wrapper. False if there is none."""
+    current = getattr(server, "send_sync", None)
+    if not callable(current):
+        return False
+    original = getattr(current, "__tierfs_original__", current)
+
+    def send_sync(event: Any, data: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            on_message(event, data)
+        except Exception:  # noqa: BLE001 - never in ComfyUI's way
+            pass
+        return original(event, data, *args, **kwargs)
+
+    send_sync.__tierfs_original__ = original  # type: ignore[attr-defined]
+    server.send_sync = send_sync
     return True
 
 

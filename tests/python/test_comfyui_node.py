@@ -29,7 +29,7 @@ import pytest
 
 import comfyui_workflows as W
 import gen
-from conftest import REPO, MiB, fresh_dir, quiesce
+from conftest import REPO, fresh_dir, quiesce
 
 NODE_DIR = REPO / "comfyui-node"
 PKG = "tierfs_comfyui_node"
@@ -162,6 +162,17 @@ def test_lora_chain_controlnet_upscale_two_outputs():
         ("sdxl_canny.safetensors", ("controlnet",)),
         ("style/watercolor.safetensors", ("loras",)),
         ("detail.safetensors", ("loras",))]
+
+
+def test_cached_nodes_do_not_run():
+    """Nodes ComfyUI has cached from an earlier run (its execution_cached message) do not run,
+    so their models are not loaded again (orders as ComfyUI 0.8.0 gives them)."""
+    assert graph.execution_order(W.SD15, cached=["4"]) == ["5", "7", "6", "3", "8", "9"]
+    assert models(W.SD15) and graph.model_refs(W.SD15, cached=["4"]) == []
+    assert graph.execution_order(W.WAN22, cached=["37", "38", "39"]) == [
+        "59", "7", "6", "54", "57", "56", "55", "58", "8", "60", "61"]
+    assert [r.name for r in graph.model_refs(W.WAN22, cached=["37", "38", "39"])] == [
+        "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors"]
 
 
 def test_only_what_the_outputs_need():
@@ -554,9 +565,12 @@ def test_service_follows_queue():
                   "flux": {"/mnt": ["flux.safetensors", "ae.safetensors"]}}
     seen_outputs = []
 
-    def models_of(prompt, outputs):
+    def models_of(prompt, outputs, cached):
         seen_outputs.append(outputs)
-        return per_prompt[prompt["name"]]
+        models = per_prompt[prompt["name"]]
+        if "vae-node" in cached:  # as if the VAE loader's output were cached
+            models = {r: [x for x in rels if x != "vae.safetensors"] for r, rels in models.items()}
+        return models
 
     w = RecordingWriter()
     svc = hooks.PrefetchService(models_of, lambda: (queue["running"], queue["queued"]), w,
@@ -572,6 +586,12 @@ def test_service_follows_queue():
     n = len(w.sent)
     svc.queue_changed()
     assert svc.wait_idle(5) and len(w.sent) == n  # same plan: nothing sent
+    # ComfyUI reports the VAE loader cached: its file will not be opened, it leaves the plan
+    svc.on_message("executing", {"node": "1", "prompt_id": "id-wan"})
+    svc.on_message("execution_cached", {"nodes": ["vae-node"], "prompt_id": "id-wan"})
+    assert svc.wait_idle(5)
+    assert w.sent[-1] == ("/mnt", b"plan\nhigh.safetensors\nlow.safetensors\n"
+                                  b"flux.safetensors\nae.safetensors\n")
     queue["running"], queue["queued"] = [item(2, "id-flux", "flux")], []
     svc.queue_changed()
     assert svc.wait_idle(5)
@@ -584,7 +604,7 @@ def test_service_follows_queue():
 def test_on_prompt_returns_at_once_and_unchanged():
     gate = threading.Event()
 
-    def slow_models(prompt, outputs):
+    def slow_models(prompt, outputs, cached):
         gate.wait(10)  # a mount that does not answer
         return {}
 
@@ -602,18 +622,27 @@ def test_on_prompt_returns_at_once_and_unchanged():
     assert svc.wait_idle(10)
 
 
-def test_wrap_queue_updated_idempotent():
+def test_wrappers_idempotent():
     calls = []
 
     class Server:
         def queue_updated(self):
             calls.append("orig")
 
+        def send_sync(self, event, data, sid=None):
+            calls.append(("orig", event, sid))
+
     s = Server()
     assert hooks.wrap_queue_updated(s, lambda: calls.append("hook"))
     assert hooks.wrap_queue_updated(s, lambda: calls.append("hook"))
     s.queue_updated()
     assert calls == ["hook", "orig"]
+    calls.clear()
+    assert hooks.wrap_send_sync(s, lambda e, d: calls.append(("hook", e)))
+    assert hooks.wrap_send_sync(s, lambda e, d: 1 / 0)  # a failing hook never reaches ComfyUI
+    s.send_sync("status", {}, "sid")
+    assert calls == [("orig", "status", "sid")]
+    assert not hooks.wrap_send_sync(object(), lambda e, d: None)
 
 
 # ----------------------------------------------------------------------------- fast disk
@@ -715,7 +744,7 @@ def test_setup_in_fake_comfyui(mount, node_source, monkeypatch, caplog):
         instance = None
 
         def __init__(self):
-            self.on_prompt_handlers, self.updates = [], 0
+            self.on_prompt_handlers, self.updates, self.messages = [], 0, []
             self.prompt_queue = PromptQueue(self)
             PromptServer.instance = self
 
@@ -724,6 +753,9 @@ def test_setup_in_fake_comfyui(mount, node_source, monkeypatch, caplog):
 
         def queue_updated(self):
             self.updates += 1
+
+        def send_sync(self, event, data, sid=None):
+            self.messages.append((event, data, sid))
 
     server = types.ModuleType("server")
     server.PromptServer = PromptServer
@@ -774,6 +806,16 @@ def test_setup_in_fake_comfyui(mount, node_source, monkeypatch, caplog):
         ps.prompt_queue.task_done(0)
         assert svc.wait_idle(10) and svc.writer.flush(10)
         assert svc.writer.results[-1].command == b"plan\n"
+        # run again: ComfyUI has the loaders cached, only the low-noise expert is loaded anew
+        ps.prompt_queue.put((2, "pid-2", copy.deepcopy(W.WAN22), {}, ["61"], {}))
+        ps.prompt_queue.get()
+        ps.send_sync("execution_cached", {"nodes": ["37", "38", "39"], "prompt_id": "pid-2"}, "c1")
+        assert ps.messages[-1][0] == "execution_cached"  # ComfyUI's own send still happens
+        assert svc.wait_idle(10) and svc.writer.flush(10)
+        assert svc.writer.results[-1].command == planner.plan_command(
+            ["diffusion_models/wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors"])
+        ps.prompt_queue.task_done(0)
+        assert svc.wait_idle(10) and svc.writer.flush(10)
         assert m.alive()
     finally:
         fast_disk.uninstall(storage)
