@@ -1,8 +1,9 @@
 """The ComfyUI custom node in ``comfyui-node/`` (Python only), without ComfyUI.
 
 The node's package is loaded by path (its folder name has a dash). Covered: the execution
-order of real workflow shapes (it matches ComfyUI 0.8.0's ``ExecutionList`` on these and on
-random graphs, checked against ComfyUI itself when the node was written), model name
+order of real workflow shapes (compared with ComfyUI's own ``ExecutionList`` on these and on
+random graphs when ``TIERFS_COMFYUI`` names a ComfyUI checkout; the expected orders written
+here are ComfyUI 0.8.0's), model name
 resolution and mount detection on a real tierfs mount, the control writer against a real
 mount (``prefetch``; ``plan`` bytes and a refused command), the planner's queue logic, the
 fast-disk wrapper on a module shaped like ``comfy.storage``, the hooks with a fake prompt
@@ -248,6 +249,82 @@ def test_gguf_and_class_specific_inputs():
                        "t5-Q5.gguf": ("clip_gguf", "text_encoders"),
                        "clip_l.safetensors": ("clip_gguf", "text_encoders"),
                        "vit-h.safetensors": ("clip_vision",)}
+
+
+COMFYUI_CHECKOUT = os.environ.get("TIERFS_COMFYUI")
+
+
+@pytest.mark.skipif(not COMFYUI_CHECKOUT, reason="set TIERFS_COMFYUI to a ComfyUI checkout to "
+                    "compare with its executor")
+def test_order_matches_comfyui_executor():
+    """graph.execution_order against ComfyUI's own ExecutionList (TIERFS_COMFYUI=checkout), on
+    the workflows here and on random graphs, with and without cached nodes. Node classes are
+    stand-ins (ComfyUI's ``nodes`` module is not imported): outputs are the known output
+    classes."""
+    import asyncio
+    import random
+
+    sys.path.insert(0, COMFYUI_CHECKOUT)
+    saved = sys.modules.get("nodes")
+    classes = ["SaveImage", "PreviewImage", "SaveVideo", "VAEDecode", "KSampler", "VAELoader",
+               "CheckpointLoaderSimple", "CLIPTextEncode"]
+    for wf in W.WORKFLOWS.values():
+        classes += [n["class_type"] for n in wf.values()]
+
+    def make(name):
+        return type(name, (), {"OUTPUT_NODE": name in graph.KNOWN_OUTPUT_CLASSES,
+                               "FUNCTION": "run", "run": lambda self: None,
+                               "INPUT_TYPES": classmethod(lambda cls: {})})
+    sys.modules["nodes"] = types.SimpleNamespace(NODE_CLASS_MAPPINGS={c: make(c) for c in classes})
+    try:
+        from comfy_execution.graph import DynamicPrompt, ExecutionList
+
+        class Cache:
+            def __init__(self, cached):
+                self.cached = set(cached)
+
+            def get(self, k):
+                return object() if k in self.cached else None
+
+            def set(self, k, v):
+                pass
+
+        async def comfy_order(prompt, outputs, cached):
+            el = ExecutionList(DynamicPrompt(prompt), Cache(cached))
+            for o in outputs:
+                el.add_node(o)
+            order = []
+            while not el.is_empty():
+                node_id, error, _ = await el.stage_node_execution()
+                if error is not None:
+                    break
+                order.append(node_id)
+                el.complete_node_execution()
+            return order
+
+        rng = random.Random(7)
+        cases = [(wf, []) for wf in W.WORKFLOWS.values()]
+        cases += [(wf, [n for n in wf if rng.random() < 0.3]) for wf in W.WORKFLOWS.values()
+                  for _ in range(10)]
+        for _ in range(300):
+            ids = list(dict.fromkeys(str(rng.randint(1, 60)) for _ in range(rng.randint(1, 14))))
+            p = {}
+            for i, nid in enumerate(ids):
+                inputs = {f"in{k}": [ids[rng.randrange(i)], rng.randint(0, 2)]
+                          if i and rng.random() < 0.8 else "x" for k in range(rng.randint(0, 4))}
+                p[nid] = {"class_type": rng.choice(classes[:8]), "inputs": inputs}
+            cases.append((p, [n for n in p if rng.random() < 0.2]))
+        for prompt, cached in cases:
+            outputs = graph.output_nodes(prompt)
+            rng.shuffle(outputs)
+            want = asyncio.run(comfy_order(prompt, outputs, cached))
+            assert graph.execution_order(prompt, outputs, cached=cached) == want, (prompt, cached)
+    finally:
+        sys.path.remove(COMFYUI_CHECKOUT)
+        if saved is None:
+            sys.modules.pop("nodes", None)
+        else:
+            sys.modules["nodes"] = saved
 
 
 # ----------------------------------------------------------------------------- mounts, paths
