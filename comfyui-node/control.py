@@ -105,25 +105,29 @@ def write_command(path: str, data: bytes, timeout: float = 2.0,
     When it times out the write keeps going in its daemon thread; `on_late_finish(errno)`
     is called if and when it finishes."""
     box: dict[str, int | None] = {}
-    done = threading.Event()
-    late = threading.Event()
+    lock = threading.Lock()
+    state = {"done": False, "abandoned": False}
 
     def run() -> None:
-        box["error"] = _write_once(path, data)
-        done.set()
-        if late.is_set() and on_late_finish is not None:
+        error = _write_once(path, data)
+        with lock:
+            box["error"] = error
+            state["done"] = True
+            abandoned = state["abandoned"]
+            finished.set()
+        if abandoned and on_late_finish is not None:
             try:
-                on_late_finish(box["error"])
+                on_late_finish(error)
             except Exception:  # noqa: BLE001 - a callback never kills the thread silently
                 log.exception("[tierfs] control write callback failed")
 
-    t = threading.Thread(target=run, name="tierfs-control-write", daemon=True)
-    t.start()
-    if not done.wait(timeout):
-        late.set()
-        if done.is_set() and on_late_finish is not None:  # finished between wait and set
-            on_late_finish(box.get("error"))
-        return WriteResult(path, data, timed_out=True)
+    finished = threading.Event()
+    threading.Thread(target=run, name="tierfs-control-write", daemon=True).start()
+    finished.wait(timeout)
+    with lock:  # exactly one of: the caller gets the outcome, or on_late_finish does
+        if not state["done"]:
+            state["abandoned"] = True
+            return WriteResult(path, data, timed_out=True)
     return WriteResult(path, data, error=box.get("error"))
 
 
@@ -205,8 +209,12 @@ class ControlWriter:
             if root in self._stuck:
                 return
 
+        returned_late = False
+
         def late(err: int | None) -> None:
+            nonlocal returned_late
             with self._cond:
+                returned_late = True
                 self._stuck.discard(root)
             log.info("[tierfs] the write to %s returned after all (%s)", path,
                      "accepted" if err is None else errno.errorcode.get(err, err))
@@ -215,7 +223,8 @@ class ControlWriter:
         self.results.append(result)
         with self._cond:
             if result.timed_out:
-                self._stuck.add(root)
+                if not returned_late:  # it may already have come back
+                    self._stuck.add(root)
                 dropped = [(r, c) for r, c in self._pending if r == root]
                 self._pending = deque((r, c) for r, c in self._pending if r != root)
             else:

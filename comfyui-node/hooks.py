@@ -3,7 +3,8 @@
 Contract:
 
 - :class:`PrefetchService` owns one daemon worker thread. Whatever ComfyUI calls
-  (:meth:`on_prompt`, :meth:`queue_changed`) only records a little and wakes the worker; it
+  (:meth:`on_prompt`, :meth:`queue_changed`, :meth:`on_message`) only records a little and
+  wakes the worker; it
   returns at once and never touches a mount, so neither the event loop nor a running prompt
   waits on tierfs.
 - On each wake-up the worker reads the queue (running prompt first, then the queued ones in
@@ -24,7 +25,7 @@ How the node learns about prompts (ComfyUI 0.8.0 ``server.py`` / ``execution.py`
   ``delete_queue_item``. Wrapping that one method is the single hook that sees prompts start,
   finish and leave the queue, whether or not the client has a websocket. (The
   ``execution_start`` message is not enough: ``PromptExecutor.add_message`` only sends it when
-  the prompt has a client id.) The wrapper sets an event and calls the original.
+  the prompt has a client id.) The wrapper wakes the worker and calls the original.
 - The queue itself is read with ``PromptQueue.get_current_queue_volatile()`` (a shallow copy
   under its lock): items ``(number, prompt_id, prompt, extra_data, outputs_to_execute, ...)``;
   queued items run in ``number`` order.
@@ -44,12 +45,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-try:  # a package inside ComfyUI, or loaded by path in the tests
-    from . import planner as _planner
-    from .control import ControlWriter
-except ImportError:  # pragma: no cover - run as loose modules
-    import planner as _planner  # type: ignore[no-redef]
-    from control import ControlWriter  # type: ignore[no-redef]
+from . import planner as _planner
+from .control import ControlWriter
 
 log = logging.getLogger("tierfs")
 

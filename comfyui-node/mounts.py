@@ -239,12 +239,12 @@ class MountRegistry:
         self._probe: threading.Thread | None = None  # the probe running now, if any
         self._probe_done = threading.Event()
         self._probe_started = float("-inf")
-        self._reported: bool | None = None  # whether a mount was found, as last logged
+        self._reported_roots: tuple[str, ...] | None = None  # the mount roots last logged
 
     @property
     def message(self) -> str | None:
         """For the UI: how to set up a mount when none was found, else None."""
-        return setup_hint() if self._reported is False else None
+        return setup_hint() if self._reported_roots == () else None
 
     def _table(self) -> FolderTable:
         return self._folders() if callable(self._folders) else self._folders
@@ -264,15 +264,15 @@ class MountRegistry:
         done.set()
 
     def _report(self, mounts: list[Mount]) -> None:
-        found = bool(mounts)
-        if found == self._reported:
+        """Log the mounts found when they change; the setup hint once when there are none."""
+        roots = tuple(sorted(m.root for m in mounts))
+        if roots == self._reported_roots:
             return
-        self._reported = found
-        if found:
-            for m in mounts:
-                log.info("[tierfs] tierfs mount at %s holds ComfyUI folders: %s", m.root,
-                         ", ".join(m.folders))
-        else:
+        self._reported_roots = roots
+        for m in mounts:
+            log.info("[tierfs] tierfs mount at %s holds ComfyUI folders: %s", m.root,
+                     ", ".join(m.folders))
+        if not mounts:
             log.info("[tierfs] %s", setup_hint())
 
     def find_mounts(self, refresh: bool = False) -> list[Mount]:
