@@ -4,9 +4,8 @@ Contract:
 
 - :class:`PrefetchService` owns one daemon worker thread. Whatever ComfyUI calls
   (:meth:`on_prompt`, :meth:`queue_changed`, :meth:`on_message`) only records a little and
-  wakes the worker; it
-  returns at once and never touches a mount, so neither the event loop nor a running prompt
-  waits on tierfs.
+  wakes the worker; it returns at once and never touches a mount, so neither the event loop
+  nor a running prompt waits on tierfs.
 - On each wake-up the worker reads the queue (running prompt first, then the queued ones in
   run order), works out the models of prompts it has not seen (graph.prompt_models), updates
   the :class:`planner.Planner` (finished prompts are forgotten) and sends each mount whose
