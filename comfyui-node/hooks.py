@@ -35,6 +35,12 @@ How the node learns about prompts (ComfyUI 0.8.0 ``server.py`` / ``execution.py`
   that list and the running prompt's models are worked out again without them (a file the
   daemon is told about but nobody opens would hold up the rest of the plan). Without the
   message (no client id) the full list stands.
+- Each node that starts sends ``executing`` (``{"node": id, "prompt_id": ...}``, likewise only
+  with a client id). The nodes that started before the one running now are done: their outputs
+  are there, as cached ones' are, so their loaders leave the running prompt's plan too. A plan
+  thus always starts at the file loading now or next: the daemon warms the first file of a
+  plan that nobody has open, and a plan sent again mid-prompt (another prompt was queued) must
+  not make it warm a model the prompt has already loaded.
 """
 
 from __future__ import annotations
@@ -86,7 +92,8 @@ class PrefetchService:
         self.planner = planner or _planner.Planner()
         self._max_submitted = max_submitted
         self._cached: dict[str, frozenset[str]] = {}  # prompt id -> cached node ids
-        self._cached_applied: set[str] = set()
+        self._started: dict[str, list[str]] = {}  # prompt id -> nodes started, in order
+        self._applied: dict[str, frozenset[str]] = {}  # prompt id -> done nodes planned with
         self._submitted: list[Any] = []  # on-prompt bodies' prompts, for the worker
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
@@ -115,17 +122,37 @@ class PrefetchService:
         self.wake()
 
     def on_message(self, event: Any, data: Any) -> None:
-        """A message ComfyUI sends its clients; ``execution_cached`` is used (see above)."""
-        if event != "execution_cached" or not isinstance(data, Mapping):
+        """A message ComfyUI sends its clients; ``execution_cached`` and ``executing`` are
+        used (see above)."""
+        if event not in ("execution_cached", "executing") or not isinstance(data, Mapping):
             return
-        prompt_id, nodes = data.get("prompt_id"), data.get("nodes")
-        if not isinstance(prompt_id, str) or not isinstance(nodes, (list, tuple)):
+        prompt_id = data.get("prompt_id")
+        if not isinstance(prompt_id, str):
             return
         with self._lock:
-            if len(self._cached) >= 4 * self.planner.max_prompts:
-                self._cached.pop(next(iter(self._cached)))
-            self._cached[prompt_id] = frozenset(n for n in nodes if isinstance(n, str))
+            if event == "execution_cached":
+                nodes = data.get("nodes")
+                if not isinstance(nodes, (list, tuple)):
+                    return
+                if len(self._cached) >= 4 * self.planner.max_prompts:
+                    self._cached.pop(next(iter(self._cached)))
+                self._cached[prompt_id] = frozenset(n for n in nodes if isinstance(n, str))
+            else:
+                node = data.get("node")
+                if not isinstance(node, str):
+                    return  # None: the prompt is done; the queue says so too
+                if prompt_id not in self._started and len(self._started) >= 4 * self.planner.max_prompts:
+                    self._started.pop(next(iter(self._started)))
+                started = self._started.setdefault(prompt_id, [])
+                if node not in started and len(started) < 4096:
+                    started.append(node)
         self.wake()
+
+    def _done(self, prompt_id: str) -> frozenset[str]:
+        """Nodes of `prompt_id` that will not open a file again: cached, or started before the
+        one running now (under the lock)."""
+        started = self._started.get(prompt_id, [])
+        return self._cached.get(prompt_id, frozenset()) | frozenset(started[:-1])
 
     # ----------------------------------------------------------------- the worker
 
@@ -185,15 +212,14 @@ class PrefetchService:
         self.planner.sync([e[0] for e in running], [e[0] for e in queued])
         with self._lock:
             live_ids = {e[0] for e in running + queued}
-            for pid in [p for p in self._cached if p not in live_ids]:
-                del self._cached[pid]
-            self._cached_applied &= live_ids
-            cached = dict(self._cached)
+            for known in (self._cached, self._started, self._applied):
+                for pid in [p for p in known if p not in live_ids]:
+                    del known[pid]
+            done = {e[0]: self._done(e[0]) for e in running}
         for prompt_id, prompt, outputs, _ in running:
-            if prompt_id in cached and prompt_id not in self._cached_applied:
-                self._cached_applied.add(prompt_id)
-                self.planner.set_models(prompt_id, self._models(prompt, outputs,
-                                                                cached[prompt_id]))
+            if done[prompt_id] and done[prompt_id] != self._applied.get(prompt_id):
+                self._applied[prompt_id] = done[prompt_id]
+                self.planner.set_models(prompt_id, self._models(prompt, outputs, done[prompt_id]))
         for prompt_id, prompt, outputs, _ in running + queued:
             if not self.planner.knows(prompt_id) and prompt_id in self.planner.missing():
                 self.planner.set_models(prompt_id, self._models(prompt, outputs))

@@ -66,6 +66,7 @@ GOAL_DISK_COLD = 1.15  # ComfyUI's own load of an all-in-one checkpoint at an ei
 MAKE_CHECKPOINT = r"""
 import sys
 out = sys.argv[1]
+seed_argv = list(sys.argv)
 sys.argv = [sys.argv[0], "--cpu"]
 import torch
 import comfy.options
@@ -89,7 +90,7 @@ vae = autoencoder.AutoencoderKL(ddconfig={"double_z": True, "z_channels": 4, "re
                                           "ch_mult": [1, 2, 4, 4], "num_res_blocks": 2,
                                           "attn_resolutions": [], "dropout": 0.0}, embed_dim=4)
 clip = comfy.sd1_clip.SDClipModel(device="cpu", dtype=torch.float32)
-g = torch.Generator().manual_seed(99)
+g = torch.Generator().manual_seed(int(seed_argv[2]) if len(seed_argv) > 2 else 99)
 tensors = {}
 for prefix, module in (("model.diffusion_model.", unet), ("first_stage_model.", vae),
                        ("cond_stage_model.", clip)):
@@ -251,12 +252,14 @@ def one_server(args, disk, root: Path, side: str, budget: int, size: int) -> dic
             mount.close()
 
 
-def make_checkpoint(args, path: Path) -> None:
+def make_checkpoint(args, path: Path, seed: int = 99) -> None:
+    """Writes the checkpoint to `path` (weights from `seed`) unless it is there."""
     if path.exists():
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    subprocess.run([str(args.python), "-c", MAKE_CHECKPOINT, str(tmp)], cwd=args.comfyui, check=True, timeout=900)
+    subprocess.run([str(args.python), "-c", MAKE_CHECKPOINT, str(tmp), str(seed)], cwd=args.comfyui, check=True,
+                   timeout=900)
     tmp.rename(path)
 
 

@@ -678,6 +678,45 @@ def test_service_follows_queue():
     assert svc.wait_idle(5) and w.sent[-1] == ("/mnt", b"plan\n")
 
 
+def test_loaders_that_ran_leave_the_running_prompts_plan():
+    """A plan sent again mid-prompt (another prompt was queued) starts at the file loading now
+    or next: the daemon warms a plan's first file nobody has open, which must not be a model
+    the running prompt has already loaded."""
+    loaders = {"n-vae": "vae.safetensors", "n-high": "high.safetensors", "n-low": "low.safetensors",
+               "n-flux": "flux.safetensors"}
+    order = {"wan": ["n-vae", "n-high", "n-low"], "flux": ["n-flux"]}
+    queue = {"running": [], "queued": []}
+
+    def models_of(prompt, outputs, done):
+        return {"/mnt": [loaders[n] for n in order[prompt["name"]] if n not in done]}
+
+    w = RecordingWriter()
+    svc = hooks.PrefetchService(models_of, lambda: (queue["running"], queue["queued"]), w,
+                                lambda: ["/mnt"])
+    item = lambda n, pid, name: (n, pid, {"name": name}, {}, ["9"], {})  # noqa: E731
+    queue["running"] = [item(1, "id-wan", "wan")]
+    svc.queue_changed()
+    assert svc.wait_idle(5)
+    assert w.sent[-1] == ("/mnt", b"plan\nvae.safetensors\nhigh.safetensors\nlow.safetensors\n")
+    for node, plan in (("n-vae", b"plan\nvae.safetensors\nhigh.safetensors\nlow.safetensors\n"),
+                       ("n-high", b"plan\nhigh.safetensors\nlow.safetensors\n"),
+                       ("sampler-high", b"plan\nlow.safetensors\n")):
+        svc.on_message("executing", {"node": node, "prompt_id": "id-wan"})
+        assert svc.wait_idle(5)
+        assert w.sent[-1] == ("/mnt", plan), node
+    # Another prompt queued while the high-noise sampler runs: the plan goes on from low noise.
+    queue["queued"] = [item(2, "id-flux", "flux")]
+    svc.queue_changed()
+    assert svc.wait_idle(5)
+    assert w.sent[-1] == ("/mnt", b"plan\nlow.safetensors\nflux.safetensors\n")
+    # Messages of other prompts, malformed ones and the end-of-prompt None change nothing.
+    n = len(w.sent)
+    for data in ({"node": None, "prompt_id": "id-wan"}, {"node": "n-flux", "prompt_id": "id-other"},
+                 {"node": 3, "prompt_id": "id-wan"}, "junk", {"prompt_id": None}):
+        svc.on_message("executing", data)
+    assert svc.wait_idle(5) and len(w.sent) == n
+
+
 def test_on_prompt_returns_at_once_and_unchanged():
     gate = threading.Event()
 
