@@ -21,9 +21,10 @@ The answer, ``200 application/json``::
 
 Both ``find_mounts()`` and each ``stats()`` run off the event loop, on threads of this route's
 own, each bounded by ``timeout`` seconds: a FUSE mount that stops answering makes its entry an
-``error``, never the request or ComfyUI hang. A read that timed out may stay blocked in the
-kernel; until it returns, later requests report that mount as still hung instead of starting
-another read of it, so a hung mount holds one thread, not one per poll.
+``error``, never the request or ComfyUI hang. One read of a mount is in flight at a time: a
+read that timed out may stay blocked in the kernel, and until it returns later requests report
+the mount as still hung instead of starting another, so a hung mount holds one thread, not one
+per poll.
 
 DNS rebinding guard: the stats name every model file that was opened, so the route answers only
 requests whose ``Host`` header is a loopback name (``localhost``, ``*.localhost``) or an IP
@@ -33,7 +34,7 @@ Host; a literal address needs no name, so it cannot be rebound. Anything else ge
 the reason in the body. ComfyUI's own page is same-origin with the route, so its browser sends the
 Host it was opened with. ``host_refusal`` is the check, a pure function.
 
-The functions below the handler need no aiohttp: ``host_refusal``, ``parse_host`` and
+Only ``make_handler`` and ``register`` need aiohttp: ``host_refusal``, ``parse_host`` and
 ``StatsReader.payload`` (the JSON document) are usable and tested without it.
 """
 
@@ -145,40 +146,59 @@ class StatsReader:
     """Reads the mounts' stats on threads of its own, each read bounded by `timeout` seconds.
 
     ``await reader.payload()`` is the route's JSON document (see the module's docstring). It
-    must run on an event loop; it never blocks it."""
+    must run on an event loop; it never blocks it.
 
-    def __init__(self, find_mounts: Callable[[], Iterable[Any]], timeout: float = DEFAULT_TIMEOUT,
-                 max_threads: int = 8):
+    One read of a mount at a time: a request that comes while one is in flight waits for that
+    one (two open pages share it), for what is left of its `timeout`; a read older than that is
+    hung, and the mount is reported so at once. The threads are daemon threads, so a read that
+    never returns does not keep ComfyUI from exiting either."""
+
+    def __init__(self, find_mounts: Callable[[], Iterable[Any]], timeout: float = DEFAULT_TIMEOUT):
         self.find_mounts = find_mounts
         self.timeout = timeout
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_threads,
-                                                           thread_name_prefix="tierfs-stats")
         self._lock = threading.Lock()
-        # Reads that timed out and have not returned yet: key -> (future, started at).
-        self._hung: dict[str, tuple[concurrent.futures.Future, float]] = {}
+        # Reads in flight: key -> (future, started at, per time.monotonic()).
+        self._inflight: dict[str, tuple[concurrent.futures.Future, float]] = {}
 
-    def _submit(self, key: str, fn: Callable[[], Any]) -> tuple[concurrent.futures.Future | None, float]:
-        """The read of `key`: a new one, or None and since when when its last one still hangs."""
+    def _start(self, key: str, fn: Callable[[], Any]) -> tuple[concurrent.futures.Future, float]:
+        """The read of `key` in flight, or a new one started on a thread of its own."""
         with self._lock:
-            hung = self._hung.get(key)
-            if hung is not None:
-                if not hung[0].done():
-                    return None, hung[1]
-                del self._hung[key]
-            return self._pool.submit(fn), time.monotonic()
+            entry = self._inflight.get(key)
+            if entry is not None:
+                return entry
+            future: concurrent.futures.Future = concurrent.futures.Future()
+            future.set_running_or_notify_cancel()
+            entry = self._inflight[key] = (future, time.monotonic())
+
+        def read() -> None:
+            try:
+                result = fn()
+            except BaseException as e:  # handed to whoever awaits the read
+                outcome = (None, e)
+            else:
+                outcome = (result, None)
+            with self._lock:
+                del self._inflight[key]
+            if outcome[1] is None:
+                future.set_result(outcome[0])
+            else:
+                future.set_exception(outcome[1])
+
+        threading.Thread(target=read, name=f"tierfs-stats {key}", daemon=True).start()
+        return entry
 
     async def _bounded(self, key: str, fn: Callable[[], Any]) -> Any:
-        """`fn()` on a thread, its result or its exception; `TimeoutError` after `timeout` s."""
-        future, started = self._submit(key, fn)
-        if future is None:
-            raise TimeoutError(f"still not answering (a read started {time.monotonic() - started:.0f} s "
-                               f"ago has not returned)")
+        """`fn()`'s result (or exception), from a thread; `TimeoutError` once the read is
+        `timeout` s old."""
+        future, started = self._start(key, fn)
+        left = self.timeout - (time.monotonic() - started)
+        if left <= 0 and not future.done():
+            raise TimeoutError(f"still not answering: a read started {time.monotonic() - started:.0f} s "
+                               f"ago has not returned (is the mount hung?)")
         waiting = asyncio.wrap_future(future)
-        done, _ = await asyncio.wait({waiting}, timeout=self.timeout)
+        done, _ = await asyncio.wait({waiting}, timeout=max(left, 0))
         if done:
             return waiting.result()
-        with self._lock:
-            self._hung[key] = (future, started)
         # Nobody will await it now: keep a late exception from being logged as never retrieved.
         waiting.add_done_callback(lambda f: f.cancelled() or f.exception())
         raise TimeoutError(f"timed out after {self.timeout:g} s (is the mount hung?)")
@@ -210,10 +230,6 @@ class StatsReader:
         if not entries:
             doc["hint"] = HINT
         return doc
-
-    def close(self) -> None:
-        """Stops the threads (a hung read's thread ends when its read returns)."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 # ----------------------------------------------------------------------------- the route

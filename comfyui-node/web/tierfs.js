@@ -160,7 +160,8 @@ function models(stats, r) {
     .map((f) => ({ name: f.path, row: f, figures: f, rates: r.files.get(f.path) }));
   for (const m of stats.models || []) {
     const shard = files.find((f) => f.model === m.name);
-    entries.push({ name: m.name, row: m, figures: shard || m, rates: null });
+    // A shard's counters and so its rates are its model's.
+    entries.push({ name: m.name, row: m, figures: shard || m, rates: shard ? r.files.get(shard.path) : null });
   }
   const reading = (e) => (e.row.residency_current === null || e.row.residency_current === undefined ? 1 : 0);
   entries.sort((a, b) => reading(a) - reading(b) || (b.row.cached_bytes > 0) - (a.row.cached_bytes > 0) ||
