@@ -116,7 +116,8 @@ class Chromium:
         self.next_id = 0
         try:
             port_file = profile / "DevToolsActivePort"
-            port = wait_for("Chromium's DevTools port", lambda: port_file.exists() and port_file.read_text().split()[0], 30)
+            port = wait_for("Chromium's DevTools port",
+                            lambda: port_file.exists() and port_file.read_text().split()[0], 30)
 
             def page_target():
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=5) as r:
@@ -247,9 +248,9 @@ def run_sidebar_check(comfy_url: str, mount_root: str, out_png: Path | str,
     later and again `gap` s after that, and writes the second screenshot to `out_png`.
 
     Returns {"first", "second": what the tab showed (strips, figures), "advanced": how the
-    strips moved, "png": the path, "png_bytes"}. Raises `CheckFailed` when the tab does not
-    appear, does not show the mount, or no strip advanced. Chromium and the stream are stopped
-    before it returns or raises."""
+    strips moved, "opened_by": how the tab was opened, "png": the path, "png_bytes"}. Raises
+    `CheckFailed` when the tab does not appear, does not show the mount, or no strip advanced.
+    Chromium and the stream are stopped before it returns or raises."""
     out_png = Path(out_png)
     own_work = work is None
     work = Path(tempfile.mkdtemp(prefix="comfyui-sidebar.")) if own_work else work
@@ -264,6 +265,12 @@ def run_sidebar_check(comfy_url: str, mount_root: str, out_png: Path | str,
         browser.call("Input.dispatchKeyEvent", {"type": "keyUp", "key": "Escape", "code": "Escape",
                                                 "windowsVirtualKeyCode": 27})
         browser.click(".tierfs-tab-button")
+        opened = "a mouse click on its sidebar button"
+        try:
+            wait_for("the tab's panel", lambda: browser.eval("!!document.querySelector('.tierfs-panel')"), 10, 0.25)
+        except CheckFailed:  # something covered the button (a dialog of a first start): click it from the page
+            browser.eval("document.querySelector('.tierfs-tab-button').click()")
+            opened = "the page's click() of its sidebar button (a mouse click did not open it)"
         expr = READ_STRIPS % json.dumps(mount_root)
         shown = wait_for(f"the tab showing the mount {mount_root}", lambda: browser.eval(expr), 30, 0.5)
         if shown.get("error"):
@@ -297,7 +304,8 @@ def run_sidebar_check(comfy_url: str, mount_root: str, out_png: Path | str,
     out_png.write_bytes(png)
     if own_work:
         shutil.rmtree(work, ignore_errors=True)
-    return {"first": first, "second": second, "advanced": moves, "png": str(out_png), "png_bytes": len(png)}
+    return {"first": first, "second": second, "advanced": moves, "opened_by": opened, "png": str(out_png),
+            "png_bytes": len(png)}
 
 
 # ----------------------------------------------------------------------------- the stream
@@ -413,7 +421,8 @@ def main() -> int:
                     help="the node, linked as custom_nodes/tierfs when that is absent")
     ap.add_argument("--chromium", default=shutil.which("chromium") or "/usr/bin/chromium")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "images" / "comfyui-sidebar.png")
-    ap.add_argument("--data", type=Path, help="where the model is written (kept for the next run); default: the run's folder")
+    ap.add_argument("--data", type=Path,
+                    help="where the model is written (kept for the next run); default: the run's folder")
     ap.add_argument("--blocks", type=int, default=60, help="blocks of the model (18 MiB each)")
     ap.add_argument("--budget", default="256MiB")
     ap.add_argument("--mib-s", type=float, default=40.0, help="the reader's pace")
@@ -457,9 +466,10 @@ def main() -> int:
         run.close()
     for name in ("first", "second"):
         shot = result[name]
-        strips = "; ".join(f"{s['path']}: {s['cached']}/{s['blocks']} cached, {s['read']} read, reader at {s['current']}"
-                           for s in shot["strips"])
+        strips = "; ".join(f"{s['path']}: {s['cached']}/{s['blocks']} cached, {s['read']} read, "
+                           f"reader at {s['current']}" for s in shot["strips"])
         print(f"{name}: {strips} | {shot['figures']}")
+    print(f"tab opened by {result['opened_by']}")
     print("advanced: " + " | ".join(result["advanced"]))
     print(f"screenshot: {result['png']} ({result['png_bytes']} bytes)")
     shutil.rmtree(work, ignore_errors=True)
