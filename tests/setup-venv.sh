@@ -25,6 +25,8 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q numpy safetensors ml_dtypes pytest pytest-timeout gguf prometheus_client \
     pillow ansi2html websocket-client
+# ComfyUI's web server library: the node's route is tested through aiohttp's own test client.
+.venv/bin/python -m pip install -q aiohttp
 # The real loaders of tests/python/test_loaders.py (pinned: the versions checked against this
 # suite). torch is the registry's plain wheel: it pulls the CUDA runtime wheels (about 4 GB
 # installed; ~1.5 min on a fresh venv) and runs on CPU without a GPU; `--no-deps` does not

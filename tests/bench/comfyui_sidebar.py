@@ -8,7 +8,7 @@ Contract: exits 0 after printing what it checked when the tab, opened in headles
 ComfyUI's own page, showed the model's residency strip advance between two moments of the
 stream (more cached or read blocks, or the reader's block moved); exits non-zero saying what
 it saw otherwise. Writes the second moment's screenshot to `--out` (default
-docs/images/comfyui-sidebar.png, kept under 300 KB).
+docs/pictures/comfyui-sidebar.png, kept under 300 KB).
 
 What it runs, every process stopped by its PID and the mount undone on every exit:
 

@@ -6,8 +6,8 @@
   without holding up the others or starting a second read of the hung mount;
 - the stats of a real tierfs mount passed through the route's builder;
 - the aiohttp handler itself (403 with the reason, 200 with the document, registered once),
-  when aiohttp is importable (it is in ComfyUI's environment; those tests are skipped where it
-  is not, e.g. in tests/setup-venv.sh's `.venv`).
+  through aiohttp's test client (aiohttp is ComfyUI's web server; tests/setup-venv.sh installs
+  it).
 """
 
 from __future__ import annotations
@@ -29,13 +29,8 @@ _spec = importlib.util.spec_from_file_location("tierfs_comfyui_routes", REPO / "
 routes = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(routes)
 
-try:
-    from aiohttp import web
-    from aiohttp.test_utils import TestClient, TestServer
-except ImportError:
-    web = None
-needs_aiohttp = pytest.mark.skipif(web is None,
-                                   reason="aiohttp is not installed here (it is in ComfyUI's environment)")
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 
 
 class FileMount:
@@ -272,7 +267,6 @@ async def _get(prompt_server, host: str | None):
         return resp.status, resp.headers.get("Content-Type", ""), await resp.text()
 
 
-@needs_aiohttp
 def test_handler_refuses_a_foreign_host():
     server = FakePromptServer()
     routes.register(server, lambda: [])
@@ -281,7 +275,6 @@ def test_handler_refuses_a_foreign_host():
     assert "Host localhost.attacker.example:8188 is not a loopback name or an address" in body
 
 
-@needs_aiohttp
 @pytest.mark.parametrize("host", ["127.0.0.1:8188", "[::1]:8188", "localhost:8188"])
 def test_handler_answers_the_document(host):
     server = FakePromptServer()
@@ -291,7 +284,6 @@ def test_handler_answers_the_document(host):
     assert json.loads(body) == {"mounts": [{"root": "/m", "stats": {"files": []}}]}
 
 
-@needs_aiohttp
 def test_register_adds_the_route_once():
     server = FakePromptServer()
     routes.register(server, lambda: [])
@@ -299,7 +291,6 @@ def test_register_adds_the_route_once():
     assert [(r.method, r.path) for r in server.routes] == [("GET", "/tierfs/stats")]
 
 
-@needs_aiohttp
 def test_handler_answers_in_time_with_a_hung_mount():
     release = threading.Event()
     server = FakePromptServer()

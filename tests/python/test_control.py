@@ -663,6 +663,23 @@ def test_plan_warms_each_file_when_the_one_before_is_done(mount, plan_source):
     assert m.alive()
 
 
+def test_a_file_opened_while_its_plan_warms_it_is_read_once(mount, plan_source):
+    """A loader that opens the plan's first file at once (the prompt starts as it is queued)
+    reads it from the chunk cache the plan is filling, not by passthrough beside it: the
+    source is read once."""
+    a = "diffusion_models/high noise.safetensors"
+    m = mount(plan_source, "100MiB", own_state())
+    want = data_bytes(plan_source / a)
+    cmd = f"plan\n{a}\n"
+    assert ctl(m.mnt, cmd) == len(cmd)
+    read_exact(m.mnt / a, plan_source / a)
+    st = quiesce(m)
+    f = m.file_stats(a)
+    assert f["mode"] == "cache", f
+    assert want <= st["disk"]["read_bytes"] <= want * 1.05 + MiB, (st["disk"], want)
+    assert st["passthrough"]["open_files"] == 0 and st["passthrough"]["parked_files"] == 0, st["passthrough"]
+
+
 def test_cli_ctl_plan_takes_paths_with_spaces(tierfs_bin, mount, plan_source):
     a = "diffusion_models/high noise.safetensors"
     m = mount(plan_source, "100MiB", own_state())

@@ -128,6 +128,9 @@ pub struct ModelFile {
     /// Whether a reader streamed the file since its last open (not only probed it: a header
     /// scan is no step of a workflow, [`super::sequence`]).
     pub(super) streamed: std::sync::atomic::AtomicBool,
+    /// A client's plan warmed it into the chunk cache ([`super::plan`]): its opens are served
+    /// from there, not by passthrough (which would read it from the source a second time).
+    pub(super) warmed_by_plan: std::sync::atomic::AtomicBool,
     /// Open handles of this version ([`super::OpenModel`]).
     pub(super) handles: std::sync::atomic::AtomicUsize,
     /// Set once the version was pruned ([`super::open`]): no chunk of it may stay cached.
@@ -229,6 +232,7 @@ impl ModelFile {
             runs: runs::Runs::default(),
             stream_block: std::sync::atomic::AtomicUsize::new(usize::MAX),
             streamed: std::sync::atomic::AtomicBool::new(false),
+            warmed_by_plan: std::sync::atomic::AtomicBool::new(false),
             handles: std::sync::atomic::AtomicUsize::new(0),
             pruned: std::sync::atomic::AtomicBool::new(false),
             shard_of,

@@ -122,7 +122,8 @@ impl ModelStore {
     /// Admission never evicts the chunk cache: the file must fit in what the cache does not use
     /// (`room`). A scan that opens every model file to read its header (ComfyUI's discovery)
     /// must not push out the model being served from the cache, and a file that already has
-    /// bytes in the cache (warmed by `prefetch`, or read before) keeps being served from there.
+    /// bytes in the cache (warmed by `prefetch`, or read before) keeps being served from there,
+    /// as does one a plan is warming (its first chunks may not have landed yet).
     pub fn choose_mode(&self, file: &ModelFile, passthrough_possible: bool) -> ServeMode {
         if file.in_ram && passthrough_possible && !file.is_raw() {
             // Its bytes are in RAM already and always resident: the kernel serves them by
@@ -153,7 +154,9 @@ impl ModelStore {
             Some(ModeReason::SourceChargesPerRequest)
         } else if self.passthrough.refuses_competing(&identity) {
             Some(ModeReason::Competes)
-        } else if self.cache.cached_bytes(file.generation) > 0 {
+        } else if self.cache.cached_bytes(file.generation) > 0
+            || file.warmed_by_plan.load(Ordering::Acquire)
+        {
             Some(ModeReason::AlreadyCached)
         } else if self.passthrough.admit(file.source.path(), &identity, room) {
             None

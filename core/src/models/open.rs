@@ -121,6 +121,9 @@ impl ModelStore {
     fn closed(&self, file: &Arc<ModelFile>) {
         // Only a file a reader streamed is a step of a workflow; a header scan probes many.
         if file.streamed.load(Ordering::Relaxed) {
+            // The plan's warm was for this load (not for a probe's open and close before it):
+            // a later open is decided afresh.
+            file.warmed_by_plan.store(false, Ordering::Release);
             // A plan is told what comes next; the learned sequence guesses.
             match self.planned_after(file) {
                 Some(next) => self.warm_planned(&next),

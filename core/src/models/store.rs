@@ -237,6 +237,7 @@ impl ModelStore {
         if let Some(tracker) = file.tracker() {
             self.cache.hand_turn_to(tracker);
         }
+        file.warmed_by_plan.store(true, Ordering::Release);
         self.warm(file);
     }
 
