@@ -259,7 +259,7 @@ def one_side(args, disk, root: Path, side: str, budget: int, size: int) -> dict:
                                 [one_model_workflow(CKPTS[0], args.steps), one_model_workflow(CKPTS[1], args.steps)]))
             node_log = server.log_path.read_text(errors="replace")
             return {"side": side, "runs": runs,
-                    "node_lines": [ln for ln in node_log.splitlines() if "tierfs" in ln.lower()][:20]}
+                    "node_lines": [ln for ln in node_log.splitlines() if "[tierfs]" in ln][:20]}
         finally:
             events.close()
             server.close()
@@ -315,7 +315,8 @@ def secs(x) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
-def render(args, results: list[dict], size: int, raw_gbs: float, budget: int, cmd: str, version: str) -> str:
+def render(args, results: list[dict], size: int, raw_gbs: float, budget: int, cmd: str, version: str,
+           date: str | None = None) -> str:
     med = statistics.median
     by = {r["side"]: r for r in results}
     if "plain" in by:
@@ -325,7 +326,8 @@ def render(args, results: list[dict], size: int, raw_gbs: float, budget: int, cm
         plain_cold_b, warm_b = float("nan"), 0.0
     out = ["# A real ComfyUI server: two models in turn, with and without tierfs's node\n",
            f"- command: `{cmd}`",
-           f"- date: {datetime.datetime.now():%Y-%m-%d %H:%M}; kernel {os.uname().release}; {os.cpu_count()} CPUs",
+           f"- date: {date or f'{datetime.datetime.now():%Y-%m-%d %H:%M}'}; kernel {os.uname().release}; "
+           f"{os.cpu_count()} CPUs",
            f"- ComfyUI {version} (`main.py --cpu`); checkpoints {', '.join(CKPTS)}: SD1.5-shaped, "
            f"{size / 1e9:.2f} GB each; source {raw_gbs:.2f} GB/s (read-throttled RAM-backed device); "
            f"budget {budget / MiB:.0f} MiB (one checkpoint, not both); {args.steps} steps at 256×256",
@@ -351,7 +353,8 @@ def render(args, results: list[dict], size: int, raw_gbs: float, budget: int, cm
             out.append(f"| {r['side']} | {x['case']} | {x['s']:.2f} | {x['disk']:.2f} | {secs(x['load_a'])} | "
                        f"{secs(x['load_b'])} | {during} | {stall} | {wait} | {order} |")
     out += ["", "The node's lines in ComfyUI's log:", ""]
-    out += [f"    {ln}" for ln in by.get("node", {}).get("node_lines", [])] or ["    (none)"]
+    lines = [ln for ln in by.get("node", {}).get("node_lines", []) if "[tierfs]" in ln]
+    out += [f"    {ln}" for ln in lines] or ["    (none)"]
     return "\n".join(out) + "\n"
 
 
@@ -366,7 +369,14 @@ def main() -> int:
     ap.add_argument("--data", type=Path, default=Path("/var/tmp/tierfs-bench-data"))
     ap.add_argument("--source-bps", type=float, default=1e9)
     ap.add_argument("--out", type=Path, default=HERE / "results" / "comfyui_node" / "two-models.md")
+    ap.add_argument("--render", type=Path, help="render the table again from a results .json (with the "
+                    "--out, --steps and --reps of its run)")
     args = ap.parse_args()
+    if args.render:
+        saved = json.loads(args.render.read_text())
+        args.out.write_text(render(args, saved["results"], saved["size"], saved["source_gbs"], saved["budget"],
+                                   saved["command"], saved["comfyui"], saved.get("date")))
+        return 0
     if os.geteuid() != 0:
         raise SystemExit("needs root (RAM-backed source, drop_caches, mounts)")
     if not (args.comfyui / "main.py").exists():
@@ -401,7 +411,9 @@ def main() -> int:
         cmd = "sudo .venv/bin/python tests/bench/comfyui_node.py " + " ".join(sys.argv[1:])
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(render(args, results, size, raw, budget, cmd.strip(), version))
-        args.out.with_suffix(".json").write_text(json.dumps(results, indent=1))
+        args.out.with_suffix(".json").write_text(json.dumps(
+            {"results": results, "size": size, "source_gbs": raw, "budget": budget, "command": cmd.strip(),
+             "comfyui": version, "date": f"{datetime.datetime.now():%Y-%m-%d %H:%M}"}, indent=1))
         print(f"wrote {args.out}")
     finally:
         install_node(args.comfyui, False)

@@ -420,7 +420,7 @@ def main() -> int:
     ap.add_argument("--node", type=Path, default=REPO / "comfyui-node",
                     help="the node, linked as custom_nodes/tierfs when that is absent")
     ap.add_argument("--chromium", default=shutil.which("chromium") or "/usr/bin/chromium")
-    ap.add_argument("--out", type=Path, default=REPO / "docs" / "images" / "comfyui-sidebar.png")
+    ap.add_argument("--out", type=Path, default=REPO / "docs" / "pictures" / "comfyui-sidebar.png")
     ap.add_argument("--data", type=Path,
                     help="where the model is written (kept for the next run); default: the run's folder")
     ap.add_argument("--blocks", type=int, default=60, help="blocks of the model (18 MiB each)")
