@@ -2,14 +2,16 @@
 """A real ComfyUI server running a workflow of two models in turn, with and without tierfs's node.
 
     sudo .venv/bin/python tests/bench/comfyui_node.py --comfyui PATH --python PYTHON
-        [--reps 2] [--steps 4] [--out FILE]
+        [--source 1g|disk] [--reps 2] [--steps 4] [--out FILE]
 
 `--comfyui` is a ComfyUI checkout, `--python` an interpreter with its requirements (as for
 tests/bench/comfyui_server.py, whose server, checkpoint and source set-up this reuses).
 
 Two SD1.5-shaped checkpoints (2.13 GB each, seeded apart) stand for Wan 2.2's high- and
-low-noise experts. The source is the RAM-backed block device read-throttled to 1 GB/s; the
-mount's budget holds one checkpoint, not both. Three sides, each on a fresh server:
+low-noise experts. The source is the RAM-backed block device read-throttled to 1 GB/s
+(`--source 1g`), or the hard-disk class of tests/bench/slow_sources.py (`--source disk`: 200
+MB/s and 200 read requests a second, said to rotate); the mount's budget holds one checkpoint,
+not both. Three sides, each on a fresh server:
 
 - **plain**: ComfyUI pointed at the plain folder;
 - **mount**: at a fresh mount (no learned state), without the node;
@@ -34,7 +36,8 @@ checkpoints without any budget), over B's loader time in the plain folder's cold
 mount, tierfs's own figure beside it: the seconds B's readers waited for the disk
 (`files[].stall_seconds`).
 
-Writes tests/bench/results/comfyui_node/two-models.md and a .json beside it. Needs root.
+Writes tests/bench/results/comfyui_node/two-models.md (`two-models-disk.md` for the disk
+class) and a .json beside it. Needs root.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ sys.path.insert(0, str(REPO / "tests" / "python"))
 sys.path.insert(0, str(HERE))
 
 import comfyui_server as real  # noqa: E402
+import slow_sources  # noqa: E402
 import guest_memory  # noqa: E402
 import read_patterns as bench  # noqa: E402
 import sources  # noqa: E402
@@ -329,7 +333,7 @@ def render(args, results: list[dict], size: int, raw_gbs: float, budget: int, cm
            f"- date: {date or f'{datetime.datetime.now():%Y-%m-%d %H:%M}'}; kernel {os.uname().release}; "
            f"{os.cpu_count()} CPUs",
            f"- ComfyUI {version} (`main.py --cpu`); checkpoints {', '.join(CKPTS)}: SD1.5-shaped, "
-           f"{size / 1e9:.2f} GB each; source {raw_gbs:.2f} GB/s (read-throttled RAM-backed device); "
+           f"{size / 1e9:.2f} GB each; source {raw_gbs:.2f} GB/s ({getattr(args, 'source_text', '') or 'read-throttled RAM-backed device'}); "
            f"budget {budget / MiB:.0f} MiB (one checkpoint, not both); {args.steps} steps at 256×256",
            "- workflow: CheckpointLoaderSimple A and B, KSamplerAdvanced steps 0–½ with A and ½–1 with B, "
            "VAEDecode, SaveImage; first: caches dropped, fresh server and mount; later: after `POST /free`; "
@@ -367,13 +371,18 @@ def main() -> int:
     ap.add_argument("--sides", default="plain,mount,node")
     ap.add_argument("--tierfs", type=Path, default=REPO / "target" / "release" / "tierfs")
     ap.add_argument("--data", type=Path, default=Path("/var/tmp/tierfs-bench-data"))
-    ap.add_argument("--source-bps", type=float, default=1e9)
-    ap.add_argument("--out", type=Path, default=HERE / "results" / "comfyui_node" / "two-models.md")
+    ap.add_argument("--source", choices=("1g", "disk"), default="1g",
+                    help="1g: the device read-throttled to 1 GB/s; disk: slow_sources.py's hard-disk class")
+    ap.add_argument("--out", type=Path)
     ap.add_argument("--render", type=Path, help="render the table again from a results .json (with the "
                     "--out, --steps and --reps of its run)")
     args = ap.parse_args()
+    if args.out is None:
+        name = "two-models.md" if args.source == "1g" else f"two-models-{args.source}.md"
+        args.out = HERE / "results" / "comfyui_node" / name
     if args.render:
         saved = json.loads(args.render.read_text())
+        args.source_text = saved.get("source_text", "")
         args.out.write_text(render(args, saved["results"], saved["size"], saved["source_gbs"], saved["budget"],
                                    saved["command"], saved["comfyui"], saved.get("date")))
         return 0
@@ -401,11 +410,19 @@ def main() -> int:
             models = None
             for p in stored:
                 models = disk.put(p, f"models/checkpoints/{p.name}").parent
-            throttle.set(int(args.source_bps))
+            disk_class = None
+            if args.source == "disk":
+                disk_class = slow_sources.DiskSource(disk, throttle)
+                args.source_text = disk_class.describe
+            else:
+                throttle.set(int(1e9))
+                args.source_text = "read-throttled RAM-backed device"
             raw = sources.cold_read_gbs(models / CKPTS[0])
             for side in args.sides.split(","):
                 print(f"{side}:", flush=True)
                 results.append(one_side(args, disk, root, side, budget, size))
+            if disk_class:
+                disk_class.close()
             throttle.set(0)
             throttle.close()
         cmd = "sudo .venv/bin/python tests/bench/comfyui_node.py " + " ".join(sys.argv[1:])
@@ -413,7 +430,7 @@ def main() -> int:
         args.out.write_text(render(args, results, size, raw, budget, cmd.strip(), version))
         args.out.with_suffix(".json").write_text(json.dumps(
             {"results": results, "size": size, "source_gbs": raw, "budget": budget, "command": cmd.strip(),
-             "comfyui": version, "date": f"{datetime.datetime.now():%Y-%m-%d %H:%M}"}, indent=1))
+             "comfyui": version, "source_text": args.source_text, "date": f"{datetime.datetime.now():%Y-%m-%d %H:%M}"}, indent=1))
         print(f"wrote {args.out}")
     finally:
         install_node(args.comfyui, False)
