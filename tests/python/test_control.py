@@ -680,6 +680,28 @@ def test_a_file_opened_while_its_plan_warms_it_is_read_once(mount, plan_source):
     assert st["passthrough"]["open_files"] == 0 and st["passthrough"]["parked_files"] == 0, st["passthrough"]
 
 
+def test_a_plan_does_not_warm_a_file_passthrough_serves(mount, plan_source):
+    """A file whose last open was served by passthrough (here a loader's open that mapped it and
+    closed at once, as safetensors' safe_open does) may still be read through the mapping, which
+    the mount does not see: the plan leaves it to passthrough instead of reading it a second
+    time, and goes on to the next file when a reader has read it and closed it."""
+    a, b = "diffusion_models/high noise.safetensors", "diffusion_models/low noise.safetensors"
+    m = mount(plan_source, "100MiB", own_state())
+    if not m.stats()["passthrough"]["available"]:
+        pytest.fail("passthrough is not available on this machine (root, Linux >= 6.9)")
+    with open(m.mnt / a, "rb") as f:  # opened and closed: passthrough, parked
+        f.read(8)
+    assert m.file_stats(a)["mode"] == "passthrough", m.file_stats(a)
+    cmd = f"plan\n{a}\n{b}\n"
+    assert ctl(m.mnt, cmd) == len(cmd)
+    time.sleep(0.5)
+    st = quiesce(m)
+    assert st["disk"]["read_bytes"] < MiB and not file_cached(m, a), (st["disk"], m.file_stats(a))
+    read_exact(m.mnt / a, plan_source / a)
+    assert wait_for(lambda: (file_cached(m, b) or 0) >= data_bytes(plan_source / b), 30), m.file_stats(b)
+    assert m.file_stats(a)["mode"] == "passthrough" and not file_cached(m, a), m.file_stats(a)
+
+
 def test_cli_ctl_plan_takes_paths_with_spaces(tierfs_bin, mount, plan_source):
     a = "diffusion_models/high noise.safetensors"
     m = mount(plan_source, "100MiB", own_state())

@@ -120,14 +120,21 @@ impl ModelStore {
     /// The last open handle of `file` closed: prunes the version if SOURCE no longer holds it.
     fn closed(&self, file: &Arc<ModelFile>) {
         // Only a file a reader streamed is a step of a workflow; a header scan probes many.
-        if file.streamed.load(Ordering::Relaxed) {
+        let streamed = file.streamed.load(Ordering::Relaxed);
+        if streamed {
             // The plan's warm was for this load (not for a probe's open and close before it):
             // a later open is decided afresh.
             file.warmed_by_plan.store(false, Ordering::Release);
+        }
+        // A file passthrough serves is read unseen by the mount: its close is all the plan
+        // learns of its load (for a loader that maps it, the reads may go on after it).
+        let passthrough = file.mode() == super::ServeMode::Passthrough;
+        if streamed || passthrough {
             // A plan is told what comes next; the learned sequence guesses.
             match self.planned_after(file) {
                 Some(next) => self.warm_planned(&next),
-                None => self.warm_successor(file),
+                None if streamed => self.warm_successor(file),
+                None => {}
             }
         }
         if file.source.is_current() {

@@ -5,8 +5,9 @@
 //! - A new plan replaces the one before; an empty plan clears it.
 //! - When the plan is set, its first file no reader has open is warmed at once (up to the
 //!   budget), unless a file of the plan is open: the reader is then in the plan, at that file.
-//! - When a reader has streamed a file of the plan and its last handle closes, the plan's next
-//!   file is warmed (up to the budget), whatever the learned sequence says
+//! - When a reader has streamed a file of the plan and its last handle closes (or the last
+//!   handle of a plan's file served by passthrough closes: the mount sees nothing else of its
+//!   load), the plan's next file is warmed (up to the budget), whatever the learned sequence says
 //!   ([`super::sequence`] warms only a head of the learned successor: it guesses, a plan is
 //!   told). A file of the plan that a reader streams out of order moves the plan there.
 //! - The plan holds at most [`MAX_PLAN_FILES`] files, each opened as the store opens any model

@@ -219,15 +219,16 @@ impl ModelStore {
     /// parked passthrough files first, as for a model it serves (the file is then served from
     /// the chunk cache, which holds it: `ModeReason::AlreadyCached`). The file gets the cache's
     /// turn ([`ChunkCache::hand_turn_to`]): the files read before it are done, as far as the
-    /// plan knows, and its warm may take their room. Nothing is warmed for a
-    /// file the kernel serves from its page cache already (open by passthrough, or parked whole).
+    /// plan knows, and its warm may take their room. Nothing is warmed for a file passthrough
+    /// serves (open, or parked: its next open is passthrough's too).
     pub(super) fn warm_planned(&self, file: &Arc<ModelFile>) {
         let open_by_passthrough =
             file.mode() == ServeMode::Passthrough && file.handles.load(Ordering::Acquire) > 0;
-        // Its page cache, parked, holds it (nearly) whole: the next open is a page-cache hit.
-        let parked = self.passthrough.parked_bytes_of(&file.source.identity());
-        let in_page_cache = parked.saturating_mul(100) >= file.size().saturating_mul(95);
-        if file.is_raw() || file.in_ram || open_by_passthrough || in_page_cache {
+        // Parked: its last open was served by passthrough, and so will its next be. A loader
+        // that maps a file and closes it at once (safetensors' `safe_open`) may be reading it
+        // through the mapping right now, unseen by the mount: a warm would read it twice.
+        let parked = self.passthrough.is_parked(&file.source.identity());
+        if file.is_raw() || file.in_ram || open_by_passthrough || parked {
             return;
         }
         tracing::debug!(file = %file.path.display(), "warming the plan's next file");

@@ -323,6 +323,12 @@ impl PassthroughTier {
         competes
     }
 
+    /// Whether the tier keeps `identity` parked: its last open was served by passthrough, and
+    /// its next one will be if it fits.
+    pub fn is_parked(&self, identity: &SourceIdentity) -> bool {
+        self.lock().parked().contains(&key_of(identity))
+    }
+
     /// The page cache of `identity` the tier keeps parked (as last measured).
     pub fn parked_bytes_of(&self, identity: &SourceIdentity) -> u64 {
         self.lock()
