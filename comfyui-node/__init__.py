@@ -2,8 +2,8 @@
 
 ComfyUI imports this package from ``custom_nodes``. It adds no nodes to the graph
 (``NODE_CLASS_MAPPINGS`` is empty); it hooks into the prompt queue (comfy_setup.py) and serves
-a sidebar tab from ``WEB_DIRECTORY`` through the routes module when that is installed. Nothing
-here raises at import: a missing piece is logged and skipped.
+a sidebar tab from ``WEB_DIRECTORY`` (web/), which reads the mounts' stats through the route
+of routes.py. Nothing here raises at import: a missing piece is logged and skipped.
 """
 
 from __future__ import annotations
@@ -31,14 +31,9 @@ def find_mounts() -> list:
 
 
 def _register_routes() -> None:
-    """Register the sidebar's HTTP route (routes.py) when it is installed."""
-    import importlib.util
-
+    """Register the sidebar's HTTP route (routes.py)."""
     try:
-        if importlib.util.find_spec(__name__ + ".routes") is None:
-            log.debug("[tierfs] no routes module: no sidebar stats")
-            return
-        from . import routes  # type: ignore[attr-defined]
+        from . import routes
         import server  # type: ignore[import-not-found]
 
         routes.register(server.PromptServer.instance, find_mounts)
