@@ -147,33 +147,27 @@ class Events:
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(1.0)
 
-    def node_windows(self, prompt_id: str) -> dict[str, tuple[float, float]]:
-        """When each node of `prompt_id` ran (wall clock): from its `executing` event to the
-        next one."""
+    def executing(self, prompt_id: str) -> list[tuple[float, str | None]]:
+        """`prompt_id`'s `executing` events: (receipt time, node; None when the prompt ended)."""
         marks = []
         for line in self.path.read_text().splitlines():
             ev = json.loads(line)
             m = ev["m"]
             if m.get("type") == "executing" and m["data"].get("prompt_id") == prompt_id:
                 marks.append((ev["t"], m["data"].get("node")))
+        return marks
+
+    def node_windows(self, prompt_id: str) -> dict[str, tuple[float, float]]:
+        """When each node of `prompt_id` ran (wall clock): from its `executing` event to the
+        next one."""
+        marks = self.executing(prompt_id)
         return {node: (t0, t1) for (t0, node), (t1, _) in zip(marks, marks[1:]) if node is not None}
 
     def order(self, prompt_id: str) -> list[str]:
-        out = []
-        for line in self.path.read_text().splitlines():
-            m = json.loads(line)["m"]
-            if m.get("type") == "executing" and m["data"].get("prompt_id") == prompt_id and m["data"].get("node"):
-                out.append(m["data"]["node"])
-        return out
+        return [node for _, node in self.executing(prompt_id) if node]
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        real.stop(self.proc, 10)
 
 
 class DeviceSampler:

@@ -188,15 +188,20 @@ class Server:
         time.sleep(1.0)
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=30)
+        stop(self.proc, 30)
         self.log.close()
         shutil.rmtree(self.out, ignore_errors=True)
+
+
+def stop(proc: subprocess.Popen, timeout: float) -> None:
+    """Stops `proc` by its PID: SIGTERM, then SIGKILL after `timeout` seconds."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout)
 
 
 def device_read_bytes(dev: str) -> int:

@@ -8,7 +8,7 @@ The deb is installed system-wide, so its test needs root (the suite runs as root
 tests/run.sh) and a machine without a tierfs package or /usr/bin/tierfs of its own (it would
 replace and then remove them); it is skipped, saying why, otherwise. The wheel's test changes
 nothing outside the session root. Mounts are made by daemons (`tierfs-mount`, `tierfs mount
---daemon`): `Daemons` unmounts them and ends their daemons after each test, whatever happened,
+--daemon`): `DaemonMounts` unmounts them and ends their daemons after each test, whatever happened,
 and conftest's session safety net sweeps the session root as well.
 """
 
@@ -31,6 +31,7 @@ import pytest
 
 import gen
 from conftest import REPO, fresh_dir, is_mounted
+from test_scripts import DaemonMounts, _pid_alive
 
 BUILD_SH = REPO / "packaging" / "build.sh"
 # Both artifacts: seconds after the release build of tests/run.sh, which both tools reuse; two to
@@ -101,12 +102,6 @@ def models() -> tuple[Path, dict[str, bytes]]:
     return src, want
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
 
 def _daemon_pid(mnt: Path) -> int:
     text = (mnt / ".tierfs" / "stats").read_text()
@@ -115,35 +110,10 @@ def _daemon_pid(mnt: Path) -> int:
     return int(m.group(1))
 
 
-class Daemons:
-    """Mounts made by daemons of an installed binary; `cleanup` unmounts them (fusermount3, then
-    `umount -l`) and SIGKILLs any daemon still alive 10 s later."""
-
-    def __init__(self):
-        self.mounts: list[Path] = []
-        self.pids: set[int] = set()
-
-    def track(self, mnt: Path) -> None:
-        self.mounts.append(mnt)
-
-    def cleanup(self) -> list[str]:
-        for mnt in reversed(self.mounts):
-            if is_mounted(mnt):
-                subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True, timeout=30)
-            if is_mounted(mnt):
-                subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
-        deadline = time.monotonic() + 10
-        while any(_pid_alive(p) for p in self.pids) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        for p in self.pids:
-            if _pid_alive(p):
-                os.kill(p, signal.SIGKILL)
-        return [str(m) for m in self.mounts if is_mounted(m)]
-
-
 @pytest.fixture
 def daemons():
-    d = Daemons()
+    # The package may be removed by then: its mounts are undone with fusermount3.
+    d = DaemonMounts(None, unmount=["fusermount3", "-u"])
     yield d
     left = d.cleanup()
     assert not left, f"mount(s) left behind: {left}"
@@ -151,7 +121,7 @@ def daemons():
 
 # ----------------------------------------------------------------------------- the checks
 
-def check_mount(daemons: Daemons, mnt: Path, src: Path, want: dict[str, bytes], binary: Path) -> int:
+def check_mount(daemons: DaemonMounts, mnt: Path, src: Path, want: dict[str, bytes], binary: Path) -> int:
     """The mount at `mnt` is served by a daemon running `binary`, with the budget asked for, and
     every file reads back through it byte for byte; returns the daemon's pid."""
     assert is_mounted(mnt), f"{mnt} is not mounted"
@@ -188,7 +158,7 @@ def unmount(binary: Path, mnt: Path, pid: int) -> None:
     assert not is_mounted(mnt) and not _pid_alive(pid), "mount or daemon still there after tierfs unmount"
 
 
-def mount_with_script(script: Path, src: Path, mnt: Path, env: dict[str, str], daemons: Daemons,
+def mount_with_script(script: Path, src: Path, mnt: Path, env: dict[str, str], daemons: DaemonMounts,
                       log: Path) -> subprocess.CompletedProcess:
     daemons.track(mnt)
     env = dict(env, TIERFS_LOG_FILE=str(log))

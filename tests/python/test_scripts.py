@@ -47,8 +47,11 @@ def _stats(mnt: Path) -> dict:
 
 
 class DaemonMounts:
-    def __init__(self, tierfs_bin: Path):
-        self.tierfs_bin = tierfs_bin
+    """Mounts made by background daemons; `cleanup` unmounts them (`unmount` MNT, by default
+    `tierfs unmount`, then `umount -l`) and SIGKILLs any daemon still alive 10 s later."""
+
+    def __init__(self, tierfs_bin: Path | None, unmount: list[str] | None = None):
+        self.unmount = unmount or [str(tierfs_bin), "unmount"]
         self.mounts: list[Path] = []
         self.pids: set[int] = set()
 
@@ -66,9 +69,9 @@ class DaemonMounts:
     def cleanup(self) -> list[str]:
         for mnt in reversed(self.mounts):
             if is_mounted(mnt):
-                subprocess.run([str(self.tierfs_bin), "unmount", str(mnt)], capture_output=True, timeout=30)
+                subprocess.run([*self.unmount, str(mnt)], capture_output=True, timeout=30)
             if is_mounted(mnt):
-                subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+                subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
         deadline = time.monotonic() + 10
         while any(_pid_alive(p) for p in self.pids) and time.monotonic() < deadline:
             time.sleep(0.05)
