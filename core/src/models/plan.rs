@@ -56,8 +56,9 @@ impl Plan {
         }
     }
 
-    /// The last handle of `file`, which a reader streamed, closed: the file after it in the plan
-    /// is returned to be warmed, if `file` is in the plan from the current file on.
+    /// The last handle of `file` closed after a reader streamed it (or after passthrough served
+    /// it): the file after it in the plan is returned to be warmed, if `file` is in the plan
+    /// from the current file on.
     pub fn closed(&mut self, file: &ModelFile) -> Warm {
         let i = self.position_from_current(file)?;
         self.at = i + 1;
