@@ -120,21 +120,6 @@ def two_expert_workflow(a: str, b: str, steps: int) -> dict:
     }
 
 
-def one_model_workflow(ckpt: str, steps: int) -> dict:
-    return {
-        "1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": ckpt}},
-        "3": {"class_type": "CLIPTextEncode", "inputs": {"text": "a cat on a mat", "clip": ["1", 1]}},
-        "4": {"class_type": "CLIPTextEncode", "inputs": {"text": "", "clip": ["1", 1]}},
-        "5": {"class_type": "EmptyLatentImage", "inputs": {"width": 256, "height": 256, "batch_size": 1}},
-        "6": {"class_type": "KSampler", "inputs": {
-            "model": ["1", 0], "positive": ["3", 0], "negative": ["4", 0], "latent_image": ["5", 0],
-            "seed": 1, "steps": steps, "cfg": 1.0, "sampler_name": "euler", "scheduler": "normal",
-            "denoise": 1.0}},
-        "8": {"class_type": "VAEDecode", "inputs": {"samples": ["6", 0], "vae": ["1", 2]}},
-        "9": {"class_type": "SaveImage", "inputs": {"images": ["8", 0], "filename_prefix": "bench"}},
-    }
-
-
 class Events:
     """ComfyUI's websocket events for one client id, collected by a subprocess of `--python`."""
 
@@ -254,7 +239,7 @@ def one_side(args, disk, root: Path, side: str, budget: int, size: int) -> dict:
                                     [two_expert_workflow(*CKPTS, args.steps)]))
             server.free()
             runs.append(measure(server, events, mount, disk, size, "queued",
-                                [one_model_workflow(CKPTS[0], args.steps), one_model_workflow(CKPTS[1], args.steps)]))
+                                [real.workflow(CKPTS[0], 256, args.steps), real.workflow(CKPTS[1], 256, args.steps)]))
             node_log = server.log_path.read_text(errors="replace")
             return {"side": side, "runs": runs,
                     "node_lines": [ln for ln in node_log.splitlines() if "[tierfs]" in ln][:20]}

@@ -110,16 +110,18 @@ print(len(tensors), "tensors")
 """
 
 
-def workflow(ckpt: str) -> dict:
-    """ComfyUI's default workflow at its smallest, in the API format its page sends."""
+def workflow(ckpt: str, size: int = 64, steps: int = 1) -> dict:
+    """ComfyUI's default workflow (by default at its smallest: a 64×64 image, one step), in the
+    API format its page sends."""
     return {
         "1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": ckpt}},
         "2": {"class_type": "CLIPTextEncode", "inputs": {"text": "a cat on a mat", "clip": ["1", 1]}},
         "3": {"class_type": "CLIPTextEncode", "inputs": {"text": "", "clip": ["1", 1]}},
-        "4": {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}},
+        "4": {"class_type": "EmptyLatentImage", "inputs": {"width": size, "height": size, "batch_size": 1}},
         "5": {"class_type": "KSampler", "inputs": {
             "model": ["1", 0], "positive": ["2", 0], "negative": ["3", 0], "latent_image": ["4", 0],
-            "seed": 1, "steps": 1, "cfg": 1.0, "sampler_name": "euler", "scheduler": "normal", "denoise": 1.0}},
+            "seed": 1, "steps": steps, "cfg": 1.0, "sampler_name": "euler", "scheduler": "normal",
+            "denoise": 1.0}},
         "6": {"class_type": "VAEDecode", "inputs": {"samples": ["5", 0], "vae": ["1", 2]}},
         "7": {"class_type": "SaveImage", "inputs": {"images": ["6", 0], "filename_prefix": "bench"}},
     }
