@@ -322,6 +322,12 @@ impl ModelFile {
         let footprint = aligned_footprint(span.start, span.end);
         let owner = self.owner(span.block);
         let got = cache.get_or_load(self.key(chunk), footprint, want, owner.as_ref(), || {
+            tracing::trace!(
+                start = span.start,
+                len = span.len(),
+                ?want,
+                "source read of one chunk"
+            );
             self.source.read_aligned(span.start, span.end)
         });
         // A load that was under way when the version was pruned must not leave its chunk in the
@@ -329,6 +335,65 @@ impl ModelFile {
         // this chunk was inserted: one of the two forgets it (see `open`).
         if self.pruned.load(Ordering::SeqCst) {
             cache.forget_file(self.generation);
+        }
+        got.map(Some)
+    }
+
+    /// Chunk `chunk` as [`Self::fetch_chunk`] gives it, read from the source (when it is not
+    /// resident or being read) with the chunks after it for which `more(c)` is true (asked in
+    /// file order, until it is false), up to `max_bytes` in all, as one source request
+    /// ([`ChunkCache::load_run`]); those are cached as prefetches.
+    pub fn fetch_run(
+        &self,
+        cache: &ChunkCache,
+        (chunk, want): (usize, Want),
+        max_bytes: u64,
+        more: &mut dyn FnMut(usize) -> bool,
+    ) -> Result<Option<(Arc<Chunk>, Outcome)>, CacheError> {
+        let Some(plan) = self.plan().filter(|_| !self.pruned.load(Ordering::Relaxed)) else {
+            return Ok(None); // raw, or nobody can read it any more
+        };
+        let mut run: Vec<RunChunk> = Vec::new();
+        let mut bytes = 0;
+        for next in chunk..plan.len() {
+            let Some(span) = plan.get(next) else {
+                break;
+            };
+            if !run.is_empty() && (bytes + span.len() > max_bytes || !more(next)) {
+                break;
+            }
+            bytes += span.len();
+            run.push(RunChunk {
+                key: self.key(next),
+                start: span.start,
+                end: span.end,
+                owner: self.owner(span.block),
+            });
+        }
+        let got = cache.load_run(&run, want, |start, end| {
+            tracing::trace!(start, len = end - start, ?want, "source read of a run");
+            self.source.read_aligned(start, end)
+        });
+        // As in `fetch_chunk`: a run read while the version was pruned leaves nothing cached.
+        if self.pruned.load(Ordering::SeqCst) {
+            cache.forget_file(self.generation);
+        }
+        if let (Ok(_), Some(tracker)) = (&got, self.tracker.as_ref()) {
+            // A reader's own block is not a prefetch's, though chunks after its own are.
+            let readers = run
+                .first()
+                .and_then(|c| c.owner.as_ref())
+                .map(|o| o.block)
+                .filter(|_| want == Want::Read);
+            let mut blocks: Vec<usize> = run
+                .iter()
+                .filter_map(|c| c.owner.as_ref().map(|o| o.block))
+                .filter(|&b| Some(b) != readers)
+                .collect();
+            blocks.dedup();
+            for block in blocks {
+                tracker.note_prefetch(block);
+            }
         }
         got.map(Some)
     }
@@ -414,43 +479,7 @@ impl PrefetchTarget for ModelFile {
         max_bytes: u64,
         more: &mut dyn FnMut(usize) -> bool,
     ) -> Result<(), CacheError> {
-        let Some(plan) = self.plan().filter(|_| !self.pruned.load(Ordering::Relaxed)) else {
-            return Ok(()); // raw, or nobody can read it any more
-        };
-        let mut run: Vec<RunChunk> = Vec::new();
-        let mut bytes = 0;
-        for next in chunk..plan.len() {
-            let Some(span) = plan.get(next) else {
-                break;
-            };
-            if !run.is_empty() && (bytes + span.len() > max_bytes || !more(next)) {
-                break;
-            }
-            bytes += span.len();
-            run.push(RunChunk {
-                key: self.key(next),
-                start: span.start,
-                end: span.end,
-                owner: self.owner(span.block),
-            });
-        }
-        let got = cache.load_run(&run, Want::Prefetch, |start, end| {
-            self.source.read_aligned(start, end)
-        });
-        // As in `fetch_chunk`: a run read while the version was pruned leaves nothing cached.
-        if self.pruned.load(Ordering::SeqCst) {
-            cache.forget_file(self.generation);
-        }
-        if let (Ok(_), Some(tracker)) = (&got, self.tracker.as_ref()) {
-            let mut blocks: Vec<usize> = run
-                .iter()
-                .filter_map(|c| c.owner.as_ref().map(|o| o.block))
-                .collect();
-            blocks.dedup();
-            for block in blocks {
-                tracker.note_prefetch(block);
-            }
-        }
-        got.map(|_| ())
+        self.fetch_run(cache, (chunk, Want::Prefetch), max_bytes, more)
+            .map(|_| ())
     }
 }

@@ -34,6 +34,7 @@ use super::store::OpenedBy;
 use super::ModelsConfig;
 use super::{ModelFile, ModelStore};
 use crate::cache::{CacheError, Chunk, Outcome, Want};
+use crate::prefetch::{Pacing, PrefetchTarget};
 use crate::reader::Step;
 use crate::source::{AlignedBytes, SourceError};
 use crate::stats::Counters;
@@ -217,8 +218,8 @@ impl ModelStore {
             .ok_or(ReadError::NoChunk)?;
         self.touch(file, span.block);
         let started = Instant::now();
-        let (bytes, outcome) = file
-            .fetch_chunk(&self.cache, chunk, Want::Read)?
+        let (bytes, outcome) = self
+            .fetch_for_reader(file, chunk)?
             .ok_or(ReadError::NoChunk)?;
         let stop = end.min(span.end);
         if let Some(tracker) = file.tracker() {
@@ -244,6 +245,33 @@ impl ModelStore {
         let range = (pos - span.start) as usize..(stop - span.start) as usize;
         bytes.served(&range);
         Ok((bytes, range, stop))
+    }
+
+    /// Chunk `chunk` for a reader. On a source read in order ([`Pacing::Ordered`]), a miss
+    /// takes the next pass of the source's gate ([`crate::prefetch::gate`]: after the request
+    /// in flight, before any read-ahead waiting) and is read with the chunks queued to be read
+    /// ahead right after it, as one request: a reader faster than the source catches up with
+    /// the read-ahead, and its misses read alone, beside the lane's request, would be requests
+    /// at other offsets (a seek each, or a round trip and the store's own chunks fetched again)
+    /// ([measured](../../../docs/PERFORMANCE.md#slow-and-network-sources)). Only chunks already
+    /// queued join: the stream's next part, which the source would be asked for anyway.
+    fn fetch_for_reader(
+        &self,
+        file: &ModelFile,
+        chunk: usize,
+    ) -> Result<Option<(Arc<Chunk>, Outcome)>, CacheError> {
+        let ordered = match file.pacing(&self.prefetcher.config().pacing) {
+            Pacing::Ordered { request_bytes, .. } => Some(request_bytes),
+            Pacing::Parallel => None,
+        };
+        match ordered {
+            Some(request_bytes) if !file.chunk_present(&self.cache, chunk) => {
+                let _pass = self.prefetcher.reader_pass();
+                let mut queued = |next: usize| self.prefetcher.take_queued(file.chunk_key(next));
+                file.fetch_run(&self.cache, (chunk, Want::Read), request_bytes, &mut queued)
+            }
+            _ => file.fetch_chunk(&self.cache, chunk, Want::Read),
+        }
     }
 
     /// Serves a probe ([`super::runs`]): exactly `[offset, end)`, with no chunk cached, no prefetch

@@ -28,7 +28,8 @@
 //! adjacent queued chunks read as one request ([`PrefetchTarget::prefetch_run`]), as many
 //! requests in flight as the source's bandwidth-delay product needs; and sequential read-ahead
 //! is queued half a window of two requests at a time ([`Prefetcher::after_read`]), so that
-//! those requests are large.
+//! those requests are large. Those requests and readers' misses on such a source share the
+//! [`SourceGate`]: no more in flight than that depth, a reader's miss first.
 //!
 //! **Interfaces.** The prefetcher knows files only through [`PrefetchTarget`] (their chunk
 //! plan, reader tracker, and how to fetch one chunk), which `models::ModelFile` implements, so
@@ -36,10 +37,12 @@
 //! [`crate::reader`]. Where the work runs is injected ([`Prefetcher::with_executor`]): tests
 //! use a [`ManualExecutor`] and run queued prefetches at the step they choose.
 //!
-//! **Locks.** One, the set of queued chunks (through [`crate::sync`]), a leaf: held only to
-//! insert or remove one key, never while submitting work or reading.
+//! **Locks.** The set of queued chunks (through [`crate::sync`]), a leaf: held only to
+//! insert or remove one key, never while submitting work or reading; and the gate's own, a
+//! leaf too, held to count passes, never while reading.
 
 pub mod executor;
+pub mod gate;
 pub mod lane;
 pub mod pacing;
 pub mod saved;
@@ -55,6 +58,7 @@ use crate::reader::ReaderTracker;
 use crate::reader::Step;
 use crate::sync::{lock, Mutex};
 pub use executor::{Executor, ManualExecutor, WorkerPool};
+pub use gate::{Asker, Pass, SourceGate};
 pub use lane::OrderedLane;
 pub use pacing::{Pacing, PacingConfig, PacingMode, SourceSpeed};
 
@@ -170,6 +174,8 @@ pub struct Prefetcher {
     /// Prefetches of files whose source charges per request ([`pacing`]); `None` with an
     /// injected executor, which then runs those too.
     lane: Option<Arc<OrderedLane>>,
+    /// Reads of sources read in order in flight, readers first ([`gate`]).
+    gate: Arc<SourceGate>,
     queued: Queued,
     config: PrefetchConfig,
 }
@@ -218,6 +224,7 @@ impl Prefetcher {
             background: Arc::clone(&executor),
             executor,
             lane: None,
+            gate: Arc::new(SourceGate::default()),
             queued: Queued::default(),
             config,
         }
@@ -389,6 +396,19 @@ impl Prefetcher {
             }
         }
         true
+    }
+
+    /// A pass of the gate for a reader's miss on a source read in order ([`gate`]); hold it
+    /// from before the chunk is looked up until its read is settled.
+    pub fn reader_pass(&self) -> Pass<'_> {
+        self.gate.pass(Asker::Reader)
+    }
+
+    /// Takes chunk `key` off the queue of reads ahead (true if it was queued): a reader that
+    /// missed the chunk before it on an ordered source reads it with its own, as one request,
+    /// and the queued task then finds it present.
+    pub fn take_queued(&self, key: ChunkKey) -> bool {
+        lock(&self.queued).remove(&key)
     }
 
     /// A reader just read chunk `chunk` of `file`: queue what follows it in the file. Returns
@@ -575,13 +595,17 @@ impl Prefetcher {
     ) -> bool {
         let pacing = file.pacing(&self.config.pacing);
         let task = {
-            let (file, cache, queued) = (
+            let (file, cache, queued, gate) = (
                 Arc::clone(file),
                 Arc::clone(&self.cache),
                 Arc::clone(&self.queued),
+                Arc::clone(&self.gate),
             );
-            Box::new(move || run(&*file, &cache, &queued, (chunk, epoch), pacing))
+            Box::new(move || run(&*file, (&cache, &gate), &queued, (chunk, epoch), pacing))
         };
+        if let Pacing::Ordered { depth, .. } = pacing {
+            self.gate.set_depth(depth);
+        }
         let executor: &dyn Executor = match (pacing, &self.lane) {
             (Pacing::Ordered { depth, .. }, Some(lane)) => {
                 lane.set_depth(depth);
@@ -600,7 +624,7 @@ impl Prefetcher {
 /// own tasks then find them present.
 fn run(
     file: &dyn PrefetchTarget,
-    cache: &ChunkCache,
+    (cache, gate): (&ChunkCache, &SourceGate),
     queued: &Mutex<HashSet<ChunkKey>>,
     (chunk, epoch): (usize, Option<u64>),
     pacing: Pacing,
@@ -615,6 +639,10 @@ fn run(
     }
     let read = match pacing {
         Pacing::Ordered { request_bytes, .. } => {
+            let _pass = gate.pass(Asker::ReadAhead);
+            if file.chunk_present(cache, chunk) {
+                return; // a reader read it while this waited for its pass
+            }
             let mut more = |next: usize| lock(queued).remove(&file.chunk_key(next));
             file.prefetch_run(cache, chunk, request_bytes, &mut more)
         }

@@ -44,6 +44,7 @@ use windows as platform;
 #[cfg(not(any(target_os = "linux", windows)))]
 compile_error!("tierfs-core reads sources on Linux and Windows only");
 
+mod boundary;
 mod buffers;
 pub mod deadline;
 pub mod kind;
@@ -209,6 +210,8 @@ pub struct SourceFile {
     direct: OnceLock<Option<Arc<dyn ReadAt>>>,
     /// False once `O_DIRECT` failed to open or was refused by a read.
     direct_works: AtomicBool,
+    /// The page the latest direct read ended inside, for the read of the chunk after it.
+    boundary: boundary::BoundaryPage,
     identity: SourceIdentity,
     wrap: Option<ReadWrapper>,
     /// On a file system held in RAM (tmpfs, ramfs): see [`SourceFile::is_in_ram`].
@@ -282,6 +285,7 @@ impl SourceFile {
             buffered,
             direct: OnceLock::new(),
             direct_works: AtomicBool::new(true),
+            boundary: boundary::BoundaryPage::default(),
             identity,
             wrap: wrap.cloned(),
             in_ram,
@@ -387,7 +391,8 @@ impl SourceFile {
         self.direct_works.load(Ordering::Relaxed)
     }
 
-    /// Reads `[start, end)` into a page-aligned buffer, bypassing the page cache.
+    /// Reads `[start, end)` into a page-aligned buffer, bypassing the page cache: with
+    /// `O_DIRECT` the whole pages the range touches, else (buffered) exactly the range.
     pub fn read_aligned(&self, start: u64, end: u64) -> Result<AlignedBytes, SourceError> {
         let base = align_down(start);
         let map_len = usize::try_from(aligned_footprint(start, end)).unwrap_or(usize::MAX);
@@ -395,13 +400,22 @@ impl SourceFile {
             len: map_len,
             source,
         })?;
+        let skip = (start - base) as usize;
         let needed = (end - base) as usize;
         let mut filled = 0usize;
         if self.uses_direct_io() {
-            filled = self.fill_direct(&mut map[..map_len], base)?;
+            if needed > DIRECT_IO_ALIGN as usize && self.boundary.take_into(base, &mut map) {
+                filled = DIRECT_IO_ALIGN as usize;
+            }
+            filled += self.fill_direct(&mut map[filled..map_len], base + filled as u64)?;
+            self.boundary.keep_last_of(base, &map[..filled], end);
         }
         if filled < needed {
-            filled += self.fill_buffered(&mut map[filled..needed], base + filled as u64)?;
+            // Buffered, from `start` at the earliest: the bytes before it on its page belong to
+            // the chunk before, which read them, and reading them again costs a request (a seek,
+            // a store's chunk) where the source charges per request.
+            let from = filled.max(skip);
+            filled = from + self.fill_buffered(&mut map[from..needed], base + from as u64)?;
         }
         if filled < needed {
             return Err(SourceError::Truncated {
@@ -412,7 +426,7 @@ impl SourceFile {
         }
         Ok(AlignedBytes {
             map: Some(map),
-            skip: (start - base) as usize,
+            skip,
             len: (end - start) as usize,
         })
     }
@@ -581,6 +595,101 @@ mod tests {
             assert!(got.footprint() >= (end - start) as u64);
             assert_eq!(got.footprint() % DIRECT_IO_ALIGN, 0);
         }
+    }
+
+    /// A descriptor that refuses `O_DIRECT` reads (as FUSE and network filesystems do) and
+    /// records the buffered reads it is asked for.
+    struct Recorded {
+        file: File,
+        direct: bool,
+        reads: Arc<std::sync::Mutex<Vec<(u64, usize)>>>,
+    }
+
+    impl ReadAt for Recorded {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+            if self.direct {
+                return Err(io::Error::from_raw_os_error(libc::EINVAL));
+            }
+            self.reads.lock().unwrap().push((offset, buf.len()));
+            self.file.read_at(buf, offset)
+        }
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn buffered_reads_ask_for_the_range_only_not_its_whole_pages() {
+        use std::os::fd::AsRawFd;
+        let data = pattern(5 * 4096);
+        let f = file_with(&data);
+        let reads = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = Arc::clone(&reads);
+        let wrap: ReadWrapper = Arc::new(move |file: File| {
+            // SAFETY: F_GETFL only reads the descriptor's flags.
+            let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+            Arc::new(Recorded {
+                direct: flags & libc::O_DIRECT != 0,
+                file,
+                reads: Arc::clone(&log),
+            }) as Arc<dyn ReadAt>
+        });
+        let src = SourceFile::open_with(&PlainPaths, f.path(), Some(&wrap)).unwrap();
+        // Two adjacent chunks sharing a page, read one after the other: the bytes of the
+        // shared page before the second's start are not asked for again.
+        for (start, end) in [(5000u64, 9000u64), (9000, 14000)] {
+            reads.lock().unwrap().clear();
+            let got = src.read_aligned(start, end).unwrap();
+            assert_eq!(got.as_slice(), &data[start as usize..end as usize]);
+            assert_eq!(got.footprint(), aligned_footprint(start, end));
+            let asked = reads.lock().unwrap().clone();
+            assert_eq!(asked.first().map(|r| r.0), Some(start), "{asked:?}");
+            let bytes: usize = asked.iter().map(|r| r.1).sum();
+            assert_eq!(bytes as u64, end - start, "{asked:?}");
+        }
+        assert!(!src.uses_direct_io());
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_direct_read_of_the_next_chunk_does_not_read_the_shared_page_again() {
+        use std::os::fd::AsRawFd;
+        let data = pattern(6 * 4096);
+        let f = file_with(&data);
+        let reads = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = Arc::clone(&reads);
+        // Records the direct descriptor's reads; the plain one's are not recorded.
+        let wrap: ReadWrapper = Arc::new(move |file: File| {
+            // SAFETY: F_GETFL only reads the descriptor's flags.
+            let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+            let direct = flags & libc::O_DIRECT != 0;
+            Arc::new(Recorded {
+                direct: false,
+                file,
+                reads: if direct {
+                    Arc::clone(&log)
+                } else {
+                    Arc::default()
+                },
+            }) as Arc<dyn ReadAt>
+        });
+        let src = SourceFile::open_with(&PlainPaths, f.path(), Some(&wrap)).unwrap();
+        // Three adjacent chunks, read in order; the second's start shares the first's last page.
+        let mut asked_from = Vec::new();
+        for (start, end) in [(100u64, 9000u64), (9000, 17000), (17000, 6 * 4096)] {
+            reads.lock().unwrap().clear();
+            let got = src.read_aligned(start, end).unwrap();
+            assert_eq!(got.as_slice(), &data[start as usize..end as usize]);
+            asked_from.push(reads.lock().unwrap().first().map(|r| r.0));
+        }
+        assert!(
+            src.uses_direct_io(),
+            "this test needs a filesystem with O_DIRECT"
+        );
+        assert_eq!(asked_from, [Some(0), Some(3 * 4096), Some(5 * 4096)]);
+        // Out of order, the page is read from the source as before.
+        reads.lock().unwrap().clear();
+        let got = src.read_aligned(9000, 17000).unwrap();
+        assert_eq!(got.as_slice(), &data[9000..17000]);
+        assert_eq!(reads.lock().unwrap().first().map(|r| r.0), Some(2 * 4096));
     }
 
     #[test]

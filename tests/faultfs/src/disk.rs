@@ -22,7 +22,12 @@
 //! The counters ([`DiskStats`]) are written as JSON to `--disk-stats FILE` after every request
 //! (written to a temporary name and renamed, so a reader never sees half a document), so that
 //! tests compare the seeks of two read patterns rather than their wall-clock times.
+//! `--disk-trace FILE` appends one line per request served, in the order the head served them:
+//! microseconds since the disk started, file (faultfs inode), offset, length, and 1 if it paid
+//! a seek, else 0; benchmarks read it to see where the seeks of a load come from.
 
+use std::fs::File;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -105,7 +110,7 @@ impl Head {
     /// Moves the head over a request of `len` bytes at `offset` of file `ino` and counts it;
     /// returns the request's modelled time.
     pub fn serve(&mut self, model: &DiskModel, ino: u64, offset: u64, len: u64) -> Duration {
-        let seek = self.at != Some((ino, offset));
+        let seek = self.seeks_to(ino, offset);
         self.at = Some((ino, offset.saturating_add(len)));
         let cost = model.cost(seek, len);
         self.stats.requests += 1;
@@ -116,6 +121,11 @@ impl Head {
             .busy_ns
             .saturating_add(u64::try_from(cost.as_nanos()).unwrap_or(u64::MAX));
         cost
+    }
+
+    /// Whether a request at `offset` of file `ino` pays a seek.
+    pub fn seeks_to(&self, ino: u64, offset: u64) -> bool {
+        self.at != Some((ino, offset))
     }
 }
 
@@ -151,15 +161,18 @@ pub struct Disk {
     /// Signalled when the head is released.
     free: Condvar,
     stats_path: Option<PathBuf>,
+    /// `--disk-trace`: the file each served request is appended to, and when the disk started.
+    trace: Option<(Mutex<File>, Instant)>,
 }
 
 impl Disk {
-    pub fn new(model: DiskModel, stats_path: Option<PathBuf>) -> Self {
+    pub fn new(model: DiskModel, stats_path: Option<PathBuf>, trace: Option<File>) -> Self {
         let disk = Disk {
             model,
             queue: Mutex::new(Queue::default()),
             free: Condvar::new(),
             stats_path,
+            trace: trace.map(|file| (Mutex::new(file), Instant::now())),
         };
         disk.write_stats(&DiskStats::default());
         disk
@@ -198,7 +211,9 @@ impl Disk {
         let result = read();
         let mut queue = self.lock();
         let served = result.map(|(out, len)| {
+            let seek = queue.head.seeks_to(ino, offset);
             let cost = queue.head.serve(&self.model, ino, offset, len);
+            self.write_trace(t0, ino, offset, len, seek);
             (out, cost, queue.head.stats)
         });
         drop(queue);
@@ -216,6 +231,23 @@ impl Disk {
         self.lock().busy = false;
         self.free.notify_all();
         out
+    }
+
+    /// Appends one request to the `--disk-trace` file (called with the queue held, so lines are
+    /// in the order the head served them).
+    fn write_trace(&self, t0: Instant, ino: u64, offset: u64, len: u64, seek: bool) {
+        let Some((file, started)) = &self.trace else {
+            return;
+        };
+        let at = t0.saturating_duration_since(*started).as_micros();
+        let line = format!("{at} {ino} {offset} {len} {}\n", u8::from(seek));
+        let mut file = match file.lock() {
+            Ok(f) => f,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if let Err(e) = file.write_all(line.as_bytes()) {
+            eprintln!("faultfs: writing the disk trace: {e}");
+        }
     }
 
     fn write_stats(&self, stats: &DiskStats) {
@@ -347,7 +379,9 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("faultfs-disk-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let stats = dir.join("stats.json");
-        let disk = std::sync::Arc::new(Disk::new(m, Some(stats.clone())));
+        let trace = dir.join("trace");
+        let trace_file = File::create(&trace).unwrap();
+        let disk = std::sync::Arc::new(Disk::new(m, Some(stats.clone()), Some(trace_file)));
         let t0 = Instant::now();
         let threads: Vec<_> = (0..4u64)
             .map(|i| {
@@ -371,6 +405,18 @@ mod tests {
             text,
             "{\"requests\": 4, \"seeks\": 4, \"bytes\": 40, \"busy_us\": 80000}\n"
         );
+        // the trace: one line per request, in the order served, each a seek of 10 bytes
+        let trace = std::fs::read_to_string(&trace).unwrap();
+        let mut offsets: Vec<u64> = trace
+            .lines()
+            .map(|line| {
+                let f: Vec<u64> = line.split(' ').map(|x| x.parse().unwrap()).collect();
+                assert_eq!((f.len(), f[1], f[3], f[4]), (5, 2, 10, 1), "{line}");
+                f[2]
+            })
+            .collect();
+        offsets.sort_unstable();
+        assert_eq!(offsets, [0, 1_000_000, 2_000_000, 3_000_000]);
         let err = disk.serve(2, 0, || Err::<((), u64), _>("eio"));
         assert_eq!(err, Err("eio"));
         std::fs::remove_dir_all(&dir).unwrap();

@@ -3,6 +3,7 @@
 //! ```text
 //! faultfs SOURCE MOUNTPOINT --faults FAULTS.json
 //!         [--disk] [--seek-ms MS] [--disk-mbps MB_PER_S] [--disk-stats STATS.json]
+//!         [--disk-trace TRACE]
 //! ```
 //!
 //! Mirrors `SOURCE` read-only (nested directories, regular files, symlinks).
@@ -30,7 +31,7 @@
 //! file pays the seek, and every request's bytes are served at the rate (see [`disk`]).  So a
 //! sequential reader streams at the rate, and readers at several offsets at once pay a seek per
 //! request.  `--disk-stats FILE` receives the head's counters (requests, seeks, bytes, modelled
-//! busy time) as JSON after every request.
+//! busy time) as JSON after every request; `--disk-trace FILE` one line per request served.
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -391,6 +392,7 @@ fn usage() -> ExitCode {
     eprintln!(
         "               [--disk] [--seek-ms MS] [--disk-mbps MB_PER_S] [--disk-stats STATS.json]"
     );
+    eprintln!("               [--disk-trace TRACE]");
     ExitCode::from(2)
 }
 
@@ -412,6 +414,7 @@ fn main() -> ExitCode {
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     let (mut positional, mut faults) = (Vec::new(), None);
     let (mut disk_on, mut model, mut disk_stats) = (false, DiskModel::default(), None);
+    let mut disk_trace = None;
     let mut it = args.into_iter();
     while let Some(a) = it.next() {
         if a == "--faults" {
@@ -430,6 +433,18 @@ fn main() -> ExitCode {
             disk_on = true;
         } else if a == "--disk-stats" {
             disk_stats = it.next().map(PathBuf::from);
+        } else if a == "--disk-trace" {
+            let Some(path) = it.next() else {
+                return usage();
+            };
+            match fs::File::create(&path) {
+                Ok(file) => disk_trace = Some(file),
+                Err(e) => {
+                    eprintln!("faultfs: disk trace {}: {e}", Path::new(&path).display());
+                    return ExitCode::FAILURE;
+                }
+            }
+            disk_on = true;
         } else if a == "-h" || a == "--help" {
             return usage();
         } else {
@@ -455,7 +470,7 @@ fn main() -> ExitCode {
         handles: Mutex::new(HashMap::new()),
         next_fh: AtomicU64::new(1),
         read_faults: ReadFaults::new(),
-        disk: disk_on.then(|| Disk::new(model, disk_stats)),
+        disk: disk_on.then(|| Disk::new(model, disk_stats, disk_trace)),
     };
     let mut config = Config::default();
     config.mount_options = vec![MountOption::RO, MountOption::FSName("faultfs".into())];
