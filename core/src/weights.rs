@@ -6,7 +6,9 @@
 //! [`WeightGen`] draws each tensor's standard deviation log-uniform in [`STD_RANGE`] (a
 //! geometric mean of 0.02, the per-layer scales of trained transformers), then its values from a
 //! zero-mean normal distribution of that deviation, and encodes them with round-to-nearest-even
-//! as bf16, fp16, fp32, fp8 e4m3 or fp8 e5m2 (little-endian). The output depends only on the
+//! as bf16, fp16, fp32, fp8 e4m3 or fp8 e5m2 (little-endian). fp8 values are scaled per tensor
+//! as fp8 checkpoints store them: [`FP8_AMAX_SIGMAS`] deviations map to the format's largest
+//! value, so that the values fill the format's range instead of sinking into its subnormals. The output depends only on the
 //! seed: identical seeds give identical bytes on every platform and with every dependency
 //! version.
 //!
@@ -19,8 +21,14 @@
 use half::{bf16, f16};
 
 /// Range of the per-tensor standard deviations, drawn log-uniform: geometric mean 0.02, a
-/// factor 4 either way.
+/// factor 4 either way (the exponent entropy it gives:
+/// [PERFORMANCE.md](../../docs/PERFORMANCE.md#compressed-ram-tier-the-codec)).
 pub const STD_RANGE: (f64, f64) = (0.005, 0.08);
+
+/// fp8 values are scaled so that this many deviations are the format's largest value: the
+/// largest of a million normal draws is about 5 deviations, and fp8 checkpoints scale each
+/// tensor by its largest magnitude.
+pub const FP8_AMAX_SIGMAS: f64 = 5.0;
 
 /// The element encodings [`WeightGen`] writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -102,12 +110,17 @@ impl WeightGen {
         (lo.ln() + self.uniform() * (hi.ln() - lo.ln())).exp()
     }
 
-    /// Fills `out` with normal values of deviation `std` encoded as `dtype`; trailing bytes
-    /// short of a whole element are zero.
+    /// Fills `out` with normal values of deviation `std` encoded as `dtype` (fp8: scaled to
+    /// the format, see the module docs); trailing bytes short of a whole element are zero.
     pub fn fill(&mut self, dtype: WeightDtype, std: f64, out: &mut [u8]) {
         let w = dtype.width();
         let mut pair: Option<f64> = None;
         let whole = out.len() / w * w;
+        let scale = match dtype {
+            WeightDtype::F8E4M3 => f64::from(E4M3_MAX) / FP8_AMAX_SIGMAS,
+            WeightDtype::F8E5M2 => f64::from(E5M2_MAX) / FP8_AMAX_SIGMAS,
+            _ => std,
+        };
         let (body, tail) = out.split_at_mut(whole);
         tail.fill(0);
         for e in body.chunks_exact_mut(w) {
@@ -122,7 +135,7 @@ impl WeightGen {
                     r * t.cos()
                 }
             };
-            let x = (z * std) as f32;
+            let x = (z * scale) as f32;
             match dtype {
                 WeightDtype::BF16 => e.copy_from_slice(&bf16::from_f32(x).to_le_bytes()),
                 WeightDtype::F16 => e.copy_from_slice(&f16::from_f32(x).to_le_bytes()),
@@ -144,6 +157,11 @@ impl WeightGen {
         out
     }
 }
+
+/// The largest finite fp8 e4m3 value.
+const E4M3_MAX: f32 = 448.0;
+/// The largest finite fp8 e5m2 value.
+const E5M2_MAX: f32 = 57344.0;
 
 /// The magnitudes of the fp8 codes `0..=max_code` (sign bit clear), which increase with the
 /// code: subnormals for a zero exponent field, bias `2^(exp_bits-1) - 1`.
@@ -189,9 +207,9 @@ mod tests {
     #[test]
     fn fp8_tables_match_the_formats() {
         let g = WeightGen::new(0);
-        assert_eq!(g.e4m3.last().copied(), Some(448.0));
+        assert_eq!(g.e4m3.last().copied(), Some(E4M3_MAX));
         assert_eq!(g.e4m3[1], 2f32.powi(-9));
-        assert_eq!(g.e5m2.last().copied(), Some(57344.0));
+        assert_eq!(g.e5m2.last().copied(), Some(E5M2_MAX));
         assert_eq!(g.e5m2[1], 2f32.powi(-16));
         assert!(g.e4m3.windows(2).all(|w| w[0] < w[1]));
         assert!(g.e5m2.windows(2).all(|w| w[0] < w[1]));
