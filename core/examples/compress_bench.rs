@@ -206,8 +206,13 @@ type Codec = (
 /// only, without the merge and the checksum the codec adds).
 fn candidates(data: &[u8], rounds: usize) {
     let planes = bf16_planes(data);
-    let zstd_dec = |src: &[u8], dst: &mut [u8]| -> usize {
-        zstd::bulk::decompress_to_buffer(src, dst).unwrap_or_else(|e| panic!("{e}"))
+    // One decoding context per zstd row, as the codec keeps one per thread.
+    let ctx = || zstd::bulk::Decompressor::new().unwrap_or_else(|e| panic!("{e}"));
+    let zstd_dec = |mut c: zstd::bulk::Decompressor<'static>| {
+        move |s: &[u8], d: &mut [u8]| {
+            c.decompress_to_buffer(s, d)
+                .unwrap_or_else(|e| panic!("{e}"))
+        }
     };
     let mut zctx = zstd::bulk::Decompressor::new().unwrap_or_else(|e| panic!("{e}"));
     let mut zctx3 = zstd::bulk::Decompressor::new().unwrap_or_else(|e| panic!("{e}"));
@@ -229,7 +234,7 @@ fn candidates(data: &[u8], rounds: usize) {
                     .unwrap_or_else(|e| panic!("{e}"));
                 c.compress(p).unwrap_or_default()
             }),
-            Box::new(zstd_dec),
+            Box::new(zstd_dec(ctx())),
         ),
         (
             "zstd level 1, min match 7, window 1 KiB (libzstd)",
@@ -241,7 +246,7 @@ fn candidates(data: &[u8], rounds: usize) {
                     .unwrap_or_else(|e| panic!("{e}"));
                 c.compress(p).unwrap_or_default()
             }),
-            Box::new(zstd_dec),
+            Box::new(zstd_dec(ctx())),
         ),
         (
             "zstd level 3 (libzstd)",
@@ -255,7 +260,7 @@ fn candidates(data: &[u8], rounds: usize) {
         (
             "zstd level 9 (libzstd)",
             Box::new(|p| zstd::bulk::compress(p, 9).unwrap_or_default()),
-            Box::new(zstd_dec),
+            Box::new(zstd_dec(ctx())),
         ),
         (
             "zstd level 1, decoded by ruzstd (pure Rust)",

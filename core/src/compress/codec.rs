@@ -6,7 +6,7 @@
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::frame::{FrameInfo, PlaneMode, HEADER_BYTES};
+use super::frame::{FrameInfo, PlaneMode, HEADER_BYTES, MAX_PLANES};
 use super::{planes, CompressConfig, CompressError, PlaneLayout};
 
 /// What [`Encoder::encode`] did with a chunk.
@@ -93,8 +93,12 @@ impl Encoder {
 
         out.resize(HEADER_BYTES, 0);
         out.extend_from_slice(&chunk[..lead]);
-        let mut modes = Vec::with_capacity(width);
-        for plane in self.planes.chunks_exact(elements.max(1)).take(width) {
+        // No element: every plane is empty and raw.
+        let mut modes = [(PlaneMode::Raw, 0); MAX_PLANES];
+        for (slot, plane) in modes
+            .iter_mut()
+            .zip(self.planes.chunks_exact(elements.max(1)).take(width))
+        {
             let pos = out.len();
             let mut mode = (PlaneMode::Raw, elements);
             if elements > 1 {
@@ -113,10 +117,8 @@ impl Encoder {
                     out.extend_from_slice(plane);
                 }
             }
-            modes.push(mode);
+            *slot = mode;
         }
-        // No element: every plane is empty and raw.
-        modes.resize(width, (PlaneMode::Raw, 0));
         out.extend_from_slice(&chunk[body_end..]);
         let info = FrameInfo {
             layout,
@@ -125,7 +127,7 @@ impl Encoder {
             elements,
             raw_len: chunk.len(),
             checksum: xxh3_64(chunk),
-            planes: modes,
+            plane_table: modes,
         };
         info.write(out);
         Ok(out.len())
@@ -170,7 +172,7 @@ impl Decoder {
         }
         let n = info.elements;
         let coded = info
-            .planes
+            .planes()
             .iter()
             .filter(|(m, _)| *m == PlaneMode::Zstd)
             .count();
@@ -182,9 +184,9 @@ impl Decoder {
         let mut pos = HEADER_BYTES;
         out[..info.lead].copy_from_slice(&frame[pos..pos + info.lead]);
         pos += info.lead;
-        let mut starts = [0usize; 4];
+        let mut starts = [0usize; MAX_PLANES];
         let mut k = 0;
-        for (i, &(mode, len)) in info.planes.iter().enumerate() {
+        for (i, &(mode, len)) in info.planes().iter().enumerate() {
             starts[i] = pos;
             if mode == PlaneMode::Zstd {
                 let dst = &mut self.scratch[k * n..(k + 1) * n];
@@ -205,9 +207,9 @@ impl Decoder {
             }
             pos += len;
         }
-        let mut slices: [&[u8]; 4] = [&[]; 4];
+        let mut slices: [&[u8]; MAX_PLANES] = [&[]; MAX_PLANES];
         let mut k = 0;
-        for (i, &(mode, _)) in info.planes.iter().enumerate() {
+        for (i, &(mode, _)) in info.planes().iter().enumerate() {
             slices[i] = match mode {
                 PlaneMode::Raw => &frame[starts[i]..starts[i] + n],
                 PlaneMode::Zstd => {

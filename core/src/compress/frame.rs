@@ -31,7 +31,7 @@ pub const VERSION: u8 = 1;
 /// Bytes of the header.
 pub const HEADER_BYTES: usize = 48;
 /// Most planes of a frame (fp32).
-const MAX_PLANES: usize = 4;
+pub const MAX_PLANES: usize = 4;
 
 /// How one plane is stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,8 +74,10 @@ pub struct FrameInfo {
     pub raw_len: usize,
     /// xxh3-64 of the original bytes.
     pub checksum: u64,
-    /// Each plane's mode and stored length, `layout.width()` of them.
-    pub planes: Vec<(PlaneMode, usize)>,
+    /// Each plane's mode and stored length; entries past `layout.width()` are `(Raw, 0)`
+    /// ([`FrameInfo::planes`] gives the meaningful ones). An array, so that parsing a header
+    /// allocates nothing.
+    pub plane_table: [(PlaneMode, usize); MAX_PLANES],
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -128,7 +130,7 @@ impl FrameInfo {
             return Err(CompressError::Corrupt("original length not whole elements"));
         }
         let elements = body / width;
-        let mut planes = Vec::with_capacity(width);
+        let mut plane_table = [(PlaneMode::Raw, 0); MAX_PLANES];
         let mut total = HEADER_BYTES + lead + trail;
         for i in 0..MAX_PLANES {
             let mode =
@@ -152,7 +154,7 @@ impl FrameInfo {
             total = total
                 .checked_add(len)
                 .ok_or(CompressError::Corrupt("lengths overflow"))?;
-            planes.push((mode, len));
+            plane_table[i] = (mode, len);
         }
         if total > frame.len() {
             return Err(CompressError::Truncated("shorter than its planes"));
@@ -167,8 +169,13 @@ impl FrameInfo {
             elements,
             raw_len,
             checksum,
-            planes,
+            plane_table,
         })
+    }
+
+    /// Each plane's mode and stored length, `layout.width()` of them.
+    pub fn planes(&self) -> &[(PlaneMode, usize)] {
+        &self.plane_table[..self.layout.width().min(MAX_PLANES)]
     }
 
     /// Writes this header into `out[..HEADER_BYTES]`.
@@ -183,7 +190,7 @@ impl FrameInfo {
         h[8] = self.trail as u8;
         h[16..24].copy_from_slice(&(self.raw_len as u64).to_le_bytes());
         h[24..32].copy_from_slice(&self.checksum.to_le_bytes());
-        for (i, &(mode, len)) in self.planes.iter().enumerate().take(MAX_PLANES) {
+        for (i, &(mode, len)) in self.planes().iter().enumerate() {
             h[9 + i] = mode.code();
             h[32 + 4 * i..36 + 4 * i].copy_from_slice(&(len as u32).to_le_bytes());
         }

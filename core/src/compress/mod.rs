@@ -61,7 +61,7 @@ mod tests;
 pub use codec::{Decoder, Encoded, Encoder};
 pub use config::CompressConfig;
 pub use dtype::PlaneLayout;
-pub use frame::{FrameInfo, PlaneMode, HEADER_BYTES, MAGIC, VERSION};
+pub use frame::{FrameInfo, PlaneMode, HEADER_BYTES, MAGIC, MAX_PLANES, VERSION};
 
 /// A chunk is kept compressed only if its frame is at least this share (in percent) smaller
 /// than the chunk: below it, a decode on every hit costs more than the RAM it frees.

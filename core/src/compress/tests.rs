@@ -255,14 +255,15 @@ fn a_plane_that_decodes_to_the_wrong_length_is_an_error() {
     let (data, frame) = sample_frame();
     let info = FrameInfo::parse(&frame).unwrap();
     let coded = info
-        .planes
+        .planes()
         .iter()
         .position(|p| p.0 == PlaneMode::Zstd)
         .unwrap();
     let short = zstd::bulk::compress(&vec![0u8; info.elements - 1], 1).unwrap();
     let mut bad = frame[..HEADER_BYTES + info.lead].to_vec();
-    for (i, &(mode, len)) in info.planes.iter().enumerate() {
-        let start = HEADER_BYTES + info.lead + info.planes[..i].iter().map(|p| p.1).sum::<usize>();
+    for (i, &(mode, len)) in info.planes().iter().enumerate() {
+        let start =
+            HEADER_BYTES + info.lead + info.planes()[..i].iter().map(|p| p.1).sum::<usize>();
         if i == coded {
             bad.extend_from_slice(&short);
             bad[32 + 4 * i..36 + 4 * i].copy_from_slice(&(short.len() as u32).to_le_bytes());
