@@ -34,6 +34,7 @@ pub mod cache;
 // The front ends' shared command line; `clap` only where asked for.
 #[cfg(any(feature = "cli", test))]
 pub mod cli;
+pub mod compress;
 pub mod control;
 // Linux and Windows: its OS-facing pieces are in `fs::platform`.
 #[cfg(any(target_os = "linux", windows))]
@@ -51,3 +52,4 @@ pub mod stats;
 pub mod stats_doc;
 pub mod sync;
 pub mod synth;
+pub mod weights;
