@@ -45,6 +45,19 @@ pub fn wait<'a, T>(condvar: &Condvar, guard: MutexGuard<'a, T>) -> MutexGuard<'a
     condvar.wait(guard).unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Waits on `condvar` for at most `timeout`, ignoring poisoning; the guard and whether the
+/// wait timed out.
+pub fn wait_timeout<'a, T>(
+    condvar: &Condvar,
+    guard: MutexGuard<'a, T>,
+    timeout: std::time::Duration,
+) -> (MutexGuard<'a, T>, bool) {
+    let (guard, result) = condvar
+        .wait_timeout(guard, timeout)
+        .unwrap_or_else(PoisonError::into_inner);
+    (guard, result.timed_out())
+}
+
 /// Read-locks `rwlock`, ignoring poisoning.
 pub fn read<T>(rwlock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
     rwlock.read().unwrap_or_else(PoisonError::into_inner)

@@ -21,8 +21,8 @@ What :class:`WeedStore` brings up, every piece stopped by its PID in `close()` (
   own filer -> volume traffic on the same loopback is not charged twice);
 * **`weed mount`** of the filer through the proxy (`-filer=127.0.0.1:PROXY_HTTP`,
   `-volumeServerAccess=filerProxy`: chunk reads go through the filer's HTTP port, so all data
-  passes the proxy; `-cacheCapacityMB=0`: no chunk cache on disk, so the client's own cache does
-  not hide the network).
+  passes the proxy; `-cacheCapacityMB=0` unless `cache_mb` is given: no chunk cache on disk,
+  so the client's own cache does not hide the network).
 
 Only the network namespace is entered (`nsenter --net=/var/run/netns/NAME`), not a mount
 namespace: `ip netns exec` also makes a private mount namespace for its command (to remount
@@ -220,9 +220,11 @@ class WeedStore:
     and bring it back; `close()` undoes everything."""
 
     def __init__(self, root: Path, delay_ms: float, rate_bps: int = 1_000_000_000, label: str = "store",
-                 nice: int | None = None):
+                 nice: int | None = None, cache_mb: int = 0):
         self.root = Path(tempfile.mkdtemp(prefix=f"{label}.", dir=root))
         self.delay_ms, self.rate_bps, self.label = delay_ms, rate_bps, label
+        # the client's own chunk cache (`weed mount -cacheCapacityMB`, on local disk): 0, none
+        self.cache_mb = cache_mb
         self.nice = ["nice", "-n", str(nice)] if nice is not None else []
         self.weed = weed_binary()
         self.ns: NetNs | None = None
@@ -342,7 +344,7 @@ class WeedStore:
         """Starts `weed mount` at self.mnt and waits until it serves."""
         self.client = subprocess.Popen(
             [*self.ns.cmd(*self.nice, str(self.weed), "mount", f"-filer={LOOPBACK}:{PROXY_HTTP}",
-                          f"-dir={self.mnt}", "-filer.path=/", "-cacheCapacityMB=0",
+                          f"-dir={self.mnt}", "-filer.path=/", f"-cacheCapacityMB={self.cache_mb}",
                           f"-cacheDir={self.root / 'cache'}", "-volumeServerAccess=filerProxy",
                           f"-localSocket={self.root / 'mount.sock'}", "-allowOthers=true")],
             stdout=self._log("mount"), stderr=subprocess.STDOUT, start_new_session=True)
@@ -395,7 +397,7 @@ class WeedStore:
         return self.stats.total()
 
     def describe(self) -> str:
-        return (f"SeaweedFS {self.weed.name} server -filer + weed mount -cacheCapacityMB=0 "
+        return (f"SeaweedFS {self.weed.name} server -filer + weed mount -cacheCapacityMB={self.cache_mb} "
                 f"-volumeServerAccess=filerProxy, in netns {self.ns.name if self.ns else '?'}; link "
                 f"{self.rate_bps / 1e9:g} Gbit/s (tc tbf), +{self.delay_ms:g} ms per request (delay proxy)")
 

@@ -306,6 +306,7 @@ RESULTS_PRODUCERS = {
     "memory": "tests/python/test_memory.py",
     "stress": "tests/python/test_stress.py",
     "cache_lock": "core/examples/cache_lock_bench.rs",
+    "compress": "core/examples/compress_bench.rs",
 }
 
 

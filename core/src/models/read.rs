@@ -299,6 +299,7 @@ impl ModelStore {
             Counters::add(&self.counters().hit_bytes, end - offset);
             return Ok(bytes);
         }
+        tracing::trace!(start = offset, len = end - offset, "source read, uncached");
         let bytes = file.source.read_aligned(offset, end)?;
         let counters = self.counters();
         Counters::add(&counters.disk_reads, 1);

@@ -7,6 +7,10 @@
 //! bandwidth-delay product of the source sets); a reader waiting for a pass gets the next one
 //! before any read-ahead does. Holding a pass, a read may wait for a chunk another read is
 //! loading: that read holds a pass already (or needs none), so it never waits for this one.
+//! A reader waits for its pass at most the time it is given ([`SourceGate::pass_within`]: a
+//! quarter of the source's deadline in the daemon, what one request is sized to take) and then
+//! reads without one: behind a request stuck until its deadline, a reader would otherwise get
+//! its error only after that deadline and then its own.
 //!
 //! Why: a source that charges per request serves two requests at two offsets by alternating
 //! between them (a disk's head, a store's client fetching its own chunks for each), so a
@@ -15,7 +19,9 @@
 //! source sees one stream, the reader's miss served next, with the read-ahead queued after it
 //! joined to it.
 
-use crate::sync::{lock, wait, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::sync::{lock, wait, wait_timeout, Condvar, Mutex};
 
 #[derive(Debug, Default)]
 struct Passes {
@@ -80,27 +86,49 @@ impl SourceGate {
 
     /// Waits for a pass (see the module docs).
     pub fn pass(&self, asker: Asker) -> Pass<'_> {
+        loop {
+            // Without a limit the wait ends only with a pass.
+            if let Some(pass) = self.pass_within(asker, None) {
+                return pass;
+            }
+        }
+    }
+
+    /// Waits for a pass at most `limit` (`None`: as long as it takes); `None` if none came.
+    pub fn pass_within(&self, asker: Asker, limit: Option<Duration>) -> Option<Pass<'_>> {
+        let until = limit.map(|l| Instant::now() + l);
         let mut passes = lock(&self.passes);
         if asker == Asker::Reader {
             passes.readers_waiting += 1;
         }
-        loop {
+        let got = loop {
             let full = passes.out >= passes.depth;
             let behind_a_reader = asker == Asker::ReadAhead && passes.readers_waiting > 0;
             if !full && !behind_a_reader {
-                break;
+                break true;
             }
-            passes = wait(&self.changed, passes);
-        }
+            passes = match until {
+                None => wait(&self.changed, passes),
+                Some(until) => {
+                    let left = until.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break false;
+                    }
+                    wait_timeout(&self.changed, passes, left).0
+                }
+            };
+        };
         if asker == Asker::Reader {
             passes.readers_waiting -= 1;
         }
-        passes.out += 1;
+        if got {
+            passes.out += 1;
+        }
         drop(passes);
         if asker == Asker::Reader {
             self.changed.notify_all(); // read-ahead held back for this reader may go
         }
-        Pass { gate: self }
+        got.then(|| Pass { gate: self })
     }
 }
 
@@ -109,7 +137,6 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
-    use std::time::Duration;
 
     #[test]
     fn no_more_than_the_depth_are_out_at_once() {
@@ -165,6 +192,23 @@ mod tests {
         reader.join().unwrap();
         ahead.join().unwrap();
         assert_eq!(*lock(&order), ["reader", "read-ahead"]);
+    }
+
+    #[test]
+    fn a_reader_waits_no_longer_than_its_limit() {
+        let gate = SourceGate::default();
+        let held = gate.pass(Asker::ReadAhead);
+        let t0 = Instant::now();
+        assert!(gate
+            .pass_within(Asker::Reader, Some(Duration::from_millis(50)))
+            .is_none());
+        let waited = t0.elapsed();
+        assert!(waited >= Duration::from_millis(50), "{waited:?}");
+        // the reader that gave up holds nothing back: a read-ahead gets the pass once free
+        drop(held);
+        assert!(gate
+            .pass_within(Asker::ReadAhead, Some(Duration::from_millis(50)))
+            .is_some());
     }
 
     #[test]

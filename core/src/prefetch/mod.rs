@@ -399,9 +399,14 @@ impl Prefetcher {
     }
 
     /// A pass of the gate for a reader's miss on a source read in order ([`gate`]); hold it
-    /// from before the chunk is looked up until its read is settled.
-    pub fn reader_pass(&self) -> Pass<'_> {
-        self.gate.pass(Asker::Reader)
+    /// from before the chunk is looked up until its read is settled. `None` when none came
+    /// within [`PacingConfig::deadline_share`] of the source's deadline: the reader then reads
+    /// without one, so that a request stuck until its deadline does not add that deadline to
+    /// the reader's.
+    pub fn reader_pass(&self) -> Option<Pass<'_>> {
+        let pacing = &self.config.pacing;
+        let limit = pacing.deadline.map(|d| d.mul_f64(pacing.deadline_share));
+        self.gate.pass_within(Asker::Reader, limit)
     }
 
     /// Takes chunk `key` off the queue of reads ahead (true if it was queued): a reader that
