@@ -219,23 +219,18 @@ def test_tierfs_over_network_store_bit_exact(store, model, mount, pattern, delay
     assert served >= os.path.getsize(model[0]), served
 
 
-def test_a_source_that_charges_per_request_is_read_in_large_ordered_requests(data_dir, faultfs_bin, mount):
-    """A FUSE source (here the seek disk) is read ahead in order, adjacent chunks joined into one
-    request, and a model that fits is served from the cache, not passed through, so that the
-    kernel's 128 KiB readahead does not pay a seek or a round trip per request. Against the same
-    read with `--source-pacing parallel --no-model-passthrough` (chunk by chunk, in parallel), on
-    the same source: far fewer source requests, far fewer seeks, the same bytes, bit-exact. A
-    ~96 MiB model of 2 MiB tensors: about 60 chunk reads one way; the other, 4 MiB requests until
-    the source is measured (16 MiB read), then 16 MiB ones, and the header and the reader's first
-    miss: about 20."""
+def read_on_seek_disk(data_dir, mount, label: str, cases: dict[str, tuple[str, ...]]) -> tuple[int, dict]:
+    """A ~96 MiB model of 2 MiB tensors on a fresh seek disk, read front to back in 1 MiB reads
+    through a fresh mount (budget 256 MiB, the `extra` arguments of each case), cold, bit-exact.
+    Returns the model's size and, per case, what the disk and the daemon saw of the read."""
     big = gen.make_sorted_dit(data_dir / "slow" / "dit_big.safetensors", dim=512, ffn=2048, n_blocks=12, seed=6)
     digest, size, path = sha(big.read_bytes()), os.path.getsize(big), big.name
-    src = fresh_dir("seeksrc-big")
+    src = fresh_dir(label)
     shutil.copyfile(big, src / path)
     disk = SeekDisk(src)
     runs = {}
     try:
-        for case, extra in (("ordered", ()), ("parallel", ("--source-pacing", "parallel", "--no-model-passthrough"))):
+        for case, extra in cases.items():
             m = mount(disk.mnt, budget="256MiB", extra=extra)
             drop_caches()
             c0 = disk.counters()
@@ -246,10 +241,25 @@ def test_a_source_that_charges_per_request_is_read_in_large_ordered_requests(dat
             [f] = [f for f in st["files"] if f["path"] == path]
             [dev] = st["source"]["devices"]
             runs[case] = {"reads": dev["reads"], "seeks": c1["seeks"] - c0["seeks"], "bytes": c1["bytes"] - c0["bytes"],
-                          "mode": f["mode"], "reason": f["mode_reason"], "storage": dev["storage"]}
+                          "requests": c1["requests"] - c0["requests"], "mode": f["mode"],
+                          "reason": f["mode_reason"], "storage": dev["storage"]}
     finally:
         disk.close()
     assert not is_mounted(disk.mnt)
+    return size, runs
+
+
+def test_a_source_that_charges_per_request_is_read_in_large_ordered_requests(data_dir, faultfs_bin, mount):
+    """A FUSE source (here the seek disk) is read ahead in order, adjacent chunks joined into one
+    request, and a model that fits is served from the cache, not passed through, so that the
+    kernel's 128 KiB readahead does not pay a seek or a round trip per request. Against the same
+    read with `--source-pacing parallel --no-model-passthrough` (chunk by chunk, in parallel), on
+    the same source: far fewer source requests, far fewer seeks, the same bytes, bit-exact. A
+    ~96 MiB model of 2 MiB tensors: about 60 chunk reads one way; the other, 4 MiB requests until
+    the source is measured (16 MiB read), then 16 MiB ones, and the header and the reader's first
+    miss: about 20."""
+    size, runs = read_on_seek_disk(data_dir, mount, "seeksrc-big", {
+        "ordered": (), "parallel": ("--source-pacing", "parallel", "--no-model-passthrough")})
     ordered, parallel = runs["ordered"], runs["parallel"]
     assert ordered["storage"] == "fuse", runs
     assert ordered["mode"] == "cache" and "charges per request" in ordered["reason"], runs
@@ -270,25 +280,10 @@ def test_readers_misses_and_the_read_ahead_are_one_stream_on_a_seek_disk(data_di
     seek for about every MiB. A ~96 MiB model on the seek disk, cold, read front to back in
     1 MiB reads, bit-exact: the seeks the disk model counts stay at the few the reader's jumps
     cost (the header, the file's tail), against one per request or more when they alternate."""
-    big = gen.make_sorted_dit(data_dir / "slow" / "dit_big.safetensors", dim=512, ffn=2048, n_blocks=12, seed=6)
-    digest, size, path = sha(big.read_bytes()), os.path.getsize(big), big.name
-    src = fresh_dir("seeksrc-stream")
-    shutil.copyfile(big, src / path)
-    disk = SeekDisk(src)
-    try:
-        m = mount(disk.mnt, budget="256MiB")
-        drop_caches()
-        c0 = disk.counters()
-        assert sha(read_sequential(m.mnt / path)) == digest
-        c1 = disk.counters()
-        st = m.stats()
-        m.close()
-    finally:
-        disk.close()
-    assert not is_mounted(disk.mnt)
-    [f] = [f for f in st["files"] if f["path"] == path]
-    assert f["mode"] == "cache", f
-    seeks, requests = c1["seeks"] - c0["seeks"], c1["requests"] - c0["requests"]
-    assert size <= c1["bytes"] - c0["bytes"] <= size + 4 * MiB
+    size, runs = read_on_seek_disk(data_dir, mount, "seeksrc-stream", {"ordered": ()})
+    r = runs["ordered"]
+    assert r["mode"] == "cache", r
+    seeks, requests = r["seeks"], r["requests"]
+    assert size <= r["bytes"] <= size + 4 * MiB, r
     # 7 here with the gate; 12-17 with a reader's miss read beside the lane's request
     assert seeks <= 10, (seeks, requests)

@@ -27,7 +27,7 @@ use crate::cache::{
 };
 use crate::index::{Format, TensorIndex};
 use crate::prefetch::saved::SavedOrders;
-use crate::prefetch::{Pacing, PacingConfig, PrefetchTarget, SourceSpeed};
+use crate::prefetch::{Pacing, PacingConfig, Pass, PrefetchTarget, SourceSpeed};
 use crate::reader::ReaderTracker;
 use crate::source::deadline::SourceIo;
 use crate::source::meter::SourceMeters;
@@ -342,13 +342,17 @@ impl ModelFile {
     /// Chunk `chunk` as [`Self::fetch_chunk`] gives it, read from the source (when it is not
     /// resident or being read) with the chunks after it for which `more(c)` is true (asked in
     /// file order, until it is false), up to `max_bytes` in all, as one source request
-    /// ([`ChunkCache::load_run`]); those are cached as prefetches.
+    /// ([`ChunkCache::load_run`]); those are cached as prefetches. `pass`, the gate's pass the
+    /// caller holds for this read ([`crate::prefetch::gate`]), is given back as soon as the
+    /// source has answered: the source may serve the next request while this one's chunks are
+    /// settled (cut into their own buffers).
     pub fn fetch_run(
         &self,
         cache: &ChunkCache,
         (chunk, want): (usize, Want),
         max_bytes: u64,
         more: &mut dyn FnMut(usize) -> bool,
+        pass: Option<Pass<'_>>,
     ) -> Result<Option<(Arc<Chunk>, Outcome)>, CacheError> {
         let Some(plan) = self.plan().filter(|_| !self.pruned.load(Ordering::Relaxed)) else {
             return Ok(None); // raw, or nobody can read it any more
@@ -372,7 +376,9 @@ impl ModelFile {
         }
         let got = cache.load_run(&run, want, |start, end| {
             tracing::trace!(start, len = end - start, ?want, "source read of a run");
-            self.source.read_aligned(start, end)
+            let read = self.source.read_aligned(start, end);
+            drop(pass);
+            read
         });
         // As in `fetch_chunk`: a run read while the version was pruned leaves nothing cached.
         if self.pruned.load(Ordering::SeqCst) {
@@ -478,8 +484,9 @@ impl PrefetchTarget for ModelFile {
         chunk: usize,
         max_bytes: u64,
         more: &mut dyn FnMut(usize) -> bool,
+        pass: Option<Pass<'_>>,
     ) -> Result<(), CacheError> {
-        self.fetch_run(cache, (chunk, Want::Prefetch), max_bytes, more)
+        self.fetch_run(cache, (chunk, Want::Prefetch), max_bytes, more, pass)
             .map(|_| ())
     }
 }

@@ -266,9 +266,10 @@ impl ModelStore {
         };
         match ordered {
             Some(request_bytes) if !file.chunk_present(&self.cache, chunk) => {
-                let _pass = self.prefetcher.reader_pass();
+                let pass = self.prefetcher.reader_pass();
                 let mut queued = |next: usize| self.prefetcher.take_queued(file.chunk_key(next));
-                file.fetch_run(&self.cache, (chunk, Want::Read), request_bytes, &mut queued)
+                let wanted = (chunk, Want::Read);
+                file.fetch_run(&self.cache, wanted, request_bytes, &mut queued, pass)
             }
             _ => file.fetch_chunk(&self.cache, chunk, Want::Read),
         }

@@ -2,8 +2,9 @@
 //!
 //! **Contract.** Every read of a chunk (or a run of chunks) from a source that is read in order
 //! ([`super::Pacing::Ordered`]) holds a pass of the mount's [`SourceGate`] from before it claims
-//! its chunks in the cache until its read is settled: read-ahead tasks of the lane and readers'
-//! misses alike. At most `depth` passes are out at once (the lane's depth, which the
+//! its chunks in the cache until the source has answered it (settling the chunks, cutting them
+//! into their own buffers, needs none): read-ahead tasks of the lane and readers' misses
+//! alike. At most `depth` passes are out at once (the lane's depth, which the
 //! bandwidth-delay product of the source sets); a reader waiting for a pass gets the next one
 //! before any read-ahead does. Holding a pass, a read may wait for a chunk another read is
 //! loading: that read holds a pass already (or needs none), so it never waits for this one.

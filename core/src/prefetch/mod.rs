@@ -88,15 +88,17 @@ pub trait PrefetchTarget: Send + Sync + 'static {
 
     /// Reads chunk `chunk` into `cache` as a prefetch, with the chunks after it for which
     /// `more(c)` is true (asked in file order, until it is false), up to `max_bytes` in all,
-    /// as one source request ([`ChunkCache::load_run`]). By default the chunk alone.
+    /// as one source request ([`ChunkCache::load_run`]), giving `pass` back once the source
+    /// has answered ([`gate`]). By default the chunk alone.
     fn prefetch_run(
         &self,
         cache: &ChunkCache,
         chunk: usize,
         max_bytes: u64,
         more: &mut dyn FnMut(usize) -> bool,
+        pass: Option<Pass<'_>>,
     ) -> Result<(), CacheError> {
-        let _ = (max_bytes, more);
+        let _ = (max_bytes, more, pass);
         self.prefetch_chunk(cache, chunk)
     }
 }
@@ -399,7 +401,7 @@ impl Prefetcher {
     }
 
     /// A pass of the gate for a reader's miss on a source read in order ([`gate`]); hold it
-    /// from before the chunk is looked up until its read is settled. `None` when none came
+    /// from before the chunk is looked up until the source has answered. `None` when none came
     /// within [`PacingConfig::deadline_share`] of the source's deadline: the reader then reads
     /// without one, so that a request stuck until its deadline does not add that deadline to
     /// the reader's.
@@ -644,12 +646,12 @@ fn run(
     }
     let read = match pacing {
         Pacing::Ordered { request_bytes, .. } => {
-            let _pass = gate.pass(Asker::ReadAhead);
+            let pass = gate.pass(Asker::ReadAhead);
             if file.chunk_present(cache, chunk) {
                 return; // a reader read it while this waited for its pass
             }
             let mut more = |next: usize| lock(queued).remove(&file.chunk_key(next));
-            file.prefetch_run(cache, chunk, request_bytes, &mut more)
+            file.prefetch_run(cache, chunk, request_bytes, &mut more, Some(pass))
         }
         Pacing::Parallel => file.prefetch_chunk(cache, chunk),
     };

@@ -597,41 +597,54 @@ mod tests {
         }
     }
 
-    /// A descriptor that refuses `O_DIRECT` reads (as FUSE and network filesystems do) and
-    /// records the buffered reads it is asked for.
+    type ReadLog = Arc<std::sync::Mutex<Vec<(u64, usize)>>>;
+
+    /// A descriptor that may refuse reads with `EINVAL` (an `O_DIRECT` one, as FUSE and network
+    /// filesystems do) and may record the reads it is asked for.
     struct Recorded {
         file: File,
-        direct: bool,
-        reads: Arc<std::sync::Mutex<Vec<(u64, usize)>>>,
+        refuse: bool,
+        reads: Option<ReadLog>,
     }
 
     impl ReadAt for Recorded {
         fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-            if self.direct {
+            if self.refuse {
                 return Err(io::Error::from_raw_os_error(libc::EINVAL));
             }
-            self.reads.lock().unwrap().push((offset, buf.len()));
+            if let Some(reads) = &self.reads {
+                reads.lock().unwrap().push((offset, buf.len()));
+            }
             self.file.read_at(buf, offset)
         }
+    }
+
+    /// A wrapper recording the reads of the `O_DIRECT` descriptor (`direct`) or, with its
+    /// direct reads refused, of the plain one; and the log.
+    #[cfg(target_os = "linux")]
+    fn recording(direct: bool) -> (ReadWrapper, ReadLog) {
+        use std::os::fd::AsRawFd;
+        let reads = ReadLog::default();
+        let log = Arc::clone(&reads);
+        let wrap: ReadWrapper = Arc::new(move |file: File| {
+            // SAFETY: F_GETFL only reads the descriptor's flags.
+            let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+            let is_direct = flags & libc::O_DIRECT != 0;
+            Arc::new(Recorded {
+                file,
+                refuse: is_direct && !direct,
+                reads: (is_direct == direct).then(|| Arc::clone(&log)),
+            }) as Arc<dyn ReadAt>
+        });
+        (wrap, reads)
     }
 
     #[cfg(target_os = "linux")]
     #[test]
     fn buffered_reads_ask_for_the_range_only_not_its_whole_pages() {
-        use std::os::fd::AsRawFd;
         let data = pattern(5 * 4096);
         let f = file_with(&data);
-        let reads = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let log = Arc::clone(&reads);
-        let wrap: ReadWrapper = Arc::new(move |file: File| {
-            // SAFETY: F_GETFL only reads the descriptor's flags.
-            let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
-            Arc::new(Recorded {
-                direct: flags & libc::O_DIRECT != 0,
-                file,
-                reads: Arc::clone(&log),
-            }) as Arc<dyn ReadAt>
-        });
+        let (wrap, reads) = recording(false);
         let src = SourceFile::open_with(&PlainPaths, f.path(), Some(&wrap)).unwrap();
         // Two adjacent chunks sharing a page, read one after the other: the bytes of the
         // shared page before the second's start are not asked for again.
@@ -651,26 +664,9 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn a_direct_read_of_the_next_chunk_does_not_read_the_shared_page_again() {
-        use std::os::fd::AsRawFd;
         let data = pattern(6 * 4096);
         let f = file_with(&data);
-        let reads = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let log = Arc::clone(&reads);
-        // Records the direct descriptor's reads; the plain one's are not recorded.
-        let wrap: ReadWrapper = Arc::new(move |file: File| {
-            // SAFETY: F_GETFL only reads the descriptor's flags.
-            let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
-            let direct = flags & libc::O_DIRECT != 0;
-            Arc::new(Recorded {
-                direct: false,
-                file,
-                reads: if direct {
-                    Arc::clone(&log)
-                } else {
-                    Arc::default()
-                },
-            }) as Arc<dyn ReadAt>
-        });
+        let (wrap, reads) = recording(true);
         let src = SourceFile::open_with(&PlainPaths, f.path(), Some(&wrap)).unwrap();
         // Three adjacent chunks, read in order; the second's start shares the first's last page.
         let mut asked_from = Vec::new();
