@@ -193,7 +193,7 @@ impl ModelStore {
         if unmeasured_disk {
             // Two reads, each of a measurement's worth, timed together: a throttled device
             // (a cgroup's bandwidth limit, a cloud volume's burst credit) lets the first through
-            // at full speed, and one read alone measured such a disk at 600 MB/s.
+            // at full speed ([measured](../../../docs/PERFORMANCE.md#a-real-comfyui-server)).
             let piece = config.measured_after_bytes;
             self.measure_source(file, 0, piece);
             self.measure_source(file, piece, piece);
