@@ -131,6 +131,9 @@ pub struct DiskSnapshot {
     pub source_reopens: u64,
     /// Source reads failed at once because every I/O thread was stuck.
     pub source_refused: u64,
+    /// Source descriptors closed and opened again so that an ordered stream reads through a
+    /// fresh handle of a network source's client (`crate::source::slot`).
+    pub source_fresh_handles: u64,
     /// Source reads abandoned at their deadline whose thread is still blocked (now).
     pub source_stuck: u64,
 }
@@ -143,6 +146,7 @@ impl DiskSnapshot {
         self.source_timeouts = s.timeouts;
         self.source_reopens = s.reopens;
         self.source_refused = s.refused;
+        self.source_fresh_handles = s.fresh_handles;
         self.source_stuck = s.stuck;
         self
     }

@@ -376,7 +376,7 @@ impl ModelFile {
         }
         let got = cache.load_run(&run, want, |start, end| {
             tracing::trace!(start, len = end - start, ?want, "source read of a run");
-            let read = self.source.read_aligned(start, end);
+            let read = self.source.read_stream(start, end);
             drop(pass);
             read
         });

@@ -103,6 +103,8 @@ pub struct SourceIoCounters {
     pub reopens: AtomicU64,
     /// Reads refused at once because every I/O thread was stuck.
     pub refused: AtomicU64,
+    /// Descriptors opened again for an ordered stream ([`super::slot::SourceSlot::read_stream`]).
+    pub fresh_handles: AtomicU64,
 }
 
 /// [`SourceIoCounters`] read at one moment, with the threads now stuck.
@@ -113,6 +115,7 @@ pub struct SourceIoSnapshot {
     pub timeouts: u64,
     pub reopens: u64,
     pub refused: u64,
+    pub fresh_handles: u64,
     /// Reads abandoned at their deadline whose thread is still blocked in the source.
     pub stuck: u64,
     /// I/O threads alive now, stuck ones included.
@@ -174,6 +177,7 @@ impl SourceIo {
             timeouts: get(&self.counters.timeouts),
             reopens: get(&self.counters.reopens),
             refused: get(&self.counters.refused),
+            fresh_handles: get(&self.counters.fresh_handles),
             stuck,
             threads,
         }

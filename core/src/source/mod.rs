@@ -31,6 +31,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use crate::sync::RwLock;
+
 use thiserror::Error;
 
 #[cfg(target_os = "linux")]
@@ -51,6 +53,7 @@ pub mod kind;
 #[cfg(target_os = "linux")]
 pub mod limits;
 pub mod meter;
+pub mod pattern;
 pub mod retry;
 pub mod slot;
 
@@ -202,12 +205,8 @@ pub type ReadWrapper = Arc<dyn Fn(File) -> Arc<dyn ReadAt> + Send + Sync>;
 /// [measured](../../../docs/PERFORMANCE.md#source-descriptors-per-file)).
 pub struct SourceFile {
     path: PathBuf,
-    /// The plain descriptor: page-cache advice, and the reads `O_DIRECT` cannot do.
-    advice: Arc<File>,
-    /// Reads through `advice` (or, in fault-injection tests, a wrapped duplicate of it).
-    buffered: Arc<dyn ReadAt>,
-    /// The `O_DIRECT` twin, once the first aligned read tried to open it.
-    direct: OnceLock<Option<Arc<dyn ReadAt>>>,
+    /// The open descriptors; `None` only while [`Self::renew`] replaces them.
+    open: RwLock<Option<Arc<Descriptors>>>,
     /// False once `O_DIRECT` failed to open or was refused by a read.
     direct_works: AtomicBool,
     /// The page the latest direct read ended inside, for the read of the chunk after it.
@@ -222,6 +221,44 @@ pub struct SourceFile {
     /// `ESTALE`): reads go through them from then on ([`slot::SourceSlot`]); they close with
     /// this file.
     successor: crate::sync::Mutex<Option<Arc<SourceFile>>>,
+}
+
+/// One open of a version: what [`SourceFile::renew`] closes and opens again.
+struct Descriptors {
+    /// The plain descriptor: page-cache advice, and the reads `O_DIRECT` cannot do.
+    advice: Arc<File>,
+    /// Reads through `advice` (or, in fault-injection tests, a wrapped duplicate of it).
+    buffered: Arc<dyn ReadAt>,
+    /// The `O_DIRECT` twin, once the first aligned read tried to open it.
+    direct: OnceLock<Option<Arc<dyn ReadAt>>>,
+    /// The order of the requests these descriptors sent ([`pattern`]).
+    pattern: pattern::ReadPattern,
+}
+
+impl Descriptors {
+    fn of(file: File, wrap: Option<&ReadWrapper>) -> io::Result<Descriptors> {
+        let advice = Arc::new(file);
+        let buffered: Arc<dyn ReadAt> = match wrap {
+            Some(wrap) => wrap(advice.try_clone()?),
+            None => advice.clone(),
+        };
+        Ok(Descriptors {
+            advice,
+            buffered,
+            direct: OnceLock::new(),
+            pattern: pattern::ReadPattern::default(),
+        })
+    }
+}
+
+/// The error of a read that found the descriptors closed by a [`SourceFile::renew`] that could
+/// not open them again: `NotConnected`, so that the read's retry opens the version again
+/// ([`retry::needs_reopen`]).
+fn closed_for_renewal() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::NotConnected,
+        "the descriptors were closed for a fresh handle and could not be opened again",
+    )
 }
 
 impl std::fmt::Debug for SourceFile {
@@ -273,17 +310,11 @@ impl SourceFile {
             });
         }
         let in_ram = platform::is_in_ram(&file);
-        let advice = Arc::new(file);
-        let identity = SourceIdentity::of_file(&advice).map_err(open_err)?;
-        let buffered: Arc<dyn ReadAt> = match wrap {
-            Some(wrap) => wrap(advice.try_clone().map_err(open_err)?),
-            None => advice.clone(),
-        };
+        let identity = SourceIdentity::of_file(&file).map_err(open_err)?;
+        let descriptors = Descriptors::of(file, wrap).map_err(open_err)?;
         Ok(SourceFile {
             path: path.to_owned(),
-            advice,
-            buffered,
-            direct: OnceLock::new(),
+            open: RwLock::new(Some(Arc::new(descriptors))),
             direct_works: AtomicBool::new(true),
             boundary: boundary::BoundaryPage::default(),
             identity,
@@ -297,7 +328,9 @@ impl SourceFile {
     /// Measures this file's reads on the meter of its device in `meters`.
     pub fn metered(self, meters: &SourceMeters) -> SourceFile {
         let meter = meters.for_dev(self.identity.dev);
-        meter.note_storage(|| kind::StorageKind::of(&self.advice));
+        if let Ok(open) = self.descriptors() {
+            meter.note_storage(|| kind::StorageKind::of(&open.advice));
+        }
         self.with_meter(Some(meter))
     }
 
@@ -338,11 +371,64 @@ impl SourceFile {
         self.in_ram
     }
 
-    /// The `O_DIRECT` twin, opened at the first call (`None` where it cannot be).
-    fn direct(&self) -> Option<&Arc<dyn ReadAt>> {
-        self.direct
+    /// The open descriptors (an error while a failed [`Self::renew`] left none).
+    fn descriptors(&self) -> io::Result<Arc<Descriptors>> {
+        crate::sync::read(&self.open)
+            .clone()
+            .ok_or_else(closed_for_renewal)
+    }
+
+    /// Reads outside an ordered stream the open descriptors sent that did not continue the read
+    /// before ([`pattern::ReadPattern::scattered`]; 0 while none are open).
+    pub fn scattered_reads(&self) -> u64 {
+        crate::sync::read(&self.open)
+            .as_ref()
+            .map_or(0, |open| open.pattern.scattered())
+    }
+
+    /// Closes the descriptors and opens the version again by path through `paths`, checked to
+    /// be this very version, so that the source's client sees a new reader: a store's client
+    /// that judged the old handle's requests scattered serves an ordered stream from the new
+    /// one at its sequential speed ([`pattern`]). The old descriptors close first (a client
+    /// that keeps one handle per file while any descriptor is open would otherwise hand the
+    /// same one back). Returns false, with nothing changed, when a read is using them now (they
+    /// would not close) or when the path no longer names this version (the handles that hold
+    /// it keep reading it, as a plain file's would). If the new open fails the error is
+    /// returned and reads of these descriptors fail with `NotConnected`, which their retry
+    /// answers by opening the version again ([`slot`]).
+    pub fn renew(&self, paths: &dyn PathAccess) -> Result<bool, SourceError> {
+        if paths.identity(&self.path).ok() != Some(self.identity) {
+            return Ok(false);
+        }
+        let old = {
+            let mut open = crate::sync::write(&self.open);
+            match open.as_ref() {
+                Some(held) if Arc::strong_count(held) == 1 => open.take(),
+                _ => return Ok(false),
+            }
+        };
+        drop(old);
+        let open_err = |source| SourceError::Open {
+            path: self.path.clone(),
+            source,
+        };
+        let file = paths.open(&self.path).map_err(open_err)?;
+        if SourceIdentity::of_file(&file).map_err(open_err)? != self.identity {
+            return Err(SourceError::Changed {
+                path: self.path.clone(),
+            });
+        }
+        platform::advise_random(&file);
+        let fresh = Descriptors::of(file, self.wrap.as_ref()).map_err(open_err)?;
+        *crate::sync::write(&self.open) = Some(Arc::new(fresh));
+        Ok(true)
+    }
+
+    /// The `O_DIRECT` twin of `open`, opened at the first call (`None` where it cannot be).
+    fn direct<'a>(&self, open: &'a Descriptors) -> Option<&'a Arc<dyn ReadAt>> {
+        open.direct
             .get_or_init(|| {
-                let direct = platform::reopen_direct(&self.advice, &self.path, &self.identity);
+                let direct = platform::reopen_direct(&open.advice, &self.path, &self.identity);
                 if direct.is_none() {
                     self.direct_works.store(false, Ordering::Relaxed);
                 }
@@ -361,7 +447,8 @@ impl SourceFile {
     /// The canonical path of the file open here (on Linux read from its descriptor, so no
     /// path is resolved again; else `path` canonicalized, or as it is when that fails).
     pub fn canonical_path(&self) -> PathBuf {
-        platform::canonical_path(&self.advice)
+        self.descriptors()
+            .and_then(|open| platform::canonical_path(&open.advice))
             .or_else(|_| self.path.canonicalize())
             .unwrap_or_else(|_| self.path.clone())
     }
@@ -371,9 +458,13 @@ impl SourceFile {
     }
 
     /// Whether the file open here is no longer this version (rewritten in place since it was
-    /// opened: another size or modification time); an `fstat` of the descriptor.
+    /// opened: another size or modification time); an `fstat` of the descriptor. False while
+    /// [`Self::renew`] has none open (it checks the version itself).
     pub fn changed_since_open(&self) -> io::Result<bool> {
-        Ok(SourceIdentity::of_file(&self.advice)? != self.identity)
+        match crate::sync::read(&self.open).clone() {
+            Some(open) => Ok(SourceIdentity::of_file(&open.advice)? != self.identity),
+            None => Ok(false),
+        }
     }
 
     /// A new descriptor of this very version (not of whatever the path holds now), with its own
@@ -382,7 +473,8 @@ impl SourceFile {
     #[cfg(target_os = "linux")]
     pub fn reopen(&self) -> io::Result<File> {
         use std::os::fd::AsRawFd;
-        File::open(format!("/proc/self/fd/{}", self.advice.as_raw_fd()))
+        let open = self.descriptors()?;
+        File::open(format!("/proc/self/fd/{}", open.advice.as_raw_fd()))
     }
 
     /// Whether reads bypass the page cache with `O_DIRECT` (true until the first aligned read
@@ -394,6 +486,24 @@ impl SourceFile {
     /// Reads `[start, end)` into a page-aligned buffer, bypassing the page cache: with
     /// `O_DIRECT` the whole pages the range touches, else (buffered) exactly the range.
     pub fn read_aligned(&self, start: u64, end: u64) -> Result<AlignedBytes, SourceError> {
+        self.read_aligned_as(start, end, false)
+    }
+
+    /// [`Self::read_aligned`] for a read of an ordered stream ([`pattern`]).
+    pub fn read_aligned_in_stream(
+        &self,
+        start: u64,
+        end: u64,
+    ) -> Result<AlignedBytes, SourceError> {
+        self.read_aligned_as(start, end, true)
+    }
+
+    fn read_aligned_as(
+        &self,
+        start: u64,
+        end: u64,
+        in_stream: bool,
+    ) -> Result<AlignedBytes, SourceError> {
         let base = align_down(start);
         let map_len = usize::try_from(aligned_footprint(start, end)).unwrap_or(usize::MAX);
         let mut map = map_buffer(map_len.max(1)).map_err(|source| SourceError::Alloc {
@@ -407,7 +517,8 @@ impl SourceFile {
             if needed > DIRECT_IO_ALIGN as usize && self.boundary.take_into(base, &mut map) {
                 filled = DIRECT_IO_ALIGN as usize;
             }
-            filled += self.fill_direct(&mut map[filled..map_len], base + filled as u64)?;
+            filled +=
+                self.fill_direct(&mut map[filled..map_len], base + filled as u64, in_stream)?;
             self.boundary.keep_last_of(base, &map[..filled], end);
         }
         if filled < needed {
@@ -415,7 +526,8 @@ impl SourceFile {
             // the chunk before, which read them, and reading them again costs a request (a seek,
             // a store's chunk) where the source charges per request.
             let from = filled.max(skip);
-            filled = from + self.fill_buffered(&mut map[from..needed], base + from as u64)?;
+            filled =
+                from + self.fill_buffered(&mut map[from..needed], base + from as u64, in_stream)?;
         }
         if filled < needed {
             return Err(SourceError::Truncated {
@@ -434,23 +546,41 @@ impl SourceFile {
     /// Plain `pread` of up to `buf.len()` bytes (short only at end of file), page cache dropped
     /// afterwards. For the bytes tierfs serves but does not cache.
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize, SourceError> {
-        self.fill_buffered(buf, offset)
+        self.fill_buffered(buf, offset, false)
     }
 
     /// [`read_direct`] on this file's `O_DIRECT` descriptor (nothing when it has none).
-    fn fill_direct(&self, buf: &mut [u8], offset: u64) -> Result<usize, SourceError> {
-        let Some(direct) = self.direct() else {
+    fn fill_direct(
+        &self,
+        buf: &mut [u8],
+        offset: u64,
+        in_stream: bool,
+    ) -> Result<usize, SourceError> {
+        let open = self
+            .descriptors()
+            .map_err(|source| self.read_error(offset, source))?;
+        let Some(direct) = self.direct(&open) else {
             return Ok(0);
         };
+        open.pattern.note(offset, buf.len() as u64, in_stream);
         self.measured(|| read_direct(direct.as_ref(), &self.direct_works, &self.path, buf, offset))
             .map_err(|(filled, source)| self.read_error(offset + filled as u64, source))
     }
 
-    fn fill_buffered(&self, buf: &mut [u8], offset: u64) -> Result<usize, SourceError> {
+    fn fill_buffered(
+        &self,
+        buf: &mut [u8],
+        offset: u64,
+        in_stream: bool,
+    ) -> Result<usize, SourceError> {
+        let open = self
+            .descriptors()
+            .map_err(|source| self.read_error(offset, source))?;
+        open.pattern.note(offset, buf.len() as u64, in_stream);
         let filled = self
-            .measured(|| read_full_at(self.buffered.as_ref(), buf, offset))
+            .measured(|| read_full_at(open.buffered.as_ref(), buf, offset))
             .map_err(|(filled, source)| self.read_error(offset + filled as u64, source))?;
-        platform::drop_cached(&self.advice, offset, filled as u64);
+        platform::drop_cached(&open.advice, offset, filled as u64);
         Ok(filled)
     }
 

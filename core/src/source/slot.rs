@@ -32,6 +32,14 @@
 //! [`SourceError::Changed`] and nothing is read: a read of that version fails (`EIO`), a
 //! prefetch is skipped. Readers that open the file again get its new version.
 //!
+//! **A fresh handle for an ordered stream.** On a network or FUSE source, a read of an ordered
+//! stream ([`SourceSlot::read_stream`]: the lane's read-ahead, a reader's miss read with it)
+//! first closes the descriptors and opens them again ([`SourceFile::renew`]) when they have sent
+//! [`FRESH_HANDLE_AFTER_SCATTERED`] reads or more outside the stream (probes, uncached reads)
+//! that did not continue the one before: the store's client judged that handle scattered and
+//! would serve the stream as such ([`super::pattern`]). It costs one open, which the same scattered reads cost many times
+//! over; the reopen is checked like every other.
+//!
 //! **Dead descriptors.** After `ENOTCONN` or `ESTALE` (a network filesystem's connection or
 //! file handle is gone) a read's retry opens the version again the same way, checked the same
 //! way, and the dead descriptors' holders read through the new ones from then on
@@ -42,9 +50,17 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use super::deadline::SourceIo;
+use super::kind::StorageKind;
 use super::meter::SourceMeter;
 use super::{AlignedBytes, PathAccess, ReadWrapper, SourceError, SourceFile, SourceIdentity};
 use crate::sync::{lock, Mutex};
+
+/// Scattered reads outside a stream (requests that did not continue the one before) after
+/// which an ordered stream on a network source gets a fresh handle: one open, a round trip,
+/// against the per-request overhead of a scattered handle on every read of the stream; fewer
+/// than the probes of one load (one per tensor), which switch a store's client to ranged
+/// fetches ([measured](../../../docs/PERFORMANCE.md#a-fresh-handle-for-an-ordered-stream)).
+pub const FRESH_HANDLE_AFTER_SCATTERED: u64 = 8;
 
 /// One version of a source file, and its descriptors while someone holds them (see the module
 /// docs). Its reads ([`Self::read_aligned`], [`Self::read_at`]) are bounded in time and retried
@@ -124,6 +140,22 @@ impl SourceSlot {
         let inner = Arc::clone(&self.inner);
         self.io.read((&self.inner.path, start), move |reopen| {
             inner.source(reopen)?.read_aligned(start, end)
+        })
+    }
+
+    /// [`Self::read_aligned`] for a read of an ordered stream: on a network source whose
+    /// descriptors sent [`FRESH_HANDLE_AFTER_SCATTERED`] scattered reads or more outside the
+    /// stream, they are opened again first (see the module docs).
+    pub fn read_stream(&self, start: u64, end: u64) -> Result<AlignedBytes, SourceError> {
+        let inner = Arc::clone(&self.inner);
+        let io = Arc::clone(&self.io);
+        self.io.read((&self.inner.path, start), move |reopen| {
+            let source = inner.source(reopen)?;
+            if inner.wants_fresh_handle(&source) && source.renew(inner.paths.as_ref())? {
+                io.counters().fresh_handles.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(path = %inner.path.display(), start, "fresh source handle for an ordered stream");
+            }
+            source.read_aligned_in_stream(start, end)
         })
     }
 
@@ -226,6 +258,16 @@ impl SlotInner {
         Ok(fresh)
     }
 
+    /// Whether `source`'s descriptors should be opened again before an ordered stream reads
+    /// through them (see the module docs).
+    fn wants_fresh_handle(&self, source: &SourceFile) -> bool {
+        let network = self
+            .meter
+            .as_ref()
+            .is_some_and(|m| matches!(m.storage(), StorageKind::Network(_)));
+        network && source.scattered_reads() >= FRESH_HANDLE_AFTER_SCATTERED
+    }
+
     /// New descriptors of this version, opened by path and checked to be this very version.
     fn open_checked(&self) -> Result<Arc<SourceFile>, SourceError> {
         let source = Arc::new(
@@ -323,6 +365,204 @@ mod tests {
         );
         std::fs::remove_file(&path).unwrap();
         assert!(matches!(slot.get(), Err(SourceError::Open { .. })));
+    }
+
+    /// A slot of `path` whose reads are measured on a meter that says the source is a FUSE file
+    /// system (a store's client), with its I/O.
+    #[cfg(target_os = "linux")]
+    fn on_a_store_client(
+        path: &Path,
+        paths: Arc<dyn PathAccess>,
+    ) -> (Arc<SourceFile>, SourceSlot, Arc<SourceIo>) {
+        on_a_store_client_closing(path, paths, Arc::default())
+    }
+
+    /// [`on_a_store_client`], counting in `closed` the descriptors closed.
+    #[cfg(target_os = "linux")]
+    fn on_a_store_client_closing(
+        path: &Path,
+        paths: Arc<dyn PathAccess>,
+        closed: Arc<AtomicU64>,
+    ) -> (Arc<SourceFile>, SourceSlot, Arc<SourceIo>) {
+        use crate::source::meter::{MeterConfig, MonotonicClock};
+        struct Counted(std::fs::File, Arc<AtomicU64>);
+        impl crate::source::ReadAt for Counted {
+            fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+                std::os::unix::fs::FileExt::read_at(&self.0, buf, offset)
+            }
+        }
+        impl Drop for Counted {
+            fn drop(&mut self) {
+                self.1.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let wrap: ReadWrapper = Arc::new(move |file| Arc::new(Counted(file, Arc::clone(&closed))));
+        let meter = Arc::new(SourceMeter::new(
+            1,
+            MeterConfig::default(),
+            Arc::new(MonotonicClock::default()),
+        ));
+        meter.note_storage(|| StorageKind::Network("fuse"));
+        let held = Arc::new(
+            SourceFile::open_with(paths.as_ref(), path, Some(&wrap))
+                .unwrap()
+                .with_meter(Some(meter)),
+        );
+        let io = Arc::new(SourceIo::default());
+        let slot = SourceSlot::new(&held, Some(wrap), paths, Arc::clone(&io));
+        (held, slot, io)
+    }
+
+    #[cfg(target_os = "linux")]
+    fn numbered(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i / 3 + i / 4099) as u8).collect()
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")] // counts descriptors in /proc
+    fn an_ordered_stream_after_scattered_reads_gets_fresh_descriptors_of_the_same_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let bytes = numbered(64 * 4096 + 123);
+        std::fs::write(&path, &bytes).unwrap();
+        let closed = Arc::new(AtomicU64::new(0));
+        let (held, slot, io) =
+            on_a_store_client_closing(&path, Arc::new(PlainPaths), Arc::clone(&closed));
+        // A stream from the start, then scattered reads outside it one short of the threshold,
+        // and a jump of the stream itself, which does not count: no renewal.
+        let got = slot.read_stream(0, 8192).unwrap();
+        assert_eq!(got.as_slice(), &bytes[..8192]);
+        let scattered = |i: u64| {
+            let at = 4096 * (60 - 3 * i);
+            let got = slot.read_aligned(at, at + 100).unwrap();
+            assert_eq!(got.as_slice(), &bytes[at as usize..at as usize + 100]);
+        };
+        for i in 0..FRESH_HANDLE_AFTER_SCATTERED - 1 {
+            scattered(i);
+        }
+        assert_eq!(
+            slot.read_stream(8192, 12288).unwrap().as_slice(),
+            &bytes[8192..12288]
+        );
+        assert_eq!(io.snapshot().fresh_handles, 0);
+        assert_eq!(closed.load(Ordering::SeqCst), 0);
+        scattered(FRESH_HANDLE_AFTER_SCATTERED);
+        assert_eq!(held.scattered_reads(), FRESH_HANDLE_AFTER_SCATTERED);
+        let open_before = descriptors_of(&path);
+        // The threshold reached: the stream's next read closes the descriptors and opens new ones.
+        let got = slot.read_stream(4096, 64 * 4096 + 123).unwrap();
+        assert_eq!(
+            got.as_slice(),
+            &bytes[4096..],
+            "a fresh handle read other bytes"
+        );
+        assert_eq!(io.snapshot().fresh_handles, 1);
+        assert_eq!(
+            held.scattered_reads(),
+            0,
+            "the new descriptors' pattern starts afresh"
+        );
+        // Both old descriptors (the plain one and its `O_DIRECT` twin, where the file system
+        // takes `O_DIRECT`) closed; as many new ones open.
+        let twin = u64::from(held.uses_direct_io());
+        assert_eq!(
+            closed.load(Ordering::SeqCst),
+            1 + twin,
+            "the old descriptors were not closed"
+        );
+        assert_eq!(descriptors_of(&path), open_before);
+        // A read of a local, flash source never renews, however scattered.
+        let local = Arc::new(SourceFile::open(&path).unwrap());
+        let local_io = Arc::new(SourceIo::default());
+        let local_slot = SourceSlot::new(&local, None, Arc::new(PlainPaths), Arc::clone(&local_io));
+        for i in 0..2 * FRESH_HANDLE_AFTER_SCATTERED {
+            local_slot
+                .read_aligned(4096 * (40 - i), 4096 * (40 - i) + 10)
+                .unwrap();
+        }
+        local_slot.read_stream(0, 4096).unwrap();
+        assert_eq!(local_io.snapshot().fresh_handles, 0);
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn a_replaced_file_keeps_its_descriptors_and_its_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let bytes = numbered(16 * 4096);
+        std::fs::write(&path, &bytes).unwrap();
+        let (held, slot, io) = on_a_store_client(&path, Arc::new(PlainPaths));
+        for i in 0..FRESH_HANDLE_AFTER_SCATTERED {
+            slot.read_aligned(4096 * (15 - i), 4096 * (15 - i) + 10)
+                .unwrap();
+        }
+        let other = dir.path().join("g");
+        std::fs::write(&other, vec![0xEEu8; bytes.len()]).unwrap();
+        std::fs::rename(&other, &path).unwrap();
+        assert!(
+            !held.renew(&PlainPaths).unwrap(),
+            "renewed by a path that names another file"
+        );
+        assert_eq!(
+            slot.read_stream(0, bytes.len() as u64).unwrap().as_slice(),
+            &bytes[..]
+        );
+        assert_eq!(io.snapshot().fresh_handles, 0);
+    }
+
+    /// Paths whose opens fail once `fail` is set (a store that refuses an open for a moment).
+    #[cfg(target_os = "linux")]
+    struct FailingOpens {
+        fail: AtomicBool,
+    }
+
+    #[cfg(target_os = "linux")]
+    impl PathAccess for FailingOpens {
+        fn open(&self, abs: &Path) -> std::io::Result<std::fs::File> {
+            if self.fail.swap(false, Ordering::SeqCst) {
+                return Err(std::io::Error::from_raw_os_error(libc::EIO));
+            }
+            PlainPaths.open(abs)
+        }
+        fn identity(&self, abs: &Path) -> std::io::Result<SourceIdentity> {
+            PlainPaths.identity(abs)
+        }
+        fn list_dir(&self, abs: &Path) -> std::io::Result<Vec<std::ffi::OsString>> {
+            PlainPaths.list_dir(abs)
+        }
+        fn link_target(&self, abs: &Path) -> std::io::Result<Option<PathBuf>> {
+            PlainPaths.link_target(abs)
+        }
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn a_renewal_whose_open_fails_is_answered_by_a_reopen_of_the_same_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let bytes = numbered(16 * 4096);
+        std::fs::write(&path, &bytes).unwrap();
+        let paths = Arc::new(FailingOpens {
+            fail: AtomicBool::new(false),
+        });
+        let (held, slot, io) = on_a_store_client(&path, paths.clone());
+        for i in 0..FRESH_HANDLE_AFTER_SCATTERED {
+            slot.read_aligned(4096 * (15 - i), 4096 * (15 - i) + 10)
+                .unwrap();
+        }
+        paths.fail.store(true, Ordering::SeqCst);
+        // The renewal closed the descriptors and could not open new ones: the try fails, its
+        // retry opens the version again (checked), and the read gets its exact bytes.
+        assert_eq!(
+            slot.read_stream(0, bytes.len() as u64).unwrap().as_slice(),
+            &bytes[..]
+        );
+        let s = io.snapshot();
+        assert_eq!((s.fresh_handles, s.reopens), (0, 1), "{s:?}");
+        // The handle that holds the version reads through the descriptors opened again.
+        let mut buf = [0u8; 100];
+        assert_eq!(held.current().read_at(&mut buf, 5000).unwrap(), 100);
+        assert_eq!(&buf[..], &bytes[5000..5100]);
     }
 
     #[test]
