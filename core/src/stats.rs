@@ -14,6 +14,15 @@ use serde::Serialize;
 /// Monotonic event counters shared by the cache, the prefetcher and the read path.
 #[derive(Debug, Default)]
 pub struct Counters {
+    /// Bytes of chunks decoded from the compressed tier for readers, and the time it took.
+    pub decoded_bytes: AtomicU64,
+    pub decode_ns: AtomicU64,
+    /// Compressed chunks that did not decode (damaged frames, read from the source again).
+    pub decode_errors: AtomicU64,
+    /// Bytes of chunks the compressed tier encoded into frames it kept.
+    pub encoded_bytes: AtomicU64,
+    /// Bytes of chunks the compressed tier left raw (they did not gain enough).
+    pub kept_raw_bytes: AtomicU64,
     /// Chunk lookups answered from memory.
     pub hits: AtomicU64,
     /// Chunk lookups that had to wait for the disk (their own read or one already in flight).

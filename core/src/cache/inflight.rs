@@ -25,7 +25,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::served::Served;
-use super::{CacheError, Chunk, ChunkCache, ChunkKey, ChunkMarks, ChunkOwner, Evicted, Want};
+use super::{
+    CacheError, Chunk, ChunkCache, ChunkKey, ChunkMarks, ChunkMeta, ChunkOwner, Evicted, Want,
+};
 use crate::source::{AlignedBytes, SourceError};
 use crate::stats::Counters;
 use crate::sync::{lock, wait, Condvar, Mutex};
@@ -143,6 +145,7 @@ impl ChunkCache {
         let mut state = self.lock();
         loop {
             if let Some(chunk) = state.resident.get(&key) {
+                Self::touch_window(&mut state, key, &chunk);
                 if want == Want::Read {
                     Counters::add(&self.counters.hits, 1);
                     self.note_read(&chunk);
@@ -220,14 +223,21 @@ impl ChunkCache {
                         bytes.footprint(),
                     );
                 }
-                Arc::new(Chunk {
+                let len = bytes.as_slice().len() as u64;
+                let loaded_footprint = bytes.footprint();
+                Arc::new(Chunk::raw(
                     bytes,
-                    unread_prefetch: AtomicBool::new(want == Want::Prefetch),
-                    owner: owner.cloned(),
-                    last_read: AtomicU64::new(if want == Want::Read { self.now() } else { 0 }),
-                    read_visit: AtomicU64::new(owner.map_or(0, |o| o.tracker.visit())),
-                    served: Served::default(),
-                })
+                    ChunkMeta {
+                        len,
+                        loaded_footprint,
+                        unread_prefetch: AtomicBool::new(want == Want::Prefetch),
+                        owner: owner.cloned(),
+                        last_read: AtomicU64::new(if want == Want::Read { self.now() } else { 0 }),
+                        read_visit: AtomicU64::new(owner.map_or(0, |o| o.tracker.visit())),
+                        served: Served::default(),
+                        kept_raw: AtomicBool::new(false),
+                    },
+                ))
             })
             .map_err(|e| {
                 Counters::add(&self.counters.disk_errors, 1);
