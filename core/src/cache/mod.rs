@@ -76,7 +76,7 @@ pub use tier::{CompressMode, TierConfig, TierSnapshot};
 
 use crate::reader::ReaderTracker;
 use crate::source::{self, AlignedBytes, SourceError};
-use crate::stats::{CacheSnapshot, Counters};
+use crate::stats::{CacheSnapshot, CompressSnapshot, CompressedFigures, Counters};
 use crate::sync::{lock, Condvar, Mutex, MutexGuard};
 
 /// The cache's tuning; [`Default`] is what the daemon runs with.
@@ -472,9 +472,14 @@ impl ChunkCache {
     }
 
     pub fn snapshot(&self) -> CacheSnapshot {
-        let (budget_bytes, used_bytes, chunks) = {
+        let (budget_bytes, used_bytes, chunks, tier) = {
             let state = self.lock();
-            (state.budget, state.used, state.resident.len() as u64)
+            let tier = (
+                state.tier.frame_raw_bytes,
+                state.tier.frame_bytes,
+                state.tier.window_bytes,
+            );
+            (state.budget, state.used, state.resident.len() as u64, tier)
         };
         let c = &self.counters;
         CacheSnapshot {
@@ -489,6 +494,20 @@ impl ChunkCache {
             evicted_bytes: Counters::get(&c.evicted_bytes),
             uncached_bytes: Counters::get(&c.uncached_bytes),
             stall_seconds: Counters::get(&c.stall_ns) as f64 / 1e9,
+            compress: CompressSnapshot {
+                mode: match self.compress_mode() {
+                    CompressMode::Auto => "auto",
+                    CompressMode::On => "on",
+                    CompressMode::Off => "off",
+                },
+                held: CompressedFigures::new(tier.0, tier.1),
+                window_bytes: tier.2,
+                decoded_bytes: Counters::get(&c.decoded_bytes),
+                decode_seconds: Counters::get(&c.decode_ns) as f64 / 1e9,
+                decode_errors: Counters::get(&c.decode_errors),
+                encoded_bytes: Counters::get(&c.encoded_bytes),
+                kept_raw_bytes: Counters::get(&c.kept_raw_bytes),
+            },
             index: Default::default(), // the model store's (`ModelStore::index_snapshot`)
         }
     }
