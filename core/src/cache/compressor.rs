@@ -3,7 +3,8 @@
 //! **Contract.** One thread per cache ([`ChunkCache::start_compressor`]), which ends once the
 //! cache is dropped. Each round ([`ChunkCache::compress_round`]) it decides whether to work
 //! ([`ChunkCache::compressing`]); if so it takes a batch of raw chunks, needed furthest in the
-//! future first, and encodes them one by one with no lock held (`tier.rs`). It sleeps
+//! future first, and encodes them one by one with no lock held (`tier.rs`); every round it also
+//! closes the decoded windows readers have left ([`super::TierConfig::window_idle`]). It sleeps
 //! [`super::TierConfig::poll`] when a round found nothing to do.
 //!
 //! **When `auto` compresses**: while the cache holds more than
@@ -104,6 +105,7 @@ impl ChunkCache {
     /// One round of the compressor: if `active`, encodes a batch of raw chunks (with `encoder`,
     /// `out` its scratch). Returns how many chunks it looked at (0: nothing to do).
     pub fn compress_round(&self, encoder: &mut Encoder, out: &mut Vec<u8>, active: bool) -> usize {
+        self.close_idle_windows();
         if !active {
             return 0;
         }

@@ -12,8 +12,9 @@
 //!   128 KiB–1 MiB requests inside a 4 MiB chunk decode it once. Windows are kept in the order
 //!   readers last got them and at most [`TierConfig::max_window_bytes`] (and a
 //!   [`TierConfig::window_share`] of the budget) of them: past it the window read least recently
-//!   goes back to its frame. With the default, at most 64 MiB of decoded windows, sixteen 4 MiB
-//!   chunks: one per thread of an 8-thread reader, twice.
+//!   goes back to its frame; and a window no reader got for [`TierConfig::window_idle`] goes
+//!   back too (the compressor closes it). With the default, at most 64 MiB of decoded windows,
+//!   sixteen 4 MiB chunks: one per thread of an 8-thread reader, twice.
 //! - **The budget counts what RAM holds**: raw chunks, frames and windows, page-rounded (frames
 //!   are mappings of their own). A window is room like any chunk: making one may evict, and
 //!   when no room can be had the reader gets its decoded bytes uncached.
@@ -37,6 +38,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::body::Body;
+use super::evict::Turn;
 use super::{Chunk, ChunkCache, ChunkKey, Evicted, State};
 use crate::compress::{CompressConfig, Decoder, Encoded, Encoder};
 use crate::source::AlignedBytes;
@@ -80,6 +82,10 @@ pub struct TierConfig {
     /// How often the compressor looks for work when it found none: 20 ms, a tenth of a 4 MiB
     /// chunk's source read on a 200 MB/s disk.
     pub poll: Duration,
+    /// A window no reader got for this long is closed (back to its frame): 1 s, fifty times
+    /// what a reader takes to go through a 4 MiB chunk at 200 MB/s, so a reader inside a chunk
+    /// keeps its window and one that left gives its memory back.
+    pub window_idle: Duration,
     /// Chunks smaller than this stay raw: 64 KiB; packs of biases and norms are few bytes of a
     /// model and their frames would be mostly header and page rounding.
     pub min_chunk_bytes: u64,
@@ -95,6 +101,7 @@ impl Default for TierConfig {
             pressure_percent: 75,
             batch_chunks: 8,
             poll: Duration::from_millis(20),
+            window_idle: Duration::from_secs(1),
             min_chunk_bytes: 64 << 10,
         }
     }
@@ -256,6 +263,39 @@ impl ChunkCache {
         }
     }
 
+    /// Turns the windows no reader got for [`TierConfig::window_idle`] back into their frames
+    /// (their readers have left them). Returns how many it closed.
+    pub(super) fn close_idle_windows(&self) -> usize {
+        let idle = self.config.tier.window_idle.as_nanos() as u64;
+        let cutoff = self.now().saturating_sub(idle);
+        let mut evicted = Evicted::new();
+        let mut state = self.lock();
+        let idle: Vec<ChunkKey> = state
+            .tier
+            .windows
+            .iter()
+            .copied()
+            .filter(|key| {
+                state
+                    .resident
+                    .peek(key)
+                    .is_some_and(|c| c.last_read.load(Ordering::Relaxed) < cutoff)
+            })
+            .collect();
+        for &key in &idle {
+            let Some(chunk) = state.resident.peek(&key) else {
+                continue;
+            };
+            if let Body::Window { frame, .. } = &chunk.body {
+                let closed = Arc::new(chunk.with_body(Body::Frame(Arc::clone(frame))));
+                self.swap_body(&mut state, key, closed, &mut evicted);
+            }
+        }
+        drop(state);
+        drop(evicted);
+        idle.len()
+    }
+
     /// Turns the window read least recently back into its frame; false if there is none.
     fn close_oldest_window(&self, state: &mut State, evicted: &mut Evicted) -> bool {
         while let Some(key) = state.tier.windows.pop_front() {
@@ -342,8 +382,9 @@ impl ChunkCache {
 
     /// Up to `max` raw resident chunks to compress, those needed furthest in the future first
     /// (the eviction rank): chunks at least [`TierConfig::min_chunk_bytes`] long, not found
-    /// not worth it before, and not got by a reader within
-    /// [`super::CacheConfig::recently_read`] (a reader is in them).
+    /// not worth it before, not got by a reader within [`super::CacheConfig::recently_read`]
+    /// (a reader is in them), and not read ahead of the active reader and still unread (it
+    /// is about to read them).
     pub(super) fn compress_candidates(&self, max: usize) -> Vec<(ChunkKey, Arc<Chunk>)> {
         let ranking = self.ranking();
         let state = self.lock();
@@ -357,6 +398,10 @@ impl ChunkCache {
                     && chunk.last_read.load(Ordering::Relaxed) < ranking.recent
             })
             .map(|(key, chunk, stamp)| (chunk.rank(&ranking, stamp), key, Arc::clone(chunk)))
+            // Read ahead of the active reader and not read yet: about to be read, raw.
+            .filter(|(rank, _, chunk)| {
+                !(rank.1 == Turn::Coming && chunk.unread_prefetch.load(Ordering::Relaxed))
+            })
             .collect();
         drop(state);
         ranked.sort_by(|a, b| b.0.cmp(&a.0));

@@ -245,6 +245,27 @@ fn windows_are_bounded_and_counted_in_the_budget() {
     assert_eq!(cache.snapshot().misses, misses);
 }
 
+/// A window no reader got for `window_idle` goes back to its frame at the next round.
+#[test]
+fn idle_windows_close() {
+    let w = weights(&[(WeightDtype::BF16, 2 << 20, 1 << 20, 0)]);
+    let mut config = tier(CompressMode::On);
+    config.tier.window_idle = std::time::Duration::from_millis(30);
+    let cache = ChunkCache::with_config(64 << 20, Arc::new(Counters::default()), config);
+    for c in 0..w.len() {
+        w.get(&cache, c).unwrap();
+    }
+    compress_all(&cache);
+    let frames = cache.snapshot().used_bytes;
+    assert_eq!(w.get(&cache, 0).unwrap().0.as_slice(), w.expect(0));
+    assert!(cache.tier_snapshot().window_bytes > 0);
+    std::thread::sleep(std::time::Duration::from_millis(60));
+    compress_all(&cache);
+    assert_eq!(cache.tier_snapshot().window_bytes, 0);
+    assert_eq!(cache.snapshot().used_bytes, frames);
+    cache.check_accounting();
+}
+
 /// `off` never compresses; `on` always; `auto` only under pressure and when the decoder is
 /// faster than the source.
 #[test]
