@@ -1,6 +1,6 @@
 //! Writes a safetensors checkpoint of synthetic bf16 weights that follow a trained model's
 //! distribution (`tierfs_core::weights`: each tensor normal with its own deviation, log-uniform
-//! in [0.005, 0.08], rounded to nearest even), laid out as a DiT (dim 1536, ffn 8960) of as many
+//! in [0.005, 0.08], rounded to nearest even), laid out as a DiT (dim 1024, ffn 4096) of as many
 //! blocks as reach `MIB`: the models of `tests/bench/compress_tier.py`.
 //!
 //! ```sh
@@ -14,8 +14,8 @@ use std::io::{BufWriter, Write};
 
 use tierfs_core::weights::{WeightDtype, WeightGen};
 
-const DIM: u64 = 1536;
-const FFN: u64 = 8960;
+const DIM: u64 = 1024;
+const FFN: u64 = 4096;
 
 /// The tensors of block `n`: (name, shape).
 fn block(n: u64) -> Vec<(String, Vec<u64>)> {

@@ -8,9 +8,10 @@
 //! [`super::TierConfig::poll`] when a round found nothing to do.
 //!
 //! **When `auto` compresses**: while the cache holds more than
-//! [`super::TierConfig::pressure_percent`] of its budget *and* the decoder is faster than the
-//! source. A hit on a compressed chunk costs the reader a decode (on its own thread) where a
-//! miss costs a source read: compressing pays only when the decode is the faster of the two.
+//! [`super::TierConfig::pressure_percent`] of its budget *and* the decoder is at least
+//! [`super::TierConfig::auto_margin`] times faster than the source. A hit on a compressed chunk
+//! costs the reader a decode (on its own thread) where a miss costs a source read: compressing
+//! pays only when the decode is clearly the faster of the two.
 //! The decode speed is the one measured on this machine: the tier's own decodes once they add
 //! up to [`DECODE_SAMPLE_BYTES`], before that a calibration at the thread's start (a 4 MiB
 //! chunk of synthetic bf16 weights, [`crate::weights`], decoded three times, the best kept).
@@ -79,15 +80,18 @@ impl ChunkCache {
         self.compress_mode.store(value, Ordering::Relaxed);
     }
 
-    /// The decode speed `auto` compares with the source's: the tier's own decodes once they
-    /// add up to [`DECODE_SAMPLE_BYTES`], else `calibrated`.
+    /// The decode speed `auto` compares with the source's, per core: the faster of the
+    /// calibration and the tier's own decodes once they add up to [`DECODE_SAMPLE_BYTES`]
+    /// (readers' decodes are timed on their threads, preemption included, so under load they
+    /// read low).
     pub fn decode_speed(&self, calibrated: Option<f64>) -> Option<f64> {
         let bytes = Counters::get(&self.counters.decoded_bytes);
         let ns = Counters::get(&self.counters.decode_ns);
-        if bytes >= DECODE_SAMPLE_BYTES && ns > 0 {
-            return Some(bytes as f64 * 1e9 / ns as f64);
+        let live = (bytes >= DECODE_SAMPLE_BYTES && ns > 0).then(|| bytes as f64 * 1e9 / ns as f64);
+        match (live, calibrated) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
         }
-        calibrated
     }
 
     /// Whether the compressor should work now (see the module docs).
@@ -96,7 +100,8 @@ impl ChunkCache {
             CompressMode::Off => false,
             CompressMode::On => true,
             CompressMode::Auto => {
-                let pays = matches!((decode_speed, source_speed), (Some(d), Some(s)) if s < d);
+                let margin = f64::from(self.config.tier.auto_margin.max(1));
+                let pays = matches!((decode_speed, source_speed), (Some(d), Some(s)) if s * margin <= d);
                 pays && self.under_pressure()
             }
         }

@@ -73,6 +73,13 @@ pub struct TierConfig {
     /// Windows never hold more than `budget / window_share`: an eighth, so a small budget is
     /// not taken by decoded copies of what it keeps compressed.
     pub window_share: u64,
+    /// `auto` compresses only when the decoder is at least this many times faster than the
+    /// source: 2. A compressed hit costs a decode on the reader's thread where the read it saves
+    /// could have been read ahead in parallel, and each chunk costs an encode (0.47 GB/s per
+    /// core for bf16) on a CPU the loader shares; with a margin of 1, `auto` compressed on the
+    /// fast local source and made repeated passes 1.3-2 times slower
+    /// ([measured](../../../docs/PERFORMANCE.md#compressed-ram-tier-in-the-cache)).
+    pub auto_margin: u32,
     /// `auto` compresses while the cache holds more than this percentage of its budget: 75,
     /// so a model that fits raw is served raw, and the tier starts before evictions do.
     pub pressure_percent: u64,
@@ -98,6 +105,7 @@ impl Default for TierConfig {
             codec: CompressConfig::default(),
             max_window_bytes: 64 << 20,
             window_share: 8,
+            auto_margin: 2,
             pressure_percent: 75,
             batch_chunks: 8,
             poll: Duration::from_millis(20),
