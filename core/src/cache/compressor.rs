@@ -10,8 +10,9 @@
 //! **When `auto` compresses**: while the cache holds more than
 //! [`super::TierConfig::pressure_percent`] of its budget *and* the decoder is at least
 //! [`super::TierConfig::auto_margin`] times faster than the source. A hit on a compressed chunk
-//! costs the reader a decode (on its own thread) where a miss costs a source read: compressing
-//! pays only when the decode is clearly the faster of the two.
+//! costs the reader a decode (on its own thread) where a miss costs a source read, and every
+//! compressed byte read pays it while only the bytes that did not fit raw are saved a read:
+//! compressing pays only when the decode is several times faster than the source.
 //! The decode speed is the one measured on this machine: the tier's own decodes once they add
 //! up to [`DECODE_SAMPLE_BYTES`], before that a calibration at the thread's start (a 4 MiB
 //! chunk of synthetic bf16 weights, [`crate::weights`], decoded three times, the best kept).

@@ -17,6 +17,10 @@
 //! - **Failed reads cache nothing**: the error goes to every reader waiting on that read, and
 //!   the next request reads the disk again; a read that panics is an error
 //!   ([`CacheError::LoadPanicked`]) to its waiters, never a reader waiting forever.
+//! - **Compressed chunks, invisible to readers** (`tier.rs`): with [`CompressMode`] on, resident
+//!   chunks may be held as lossless frames of the codec ([`crate::compress`]); a reader always
+//!   gets the raw bytes (decoded first), a frame that does not decode is a miss, and the budget
+//!   counts raw chunks, frames and decoded windows alike.
 //! - **Memory is unmapped outside the lock**: evicted chunks are taken out under the lock and
 //!   dropped (unmapped, or kept as spare buffers) after it is released, so `drop`, a budget
 //!   shrink or a miss that evicts never makes other readers wait for `munmap`
@@ -32,6 +36,10 @@
 //! `Loading::result` (one per read in flight) is never taken with `state` held: a waiter takes
 //! it after releasing `state`, and the loader publishes its result after releasing `state`. The
 //! spare-buffer lock in [`crate::source`] is a leaf taken outside all of these.
+//!
+//! The compressed tier (`tier.rs`, `compressor.rs`) takes no lock of its own: it changes a
+//! chunk's form under `state` only (a swap of the resident entry), and encodes, decodes and
+//! unmaps with no lock held; its decoder is thread-local.
 //!
 //! The cache knows chunks by [`ChunkKey`] only; which bytes a chunk holds is the caller's
 //! business ([`crate::models`]), which keeps this module testable without files. It reads how

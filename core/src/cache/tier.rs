@@ -74,10 +74,12 @@ pub struct TierConfig {
     /// not taken by decoded copies of what it keeps compressed.
     pub window_share: u64,
     /// `auto` compresses only when the decoder is at least this many times faster than the
-    /// source: 2. A compressed hit costs a decode on the reader's thread where the read it saves
-    /// could have been read ahead in parallel, and each chunk costs an encode (0.47 GB/s per
-    /// core for bf16) on a CPU the loader shares; with a margin of 1, `auto` compressed on the
-    /// fast local source and made repeated passes 1.3-2 times slower
+    /// source: 4. Compressing makes every hit on the compressed bytes pay a decode, to save the
+    /// reads of the part that did not fit; with a working set 1.2-1.3 times the budget that part
+    /// is a fifth to a quarter of what is decoded. Measured: with a margin of 1, `auto`
+    /// compressed on the fast local source and slowed repeated passes 1.3-2 times; with 2, it
+    /// compressed on the 1 GB/s source (measured 1.1-1.2 GB/s) and slowed them 2.2-2.7 times;
+    /// on the 200 MB/s disk it makes them 1.5 times faster
     /// ([measured](../../../docs/PERFORMANCE.md#compressed-ram-tier-in-the-cache)).
     pub auto_margin: u32,
     /// `auto` compresses while the cache holds more than this percentage of its budget: 75,
@@ -105,7 +107,7 @@ impl Default for TierConfig {
             codec: CompressConfig::default(),
             max_window_bytes: 64 << 20,
             window_share: 8,
-            auto_margin: 2,
+            auto_margin: 4,
             pressure_percent: 75,
             batch_chunks: 8,
             poll: Duration::from_millis(20),
