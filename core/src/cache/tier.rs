@@ -26,7 +26,8 @@
 //! - **Which chunks, when** ([`CompressMode`]): `on` compresses every resident chunk, those
 //!   needed furthest in the future first (the eviction rank of `evict.rs`); `auto` does the same
 //!   only while the budget is under pressure ([`TierConfig::pressure_percent`]) and only when a
-//!   decode is faster than the source it saves a read of (`compressor.rs`); `off` never.
+//!   decode is several times faster than the source ([`TierConfig::auto_margin`],
+//!   `compressor.rs`); `off` never.
 //!
 //! **Locks.** Everything here that touches the resident set runs under the cache's `state`
 //! lock, briefly (no encode, decode or unmap under it); the thread-local decoder and the
@@ -47,11 +48,11 @@ use crate::stats::Counters;
 /// When the compressed tier compresses (`--compress`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CompressMode {
-    /// Compress under budget pressure when a decode is faster than the source (see
-    /// `compressor.rs`). The default: on a source faster than the decoder (local flash, files
-    /// in the page cache) it does nothing, so no loader gets slower than without the tier;
-    /// where the source is slower, every byte the budget keeps compressed is a byte not read
-    /// again ([measured](../../../docs/PERFORMANCE.md#compressed-ram-tier-in-the-cache)).
+    /// Compress under budget pressure when a decode is several times faster than the source (see
+    /// `compressor.rs`). The default: on a source within a few times the decoder's speed (local
+    /// flash, files in the page cache, a 1 GB/s link) it does nothing, so no loader gets slower
+    /// than without the tier; on a disk-class source, every byte the budget keeps compressed is
+    /// a byte not read again ([measured](../../../docs/PERFORMANCE.md#compressed-ram-tier-in-the-cache)).
     #[default]
     Auto,
     /// Compress every resident chunk, whatever the source.
