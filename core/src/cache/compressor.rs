@@ -102,7 +102,8 @@ impl ChunkCache {
             CompressMode::On => true,
             CompressMode::Auto => {
                 let margin = f64::from(self.config.tier.auto_margin.max(1));
-                let pays = matches!((decode_speed, source_speed), (Some(d), Some(s)) if s * margin <= d);
+                let pays =
+                    matches!((decode_speed, source_speed), (Some(d), Some(s)) if s * margin <= d);
                 pays && self.under_pressure()
             }
         }

@@ -415,7 +415,7 @@ impl ChunkCache {
             })
             .collect();
         drop(state);
-        ranked.sort_by(|a, b| b.0.cmp(&a.0));
+        ranked.sort_by_key(|r| std::cmp::Reverse(r.0));
         ranked
             .into_iter()
             .take(max)
