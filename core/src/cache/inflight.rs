@@ -55,7 +55,16 @@ impl Loading {
         }
     }
 
-    fn finish(&self, outcome: Result<Arc<Chunk>, CacheError>) {
+    /// A read (or a decode, `tier.rs`) no one has finished yet.
+    pub(super) fn new() -> Loading {
+        Loading {
+            result: Mutex::new(None),
+            done: Condvar::new(),
+            awaited: AtomicBool::new(false),
+        }
+    }
+
+    pub(super) fn finish(&self, outcome: Result<Arc<Chunk>, CacheError>) {
         *lock(&self.result) = Some(outcome);
         self.done.notify_all();
     }
@@ -187,11 +196,7 @@ impl ChunkCache {
             state.used += footprint;
         }
         state.in_flight += footprint;
-        let loading = Arc::new(Loading {
-            result: Mutex::new(None),
-            done: Condvar::new(),
-            awaited: AtomicBool::new(false),
-        });
+        let loading = Arc::new(Loading::new());
         state.loading.insert(key, Arc::clone(&loading));
         if let Some(owner) = owner {
             owner.marks.loading(key.index(), want);

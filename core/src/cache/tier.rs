@@ -6,7 +6,8 @@
 //!   the reader sees it. A frame that does not decode (damaged: the decoder checks the header,
 //!   every plane's length and the xxh3 of the original bytes, [`crate::compress`]) is dropped
 //!   from the cache, counted (`compress.decode_errors`) and the request becomes a miss: the
-//!   source is read again. Wrong bytes are never served.
+//!   source is read again. Wrong bytes are never served. Decodes are single flight: readers of
+//!   a frame being decoded wait for that decode.
 //! - **Decoded windows, bounded.** The decoded bytes stay with the frame as the chunk's
 //!   *window* ([`super::body::Body::Window`]) while readers are in it, so that the kernel's
 //!   128 KiB–1 MiB requests inside a 4 MiB chunk decode it once. Windows are kept in the order
@@ -29,18 +30,21 @@
 //!   decode is several times faster than the source ([`TierConfig::auto_margin`],
 //!   `compressor.rs`); `off` never.
 //!
-//! **Locks.** Everything here that touches the resident set runs under the cache's `state`
-//! lock, briefly (no encode, decode or unmap under it); the thread-local decoder and the
-//! compressor's encoder are plain values.
+//! **Locks.** Everything here that touches the resident set or the table of decodes in flight
+//! runs under the cache's `state` lock, briefly (no encode, decode or unmap under it); a reader
+//! waiting for another's decode waits on that decode's `Loading` with no lock held, and the
+//! decoder publishes after releasing `state`, as a read in flight does (`inflight.rs`). The
+//! thread-local decoder and the compressor's encoder are plain values.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::body::Body;
 use super::evict::Turn;
-use super::{Chunk, ChunkCache, ChunkKey, Evicted, State};
+use super::inflight::Loading;
+use super::{CacheError, Chunk, ChunkCache, ChunkKey, Evicted, State};
 use crate::compress::{CompressConfig, Decoder, Encoded, Encoder};
 use crate::source::AlignedBytes;
 use crate::stats::Counters;
@@ -121,6 +125,8 @@ impl Default for TierConfig {
 /// The tier's part of the cache's state (under its lock).
 #[derive(Default)]
 pub(super) struct TierState {
+    /// Decodes in flight, by chunk (single flight, [`ChunkCache::readable`]).
+    decoding: HashMap<ChunkKey, Arc<Loading>>,
     /// Chunks holding a decoded window, the one a reader got least recently first.
     windows: VecDeque<ChunkKey>,
     /// Memory of the windows' decoded bytes.
@@ -129,6 +135,43 @@ pub(super) struct TierState {
     pub(super) frame_bytes: u64,
     /// File bytes of the chunks that have a frame.
     pub(super) frame_raw_bytes: u64,
+}
+
+/// A decode in flight (single flight, [`ChunkCache::readable`]): however it ends, its entry
+/// leaves the table and its waiters are woken (with an error if the decode panicked).
+struct DecodeFlight<'a> {
+    cache: &'a ChunkCache,
+    key: ChunkKey,
+    decode: Arc<Loading>,
+    finished: bool,
+}
+
+impl DecodeFlight<'_> {
+    fn finish(&mut self, result: Result<Arc<Chunk>, CacheError>) {
+        self.finished = true;
+        {
+            let mut state = self.cache.lock();
+            if state
+                .tier
+                .decoding
+                .get(&self.key)
+                .is_some_and(|d| Arc::ptr_eq(d, &self.decode))
+            {
+                state.tier.decoding.remove(&self.key);
+            }
+        }
+        // After the lock: `Loading::result` is never taken with `state` held.
+        self.decode.finish(result);
+    }
+}
+
+impl Drop for DecodeFlight<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            tracing::error!(chunk = ?self.key, "a chunk's decode panicked; its readers read the source");
+            self.finish(Err(CacheError::LoadPanicked));
+        }
+    }
 }
 
 /// What the tier holds now, for the stats.
@@ -167,7 +210,50 @@ impl ChunkCache {
     /// `chunk`, resident as `key`, in a form a reader can read: as it is if it holds its raw
     /// bytes, else decoded (a window, or uncached bytes if no room). `None` if its frame is
     /// damaged: it was dropped from the cache and counted; the caller reads the source.
+    ///
+    /// Decodes are single flight: readers of a frame another reader is decoding wait for that
+    /// decode (the threads of one loader often start in the same chunk) instead of decoding it
+    /// again.
     pub(super) fn readable(&self, key: ChunkKey, chunk: Arc<Chunk>) -> Option<Arc<Chunk>> {
+        if chunk.body.raw().is_some() {
+            return Some(chunk);
+        }
+        let role = {
+            let mut state = self.lock();
+            match state.resident.peek(&key) {
+                // Another reader made its window meanwhile.
+                Some(now) if now.body.raw().is_some() => Ok(now),
+                _ => match state.tier.decoding.get(&key) {
+                    Some(decode) => Err(Err(Arc::clone(decode))),
+                    None => {
+                        let decode = Arc::new(Loading::new());
+                        state.tier.decoding.insert(key, Arc::clone(&decode));
+                        Err(Ok(decode))
+                    }
+                },
+            }
+        };
+        match role {
+            Ok(window) => Some(window),
+            // A failed decode dropped the chunk: the caller reads the source.
+            Err(Err(decode)) => decode.wait().ok(),
+            Err(Ok(decode)) => {
+                let mut flight = DecodeFlight {
+                    cache: self,
+                    key,
+                    decode,
+                    finished: false,
+                };
+                let got = self.decode_chunk(key, chunk);
+                flight.finish(got.clone().ok_or(CacheError::NoRoom));
+                got
+            }
+        }
+    }
+
+    /// Decodes the frame chunk `chunk` (resident as `key`) into its window; `None` (the chunk
+    /// dropped and the error counted) if the frame is damaged.
+    fn decode_chunk(&self, key: ChunkKey, chunk: Arc<Chunk>) -> Option<Arc<Chunk>> {
         let Body::Frame(frame) = &chunk.body else {
             return Some(chunk);
         };

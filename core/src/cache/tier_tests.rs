@@ -211,6 +211,37 @@ fn a_damaged_frame_is_a_miss_never_wrong_bytes() {
     }
 }
 
+/// Eight readers starting in one compressed chunk at once decode it once (single flight) and
+/// all get its bytes.
+#[test]
+fn readers_of_one_frame_decode_it_once() {
+    let w = Arc::new(weights(&[(WeightDtype::BF16, 4 << 20, 4 << 20, 0)]));
+    let cache = Arc::new(ChunkCache::with_config(
+        64 << 20,
+        Arc::new(Counters::default()),
+        tier(CompressMode::On),
+    ));
+    w.get(&cache, 0).unwrap();
+    compress_all(&cache);
+    assert!(cache.tier_snapshot().frame_raw_bytes > 0);
+    let barrier = Arc::new(std::sync::Barrier::new(8));
+    let readers: Vec<_> = (0..8)
+        .map(|_| {
+            let (w, cache, barrier) = (Arc::clone(&w), Arc::clone(&cache), Arc::clone(&barrier));
+            std::thread::spawn(move || {
+                barrier.wait();
+                let (chunk, _) = w.get(&cache, 0).unwrap();
+                assert_eq!(chunk.as_slice(), w.expect(0));
+            })
+        })
+        .collect();
+    for r in readers {
+        r.join().unwrap();
+    }
+    assert_eq!(Counters::get(&cache.counters().decoded_bytes), 4 << 20);
+    cache.check_accounting();
+}
+
 /// Decoded windows are bounded (bytes and share of the budget) and counted in the budget: a
 /// reader going through many compressed chunks leaves at most the bound of windows, and the
 /// cache never holds more than its budget.
