@@ -84,7 +84,7 @@ pub struct TierConfig {
     /// is a fifth to a quarter of what is decoded. Measured: with a margin of 1, `auto`
     /// compressed on the fast local source and slowed repeated passes 1.3-2 times; with 2, it
     /// compressed on the 1 GB/s source (measured 1.1-1.2 GB/s) and slowed them 2.2-2.7 times;
-    /// on the 200 MB/s disk it makes them 1.5 times faster
+    /// with 4, it stays off there and makes them 2.4-2.7 times faster on the 200 MB/s disk
     /// ([measured](../../../docs/PERFORMANCE.md#compressed-ram-tier-in-the-cache)).
     pub auto_margin: u32,
     /// `auto` compresses while the cache holds more than this percentage of its budget: 75,
