@@ -88,6 +88,7 @@ fn fill(cache: &ChunkCache, marks: &[Arc<ChunkMarks>], touched: u64) -> std::io:
                 tracker: Arc::clone(&tracker),
                 block,
                 marks: Arc::clone(marks),
+                codec: Default::default(),
             };
             for c in 0..CHUNKS_PER_BLOCK {
                 let key = ChunkKey {

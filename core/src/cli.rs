@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use clap::Args;
 
+use crate::cache::CompressMode;
 use crate::prefetch::PacingMode;
 use crate::size::parse_size;
 use crate::source::deadline::SourceIoConfig;
@@ -78,6 +79,35 @@ impl SourceArgs {
         SourceIoConfig {
             timeout: (!self.source_timeout.is_zero()).then_some(self.source_timeout),
             ..SourceIoConfig::default()
+        }
+    }
+}
+
+/// `--compress auto|on|off`: the compressed RAM tier.
+#[derive(Args, Debug, Clone, PartialEq, Eq)]
+pub struct CompressArgs {
+    /// Keep resident chunks of bf16/fp16/fp32 weights compressed (lossless) so the RAM cache
+    /// holds more: `auto` (under budget pressure, when decoding is faster than the source:
+    /// never on a fast local disk), `on` (always) or `off` (see docs/CONFIGURATION.md).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub compress: CompressArg,
+}
+
+/// The values of `--compress`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CompressArg {
+    Auto,
+    On,
+    Off,
+}
+
+impl CompressArgs {
+    /// The compressed tier's mode.
+    pub fn mode(&self) -> CompressMode {
+        match self.compress {
+            CompressArg::Auto => CompressMode::Auto,
+            CompressArg::On => CompressMode::On,
+            CompressArg::Off => CompressMode::Off,
         }
     }
 }
@@ -153,6 +183,23 @@ mod tests {
         budget: BudgetArgs,
         #[command(flatten)]
         state: StateArgs,
+        #[command(flatten)]
+        compress: CompressArgs,
+    }
+
+    #[test]
+    fn compress_is_auto_unless_told() {
+        let mode = |args: &[&str]| Cli::try_parse_from(args).map(|c| c.compress.mode());
+        assert_eq!(mode(&["t"]).ok(), Some(CompressMode::Auto));
+        assert_eq!(
+            mode(&["t", "--compress", "on"]).ok(),
+            Some(CompressMode::On)
+        );
+        assert_eq!(
+            mode(&["t", "--compress", "off"]).ok(),
+            Some(CompressMode::Off)
+        );
+        assert!(mode(&["t", "--compress", "maybe"]).is_err());
     }
 
     #[test]

@@ -14,6 +14,15 @@ use serde::Serialize;
 /// Monotonic event counters shared by the cache, the prefetcher and the read path.
 #[derive(Debug, Default)]
 pub struct Counters {
+    /// Bytes of chunks decoded from the compressed tier for readers, and the time it took.
+    pub decoded_bytes: AtomicU64,
+    pub decode_ns: AtomicU64,
+    /// Compressed chunks that did not decode (damaged frames, read from the source again).
+    pub decode_errors: AtomicU64,
+    /// Bytes of chunks the compressed tier encoded into frames it kept.
+    pub encoded_bytes: AtomicU64,
+    /// Bytes of chunks the compressed tier left raw (they did not gain enough).
+    pub kept_raw_bytes: AtomicU64,
     /// Chunk lookups answered from memory.
     pub hits: AtomicU64,
     /// Chunk lookups that had to wait for the disk (their own read or one already in flight).
@@ -88,6 +97,8 @@ pub struct CacheSnapshot {
     pub evicted_bytes: u64,
     pub uncached_bytes: u64,
     pub stall_seconds: f64,
+    /// The compressed RAM tier.
+    pub compress: CompressSnapshot,
     /// Header and index memory of the known model files (`index_bytes`, …), filled in by the
     /// model store (the chunk cache does not hold it).
     #[serde(flatten)]
@@ -179,6 +190,59 @@ pub struct KernelCacheSnapshot {
     pub invalidated_bytes: u64,
 }
 
+/// What the compressed RAM tier holds of a file, a model or the whole cache (`compressed`
+/// in `files[]`, `models[]` and `cache.compress`).
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+pub struct CompressedFigures {
+    /// File bytes of the resident chunks held compressed.
+    pub raw_bytes: u64,
+    /// Memory of their frames (page-rounded: what the budget is charged for them).
+    pub frame_bytes: u64,
+    /// `frame_bytes / raw_bytes` (1 when nothing is compressed).
+    pub ratio: f64,
+}
+
+impl CompressedFigures {
+    pub fn new(raw_bytes: u64, frame_bytes: u64) -> CompressedFigures {
+        CompressedFigures {
+            raw_bytes,
+            frame_bytes,
+            ratio: if raw_bytes == 0 {
+                1.0
+            } else {
+                frame_bytes as f64 / raw_bytes as f64
+            },
+        }
+    }
+
+    /// A file's figures from its counters.
+    pub fn of_file(c: &crate::reader::FileCounters) -> CompressedFigures {
+        CompressedFigures::new(
+            Counters::get(&c.frame_raw_bytes),
+            Counters::get(&c.frame_bytes),
+        )
+    }
+}
+
+/// `cache.compress`: the compressed RAM tier (`--compress`).
+#[derive(Debug, Clone, Serialize)]
+pub struct CompressSnapshot {
+    /// `auto`, `on` or `off`.
+    pub mode: &'static str,
+    #[serde(flatten)]
+    pub held: CompressedFigures,
+    /// Memory of the decoded windows kept for readers.
+    pub window_bytes: u64,
+    /// Chunk bytes decoded for readers, and the time it took (summed over reader threads).
+    pub decoded_bytes: u64,
+    pub decode_seconds: f64,
+    /// Compressed chunks that did not decode (read from the source again).
+    pub decode_errors: u64,
+    /// Chunk bytes encoded into kept frames / left raw (they did not gain enough).
+    pub encoded_bytes: u64,
+    pub kept_raw_bytes: u64,
+}
+
 /// One entry of `files`.
 #[derive(Debug, Clone, Serialize)]
 pub struct FileSnapshot {
@@ -203,6 +267,8 @@ pub struct FileSnapshot {
     pub hit_bytes: u64,
     pub miss_bytes: u64,
     pub disk_read_bytes: u64,
+    /// What the compressed RAM tier holds of the file (of its model, for a shard).
+    pub compressed: CompressedFigures,
     /// Time readers of this file waited for the disk.
     pub stall_seconds: f64,
     /// The part of it spent in the first block of the order: the wait of a reader starting

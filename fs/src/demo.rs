@@ -66,6 +66,7 @@ pub fn run(size: u64, budget: u64) -> Result<()> {
         metrics_addr: None,
         source_io: tierfs_core::source::deadline::SourceIoConfig::default(),
         source_pacing: tierfs_core::prefetch::PacingMode::Auto,
+        compress: tierfs_core::cache::CompressMode::default(),
     };
     let mounted = Mounted::start(&request)?;
     let streamed = stream_twice(&mnt.join(name), &models.join(name));

@@ -32,7 +32,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use tierfs_core::cli::{parse_size_arg, BudgetArgs, CtlArgs, SourceArgs, StateArgs};
+use tierfs_core::cli::{parse_size_arg, BudgetArgs, CompressArgs, CtlArgs, SourceArgs, StateArgs};
 use tierfs_core::size::format_size;
 
 #[derive(Parser)]
@@ -92,6 +92,8 @@ enum Command {
         state: StateArgs,
         #[command(flatten)]
         source_io: SourceArgs,
+        #[command(flatten)]
+        compress: CompressArgs,
         /// Serve the metrics (as in MOUNTPOINT/.tierfs/metrics) at http://ADDR/metrics for a
         /// Prometheus scraper: PORT (on 127.0.0.1) or HOST:PORT.
         #[arg(long, value_name = "ADDR", value_parser = metrics::server::parse_addr)]
@@ -189,6 +191,7 @@ fn run(command: Command) -> Result<()> {
             index_cache,
             state,
             source_io,
+            compress,
             metrics_addr,
         } => {
             let budget = ram_cache.unwrap_or_else(|| {
@@ -215,6 +218,7 @@ fn run(command: Command) -> Result<()> {
                 metrics_addr,
                 source_io: source_io.config(),
                 source_pacing: source_io.pacing(),
+                compress: compress.mode(),
             };
             if daemon {
                 return daemon::run(&request, log_file.as_deref());

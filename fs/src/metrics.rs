@@ -202,6 +202,37 @@ impl Scrape {
             "Bytes served without caching.",
             c.uncached_bytes,
         )?;
+        let z = &c.compress;
+        f.gauge(
+            "tierfs_cache_compressed_raw_bytes",
+            "File bytes of the resident chunks held compressed.",
+            z.held.raw_bytes,
+        )?;
+        f.gauge(
+            "tierfs_cache_compressed_frame_bytes",
+            "Memory of the compressed chunks' frames.",
+            z.held.frame_bytes,
+        )?;
+        f.gauge(
+            "tierfs_cache_compress_ratio",
+            "Frame bytes per file byte of the chunks held compressed (1: none).",
+            z.held.ratio,
+        )?;
+        f.gauge(
+            "tierfs_cache_compress_window_bytes",
+            "Memory of the decoded windows kept for readers.",
+            z.window_bytes,
+        )?;
+        f.counter(
+            "tierfs_cache_decoded_bytes",
+            "Bytes of compressed chunks decoded for readers.",
+            z.decoded_bytes,
+        )?;
+        f.counter(
+            "tierfs_cache_decode_errors",
+            "Compressed chunks that did not decode (read from the source again).",
+            z.decode_errors,
+        )?;
         f.counter(
             "tierfs_stall_seconds",
             "Time readers waited for the disk, summed over reader threads.",
@@ -400,7 +431,7 @@ impl Scrape {
                 .map(move |file| (file.path.clone(), value(file)))
                 .collect::<Vec<_>>()
         };
-        let families: [FileFamily; 10] = [
+        let families: [FileFamily; 12] = [
             (
                 "tierfs_file_size_bytes",
                 "Size of the model file.",
@@ -454,6 +485,18 @@ impl Scrape {
                 "Bytes of the file's chunks read from the source.",
                 MetricType::Counter,
                 |file| file.disk_read_bytes as f64,
+            ),
+            (
+                "tierfs_file_compressed_raw_bytes",
+                "File bytes of the file's resident chunks held compressed.",
+                MetricType::Gauge,
+                |file| file.compressed.raw_bytes as f64,
+            ),
+            (
+                "tierfs_file_compressed_frame_bytes",
+                "Memory of the frames of the file's compressed chunks.",
+                MetricType::Gauge,
+                |file| file.compressed.frame_bytes as f64,
             ),
             (
                 "tierfs_file_prefetch_issued_bytes",
@@ -522,6 +565,7 @@ mod tests {
             hit_bytes: 0,
             miss_bytes: 0,
             disk_read_bytes: 0,
+            compressed: Default::default(),
             stall_seconds: 0.0,
             start_stall_seconds: 0.0,
             model: None,

@@ -64,6 +64,8 @@ pub struct MountRequest {
     pub source_io: tierfs_core::source::deadline::SourceIoConfig,
     /// `--source-pacing`.
     pub source_pacing: tierfs_core::prefetch::PacingMode,
+    /// `--compress`.
+    pub compress: tierfs_core::cache::CompressMode,
 }
 
 /// The default cache budget: a quarter of physical RAM (or of the memory cgroup's limit),
@@ -180,7 +182,8 @@ impl Mounted {
             )
             .with_index_cap(request.index_cap)
             .with_source_io(request.source_io)
-            .with_source_pacing(request.source_pacing),
+            .with_source_pacing(request.source_pacing)
+            .with_compress(request.compress),
         );
         let governor = start_governor(request, &store);
         let window = Arc::new(KernelCacheWindow::with_headroom(

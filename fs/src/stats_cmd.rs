@@ -112,6 +112,7 @@ fn render(doc: &StatsRead, previous: Option<&(Instant, StatsRead)>) -> String {
         "tierfs {} -> {}\n\
          cache     {} used of {} budget, {} chunks, hit rate {hit_rate:.1}% ({hits} of {lookups})\n\
          served    {} from cache, {} waited on disk, {} uncached; evicted {}\n\
+         compress  {}: {}, decoded windows {}, {} decode errors\n\
          disk      {} read in {} requests, {} errors, readers stalled {:.2} s\n\
          {}\
          prefetch  {} issued, {} used, {} wasted\n\
@@ -127,6 +128,13 @@ fn render(doc: &StatsRead, previous: Option<&(Instant, StatsRead)>) -> String {
         format_size(cache.miss_bytes),
         format_size(cache.uncached_bytes),
         format_size(cache.evicted_bytes),
+        cache.compress.mode.as_deref().unwrap_or("?"),
+        cache
+            .compress
+            .held()
+            .unwrap_or_else(|| "nothing held compressed".to_string()),
+        format_size(cache.compress.window_bytes),
+        cache.compress.decode_errors,
         format_size(disk.read_bytes),
         disk.reads,
         disk.errors,

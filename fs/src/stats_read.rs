@@ -67,6 +67,33 @@ pub struct CacheRead {
     pub evicted_bytes: u64,
     pub uncached_bytes: u64,
     pub stall_seconds: f64,
+    pub compress: CompressRead,
+}
+
+/// `cache.compress` (and the `compressed` figures of a file or model row).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct CompressRead {
+    pub mode: Option<String>,
+    pub raw_bytes: u64,
+    pub frame_bytes: u64,
+    pub ratio: Option<f64>,
+    pub window_bytes: u64,
+    pub decode_errors: u64,
+}
+
+impl CompressRead {
+    /// `compressed RAW in FRAME (RATIO)`, or `None` when nothing is held compressed.
+    pub fn held(&self) -> Option<String> {
+        (self.raw_bytes > 0).then(|| {
+            format!(
+                "compressed {} in {} ({:.2})",
+                tierfs_core::size::format_size(self.raw_bytes),
+                tierfs_core::size::format_size(self.frame_bytes),
+                self.ratio.unwrap_or(1.0)
+            )
+        })
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -171,6 +198,7 @@ pub struct OpRead {
 pub struct StripRead {
     pub size: u64,
     pub cached_bytes: u64,
+    pub compressed: CompressRead,
     pub stall_seconds: f64,
     pub residency: Option<String>,
     pub residency_current: Option<u64>,

@@ -394,9 +394,15 @@ impl<'a> View<'a> {
             Some(limit) => format!("limit {}", format_size(limit)),
             None => "none".to_string(),
         };
+        let z = &doc.cache.compress;
+        let compressed = format!(
+            "   compress {} {}",
+            z.mode.as_deref().unwrap_or("?"),
+            z.held().unwrap_or_else(|| "nothing held".to_string())
+        );
         let mut lines = vec![
             Line::from(format!(
-                "budget {}   cache {} of {}   passthrough {} open   hit rate {hit_rate} by bytes",
+                "budget {}   cache {} of {}   passthrough {} open   hit rate {hit_rate} by bytes{compressed}",
                 format_size(doc.cache.budget_bytes),
                 format_size(doc.cache.used_bytes),
                 format_size(doc.cache.chunk_budget_bytes),
@@ -461,6 +467,11 @@ impl<'a> View<'a> {
                 Some(shards) => format!("  {shards} shards"),
                 None => String::new(),
             };
+            let compressed = strip
+                .compressed
+                .held()
+                .map(|held| format!("  {held}"))
+                .unwrap_or_default();
             lines.push(Line::from(vec![
                 Span::raw(marker),
                 Span::styled(
@@ -468,7 +479,7 @@ impl<'a> View<'a> {
                     Style::default().add_modifier(Modifier::BOLD),
                 ),
                 Span::raw(format!(
-                    "{shards}  {}  cached {} of {}  stall {:.2} s  start stall {:.2} s",
+                    "{shards}  {}  cached {} of {}{compressed}  stall {:.2} s  start stall {:.2} s",
                     figures.mode.unwrap_or("?"),
                     format_size(strip.cached_bytes),
                     format_size(strip.size),

@@ -310,7 +310,7 @@ impl ChunkCache {
     }
 
     /// The ranking of evictions decided now.
-    fn ranking(&self) -> Ranking {
+    pub(super) fn ranking(&self) -> Ranking {
         Ranking {
             recent: self.recent(),
             active: self.active.load(Ordering::Relaxed),

@@ -25,7 +25,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::served::Served;
-use super::{CacheError, Chunk, ChunkCache, ChunkKey, ChunkMarks, ChunkOwner, Evicted, Want};
+use super::{
+    CacheError, Chunk, ChunkCache, ChunkKey, ChunkMarks, ChunkMeta, ChunkOwner, Evicted, Want,
+};
 use crate::source::{AlignedBytes, SourceError};
 use crate::stats::Counters;
 use crate::sync::{lock, wait, Condvar, Mutex};
@@ -53,7 +55,16 @@ impl Loading {
         }
     }
 
-    fn finish(&self, outcome: Result<Arc<Chunk>, CacheError>) {
+    /// A read (or a decode, `tier.rs`) no one has finished yet.
+    pub(super) fn new() -> Loading {
+        Loading {
+            result: Mutex::new(None),
+            done: Condvar::new(),
+            awaited: AtomicBool::new(false),
+        }
+    }
+
+    pub(super) fn finish(&self, outcome: Result<Arc<Chunk>, CacheError>) {
         *lock(&self.result) = Some(outcome);
         self.done.notify_all();
     }
@@ -143,6 +154,7 @@ impl ChunkCache {
         let mut state = self.lock();
         loop {
             if let Some(chunk) = state.resident.get(&key) {
+                Self::touch_window(&mut state, key, &chunk);
                 if want == Want::Read {
                     Counters::add(&self.counters.hits, 1);
                     self.note_read(&chunk);
@@ -184,11 +196,7 @@ impl ChunkCache {
             state.used += footprint;
         }
         state.in_flight += footprint;
-        let loading = Arc::new(Loading {
-            result: Mutex::new(None),
-            done: Condvar::new(),
-            awaited: AtomicBool::new(false),
-        });
+        let loading = Arc::new(Loading::new());
         state.loading.insert(key, Arc::clone(&loading));
         if let Some(owner) = owner {
             owner.marks.loading(key.index(), want);
@@ -220,14 +228,21 @@ impl ChunkCache {
                         bytes.footprint(),
                     );
                 }
-                Arc::new(Chunk {
+                let len = bytes.as_slice().len() as u64;
+                let loaded_footprint = bytes.footprint();
+                Arc::new(Chunk::raw(
                     bytes,
-                    unread_prefetch: AtomicBool::new(want == Want::Prefetch),
-                    owner: owner.cloned(),
-                    last_read: AtomicU64::new(if want == Want::Read { self.now() } else { 0 }),
-                    read_visit: AtomicU64::new(owner.map_or(0, |o| o.tracker.visit())),
-                    served: Served::default(),
-                })
+                    ChunkMeta {
+                        len,
+                        loaded_footprint,
+                        unread_prefetch: AtomicBool::new(want == Want::Prefetch),
+                        owner: owner.cloned(),
+                        last_read: AtomicU64::new(if want == Want::Read { self.now() } else { 0 }),
+                        read_visit: AtomicU64::new(owner.map_or(0, |o| o.tracker.visit())),
+                        served: Served::default(),
+                        kept_raw: AtomicBool::new(false),
+                    },
+                ))
             })
             .map_err(|e| {
                 Counters::add(&self.counters.disk_errors, 1);

@@ -168,3 +168,71 @@ fn loom_resize_and_drop_racing_a_read_keep_the_bound() {
         assert_eq!(cache.snapshot().used_bytes, 0);
     });
 }
+
+/// A chunk of a page that compresses (its frame is far smaller than the page).
+fn page_of(chunk: u32) -> Vec<u8> {
+    (0..PAGE as usize)
+        .map(|i| (i % 7) as u8 + chunk as u8)
+        .collect()
+}
+
+fn read_page(cache: &ChunkCache, chunk: u32) {
+    let (got, _) = cache
+        .get_or_load(key(chunk), PAGE, Want::Read, None, || {
+            Ok(AlignedBytes::copy_of(&page_of(chunk)).expect("a page of memory"))
+        })
+        .expect("a read");
+    assert_eq!(
+        got.as_slice(),
+        page_of(chunk),
+        "wrong bytes for chunk {chunk}"
+    );
+}
+
+/// The compressor swaps a chunk for its frame while another thread reads it twice (a hit on
+/// the raw chunk or on the frame, which makes a window): whichever interleaving, every reader
+/// gets the chunk's bytes, and the accounting holds once both are done; in some interleavings
+/// the chunk was compressed.
+#[test]
+fn loom_compressing_a_chunk_a_reader_hits() {
+    model(|| {
+        let config = CacheConfig {
+            recently_read: std::time::Duration::ZERO,
+            tier: TierConfig {
+                mode: CompressMode::On,
+                min_chunk_bytes: 1,
+                ..TierConfig::default()
+            },
+            ..CacheConfig::default()
+        };
+        let cache = Arc::new(ChunkCache::with_config(
+            4 * PAGE,
+            Arc::new(Counters::default()),
+            config,
+        ));
+        read_page(&cache, 0);
+        let reader = {
+            let cache = Arc::clone(&cache);
+            thread::spawn(move || {
+                read_page(&cache, 0);
+                read_page(&cache, 0);
+            })
+        };
+        let mut encoder = crate::compress::Encoder::new(Default::default()).expect("an encoder");
+        cache.compress_round(&mut encoder, &mut Vec::new(), true);
+        reader.join().expect("the reader");
+        if Counters::get(&cache.counters().encoded_bytes) == PAGE {
+            COMPRESSED.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        read_page(&cache, 0);
+        cache.check_accounting();
+    });
+    // Where the reader got the chunk between the compressor's ranking and its pick, the chunk
+    // was in use and stayed raw; in the others it was swapped under the reader.
+    assert!(
+        COMPRESSED.load(std::sync::atomic::Ordering::Relaxed),
+        "never compressed"
+    );
+}
+
+static COMPRESSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);

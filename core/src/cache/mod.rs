@@ -17,6 +17,10 @@
 //! - **Failed reads cache nothing**: the error goes to every reader waiting on that read, and
 //!   the next request reads the disk again; a read that panics is an error
 //!   ([`CacheError::LoadPanicked`]) to its waiters, never a reader waiting forever.
+//! - **Compressed chunks, invisible to readers** (`tier.rs`): with [`CompressMode`] on, resident
+//!   chunks may be held as lossless frames of the codec ([`crate::compress`]); a reader always
+//!   gets the raw bytes (decoded first), a frame that does not decode is a miss, and the budget
+//!   counts raw chunks, frames and decoded windows alike.
 //! - **Memory is unmapped outside the lock**: evicted chunks are taken out under the lock and
 //!   dropped (unmapped, or kept as spare buffers) after it is released, so `drop`, a budget
 //!   shrink or a miss that evicts never makes other readers wait for `munmap`
@@ -33,6 +37,10 @@
 //! it after releasing `state`, and the loader publishes its result after releasing `state`. The
 //! spare-buffer lock in [`crate::source`] is a leaf taken outside all of these.
 //!
+//! The compressed tier (`tier.rs`, `compressor.rs`) takes no lock of its own: it changes a
+//! chunk's form under `state` only (a swap of the resident entry), and encodes, decodes and
+//! unmaps with no lock held; its decoder is thread-local.
+//!
 //! The cache knows chunks by [`ChunkKey`] only; which bytes a chunk holds is the caller's
 //! business ([`crate::models`]), which keeps this module testable without files. It reads how
 //! each file is being read from [`crate::reader`] and knows nothing of prefetch.
@@ -42,6 +50,8 @@
 //! resident chunks grouped by block), `served` (which bytes of a chunk readers were served),
 //! [`marks`] (chunk states for the stats), [`plan`] (how a file is cut into chunks).
 
+mod body;
+mod compressor;
 mod evict;
 mod inflight;
 pub mod marks;
@@ -49,6 +59,7 @@ pub mod plan;
 mod resident;
 pub mod run;
 mod served;
+mod tier;
 
 #[cfg(all(test, loom))]
 mod loom_tests;
@@ -60,15 +71,20 @@ use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
+use body::Body;
+pub use compressor::{calibrate_decode, SourceSpeed, DECODE_SAMPLE_BYTES};
 use evict::ConsumedEvictions;
 use inflight::{InFlight, Loading, Lookup};
 pub use marks::ChunkMarks;
+pub use plan::ChunkCodec;
 use resident::Resident;
 use served::Served;
+use tier::TierState;
+pub use tier::{CompressMode, TierConfig, TierSnapshot};
 
 use crate::reader::ReaderTracker;
 use crate::source::{self, AlignedBytes, SourceError};
-use crate::stats::{CacheSnapshot, Counters};
+use crate::stats::{CacheSnapshot, CompressSnapshot, CompressedFigures, Counters};
 use crate::sync::{lock, Condvar, Mutex, MutexGuard};
 
 /// The cache's tuning; [`Default`] is what the daemon runs with.
@@ -86,6 +102,8 @@ pub struct CacheConfig {
     /// Reads in flight may reserve `budget / prefetch_in_flight_share` before a prefetch is
     /// skipped: a quarter, so read-ahead never takes the room a reader's miss needs.
     pub prefetch_in_flight_share: u64,
+    /// The compressed RAM tier (`tier.rs`): whether and how resident chunks are compressed.
+    pub tier: TierConfig,
 }
 
 impl Default for CacheConfig {
@@ -94,6 +112,7 @@ impl Default for CacheConfig {
             recently_read: Duration::from_millis(50),
             read_in_flight_share: 2,
             prefetch_in_flight_share: 4,
+            tier: TierConfig::default(),
         }
     }
 }
@@ -159,12 +178,26 @@ pub struct ChunkOwner {
     pub block: usize,
     /// The marks of the chunk's file version, which the cache keeps up to date.
     pub marks: Arc<ChunkMarks>,
+    /// How the compressed tier splits the chunk's bytes (its dtype and phase).
+    pub codec: ChunkCodec,
 }
 
-/// Bytes of a chunk in memory.
+/// A chunk in memory: its bytes (raw, or a compressed frame of them: `body.rs`) and its
+/// bookkeeping, which every form of the chunk shares ([`ChunkMeta`]). Chunks handed to readers
+/// always hold the raw bytes ([`Chunk::as_slice`]).
 #[derive(Debug)]
 pub struct Chunk {
-    bytes: AlignedBytes,
+    body: Body,
+    meta: Arc<ChunkMeta>,
+}
+
+/// What the cache knows of a chunk, whatever form its bytes are in.
+#[derive(Debug)]
+pub struct ChunkMeta {
+    /// The chunk's length in file bytes.
+    len: u64,
+    /// The memory its read took (what prefetch figures count, whatever form it is in now).
+    loaded_footprint: u64,
     /// Loaded by the prefetcher and not yet read by anyone.
     unread_prefetch: AtomicBool,
     owner: Option<ChunkOwner>,
@@ -175,19 +208,52 @@ pub struct Chunk {
     read_visit: AtomicU64,
     /// Which of its bytes readers were served in the owner's latest visit (`served.rs`).
     served: Served,
+    /// The compressed tier found it does not gain enough: it stays raw (`tier.rs`).
+    kept_raw: AtomicBool,
+}
+
+impl std::ops::Deref for Chunk {
+    type Target = ChunkMeta;
+
+    fn deref(&self) -> &ChunkMeta {
+        &self.meta
+    }
 }
 
 impl Chunk {
+    /// A chunk of raw bytes read from the source.
+    fn raw(bytes: AlignedBytes, meta: ChunkMeta) -> Chunk {
+        Chunk {
+            body: Body::Raw(bytes),
+            meta: Arc::new(meta),
+        }
+    }
+
+    /// The same chunk (same bookkeeping) with another body.
+    fn with_body(&self, body: Body) -> Chunk {
+        Chunk {
+            body,
+            meta: Arc::clone(&self.meta),
+        }
+    }
+
+    /// The chunk's bytes. The cache hands readers only chunks that hold them (a compressed
+    /// chunk is decoded first, `tier.rs`); a chunk that does not is empty here, never other
+    /// bytes.
     pub fn as_slice(&self) -> &[u8] {
-        self.bytes.as_slice()
+        debug_assert!(
+            self.body.raw().is_some(),
+            "a compressed chunk escaped the cache"
+        );
+        self.body.raw().unwrap_or(&[])
     }
 
     fn footprint(&self) -> u64 {
-        self.bytes.footprint()
+        self.body.footprint()
     }
 
     fn len(&self) -> u64 {
-        self.bytes.as_slice().len() as u64
+        self.meta.len
     }
 
     /// A reader was served `range` of the chunk's bytes (not a probe: see `served.rs`).
@@ -226,6 +292,8 @@ struct State {
     per_file: HashMap<u64, u64>,
     /// Chunks evicted as consumed, with their owner's visit then ([`ConsumedEvictions`]).
     consumed: ConsumedEvictions,
+    /// The compressed tier's windows and figures (`tier.rs`).
+    tier: TierState,
 }
 
 /// The mount-wide chunk cache.
@@ -241,6 +309,8 @@ pub struct ChunkCache {
     active: AtomicUsize,
     active_since: AtomicU64,
     config: CacheConfig,
+    /// The compressed tier's [`CompressMode`] (`compressor.rs`), changeable at run time.
+    compress_mode: std::sync::atomic::AtomicU8,
 }
 
 /// Chunks taken out of the cache under the lock, dropped (unmapped) after it is released.
@@ -254,7 +324,7 @@ impl ChunkCache {
 
     /// A cache of `budget` bytes tuned by `config`.
     pub fn with_config(budget: u64, counters: Arc<Counters>, config: CacheConfig) -> ChunkCache {
-        ChunkCache {
+        let cache = ChunkCache {
             state: Mutex::new(State {
                 budget,
                 used: 0,
@@ -263,6 +333,7 @@ impl ChunkCache {
                 loading: HashMap::new(),
                 per_file: HashMap::new(),
                 consumed: ConsumedEvictions::default(),
+                tier: TierState::default(),
             }),
             room: Condvar::new(),
             counters,
@@ -270,7 +341,10 @@ impl ChunkCache {
             active: AtomicUsize::new(0),
             active_since: AtomicU64::new(0),
             config,
-        }
+            compress_mode: std::sync::atomic::AtomicU8::new(0),
+        };
+        cache.set_compress_mode(config.tier.mode);
+        cache
     }
 
     /// Nanoseconds since the cache was made; 0 means "never".
@@ -297,7 +371,11 @@ impl ChunkCache {
         // Unmapped (or kept as spares for this very load) with no lock held.
         drop(evicted);
         let result = match lookup {
-            Lookup::Hit(chunk) => return Ok((chunk, Outcome::Hit)),
+            Lookup::Hit(chunk) => match self.readable(key, chunk) {
+                Some(chunk) => return Ok((chunk, Outcome::Hit)),
+                // A damaged frame, dropped: read the source as on a miss.
+                None => return self.get_or_load(key, footprint, want, owner, load),
+            },
             Lookup::Skip => return Err(CacheError::NoRoom),
             Lookup::Wait(loading) => loading.wait(),
             Lookup::Load { loading, cached } => {
@@ -327,11 +405,17 @@ impl ChunkCache {
         result.map(|chunk| (chunk, Outcome::Miss))
     }
 
-    /// The chunk `key` if it is resident, for a probe ([`crate::models`]): counted as a hit,
-    /// but neither made recent nor marked read, so a loader touching one page of each tensor
-    /// neither keeps chunks resident nor makes them look consumed (which evicts them first).
+    /// The chunk `key` if it is resident with its raw bytes, for a probe ([`crate::models`]):
+    /// counted as a hit, but neither made recent nor marked read, so a loader touching one page
+    /// of each tensor neither keeps chunks resident nor makes them look consumed (which evicts
+    /// them first). A chunk held compressed is not decoded for a probe (a whole chunk for a
+    /// page): `None`, and the probe reads its bytes from the source.
     pub fn peek(&self, key: ChunkKey) -> Option<Arc<Chunk>> {
-        let chunk = self.lock().resident.peek(&key)?;
+        let chunk = self
+            .lock()
+            .resident
+            .peek(&key)
+            .filter(|c| c.body.raw().is_some())?;
         Counters::add(&self.counters.hits, 1);
         Some(chunk)
     }
@@ -396,9 +480,14 @@ impl ChunkCache {
     }
 
     pub fn snapshot(&self) -> CacheSnapshot {
-        let (budget_bytes, used_bytes, chunks) = {
+        let (budget_bytes, used_bytes, chunks, tier) = {
             let state = self.lock();
-            (state.budget, state.used, state.resident.len() as u64)
+            let tier = (
+                state.tier.frame_raw_bytes,
+                state.tier.frame_bytes,
+                state.tier.window_bytes,
+            );
+            (state.budget, state.used, state.resident.len() as u64, tier)
         };
         let c = &self.counters;
         CacheSnapshot {
@@ -413,6 +502,20 @@ impl ChunkCache {
             evicted_bytes: Counters::get(&c.evicted_bytes),
             uncached_bytes: Counters::get(&c.uncached_bytes),
             stall_seconds: Counters::get(&c.stall_ns) as f64 / 1e9,
+            compress: CompressSnapshot {
+                mode: match self.compress_mode() {
+                    CompressMode::Auto => "auto",
+                    CompressMode::On => "on",
+                    CompressMode::Off => "off",
+                },
+                held: CompressedFigures::new(tier.0, tier.1),
+                window_bytes: tier.2,
+                decoded_bytes: Counters::get(&c.decoded_bytes),
+                decode_seconds: Counters::get(&c.decode_ns) as f64 / 1e9,
+                decode_errors: Counters::get(&c.decode_errors),
+                encoded_bytes: Counters::get(&c.encoded_bytes),
+                kept_raw_bytes: Counters::get(&c.kept_raw_bytes),
+            },
             index: Default::default(), // the model store's (`ModelStore::index_snapshot`)
         }
     }
@@ -429,13 +532,14 @@ impl ChunkCache {
             Counters::add_with_file(
                 &self.counters.prefetch_used_bytes,
                 chunk.file_counters().map(|file| &file.prefetch_used_bytes),
-                chunk.footprint(),
+                chunk.loaded_footprint,
             );
         }
     }
 
     fn release(&self, state: &mut State, key: ChunkKey, chunk: &Chunk) {
         state.used -= chunk.footprint();
+        self.body_out(state, key, chunk);
         if let Some(owner) = &chunk.owner {
             owner.marks.released(key.index());
         }
@@ -453,7 +557,7 @@ impl ChunkCache {
             chunk
                 .file_counters()
                 .map(|file| &file.prefetch_wasted_bytes),
-            chunk.footprint(),
+            chunk.loaded_footprint,
         );
     }
 
@@ -491,3 +595,7 @@ impl ChunkCache {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+#[path = "tier_tests.rs"]
+mod tier_tests;

@@ -12,7 +12,14 @@
 //!
 //! The chunks cover `[header_bytes, data_end)` contiguously, sorted by offset, so the chunk that
 //! holds a byte is a binary search away.
+//!
+//! Each chunk also carries what the compressed RAM tier needs to split it into byte planes
+//! ([`ChunkCodec`]): the layout of its tensor's dtype and the offset of its first byte inside
+//! an element. A pack of small tensors of one dtype keeps that dtype's layout; a pack mixing
+//! dtypes, a gap, and every quantized GGUF type are one plane of bytes. The codec only steers the
+//! ratio: any layout round-trips any bytes.
 
+use crate::compress::PlaneLayout;
 use crate::index::TensorIndex;
 
 /// Largest chunk: 4 MiB. Several milliseconds of disk time at 1–3 GB/s, so the per-request cost
@@ -30,6 +37,38 @@ pub struct ChunkSpan {
     pub start: u64,
     pub end: u64,
     pub block: usize,
+    /// How the compressed tier splits the chunk's bytes.
+    pub codec: ChunkCodec,
+}
+
+/// How a chunk's bytes are split into byte planes by the compressed RAM tier: the layout of its
+/// dtype ([`PlaneLayout::for_dtype`]) and `phase`, the offset of its first byte inside an
+/// element (0 unless the chunk starts mid-element).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ChunkCodec {
+    pub layout: PlaneLayout,
+    pub phase: u8,
+}
+
+impl Default for ChunkCodec {
+    /// One plane of bytes: what is known of bytes of no (or mixed) dtype.
+    fn default() -> Self {
+        ChunkCodec {
+            layout: PlaneLayout::BYTES,
+            phase: 0,
+        }
+    }
+}
+
+impl ChunkCodec {
+    /// The codec of a chunk starting `offset` bytes into a tensor of `dtype`.
+    pub fn of(dtype: &str, offset: u64) -> ChunkCodec {
+        let layout = PlaneLayout::for_dtype(dtype);
+        ChunkCodec {
+            layout,
+            phase: (offset % layout.width() as u64) as u8,
+        }
+    }
 }
 
 impl ChunkSpan {
@@ -57,7 +96,7 @@ impl ChunkPlan {
         let mut cursor = index.header_bytes;
         for tensor in &index.tensors {
             if tensor.start > cursor {
-                builder.split(cursor, tensor.start, tensor.block);
+                builder.split((cursor, tensor.start, tensor.block), None);
             }
             if tensor.end == tensor.start {
                 // An empty tensor has no chunk, but the gap before it does: a GGUF file may put
@@ -67,9 +106,10 @@ impl ChunkPlan {
                 continue;
             }
             if tensor.end - tensor.start <= SMALL_TENSOR_BYTES {
-                builder.pack(tensor.start, tensor.end, tensor.block);
+                builder.pack(tensor.start, tensor.end, tensor.block, &tensor.dtype);
             } else {
-                builder.split(tensor.start, tensor.end, tensor.block);
+                let span = (tensor.start, tensor.end, tensor.block);
+                builder.split(span, Some(&tensor.dtype));
             }
             cursor = cursor.max(tensor.end);
         }
@@ -137,18 +177,32 @@ struct PlanBuilder {
 }
 
 impl PlanBuilder {
-    fn pack(&mut self, start: u64, end: u64, block: usize) {
+    /// Adds a small tensor of `dtype`: to the open pack if it continues it, else as a new pack.
+    /// A pack keeps its first tensor's layout while the tensors share it (each a whole number of
+    /// elements, so the phase stays 0); a mix of layouts is bytes.
+    fn pack(&mut self, start: u64, end: u64, block: usize, dtype: &str) {
+        let codec = ChunkCodec::of(dtype, 0);
         if let Some(pack) = &mut self.open_pack {
             if pack.block == block && pack.end == start && end - pack.start <= CHUNK_BYTES {
                 pack.end = end;
+                if pack.codec != codec {
+                    pack.codec = ChunkCodec::default();
+                }
                 return;
             }
         }
         self.close_pack();
-        self.open_pack = Some(ChunkSpan { start, end, block });
+        self.open_pack = Some(ChunkSpan {
+            start,
+            end,
+            block,
+            codec,
+        });
     }
 
-    fn split(&mut self, start: u64, end: u64, block: usize) {
+    /// Cuts `[start, end)` of `block` into chunks, from its start: a large tensor of `dtype`,
+    /// or (`None`) bytes between tensors.
+    fn split(&mut self, (start, end, block): (u64, u64, usize), dtype: Option<&str>) {
         self.close_pack();
         let mut piece = start;
         while piece < end {
@@ -157,6 +211,7 @@ impl PlanBuilder {
                 start: piece,
                 end: piece_end,
                 block,
+                codec: dtype.map_or_else(ChunkCodec::default, |d| ChunkCodec::of(d, piece - start)),
             });
             piece = piece_end;
         }

@@ -88,6 +88,21 @@ impl Resident {
         replaced
     }
 
+    /// Puts `chunk` in place of the resident `key` (another form of the same chunk, for the
+    /// compressed tier), its recency unchanged; returns the one it replaced, or `None` (and
+    /// keeps nothing) if `key` is not resident.
+    pub(super) fn replace(&mut self, key: ChunkKey, chunk: Arc<Chunk>) -> Option<Arc<Chunk>> {
+        let entry = self.chunks.get_mut(&key)?;
+        Some(std::mem::replace(&mut entry.chunk, chunk))
+    }
+
+    /// Every resident chunk with its key and recency stamp.
+    pub(super) fn entries(&self) -> impl Iterator<Item = (ChunkKey, &Arc<Chunk>, u64)> {
+        self.chunks
+            .iter()
+            .map(|(key, entry)| (*key, &entry.chunk, entry.stamp))
+    }
+
     pub(super) fn pop(&mut self, key: &ChunkKey) -> Option<Arc<Chunk>> {
         let entry = self.chunks.remove(key)?;
         if let Some(group) = self.groups.get_mut(&entry.group) {

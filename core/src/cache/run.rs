@@ -57,7 +57,11 @@ impl ChunkCache {
             self.lookup(first.key, first.footprint(), want, first.owner.as_ref());
         drop(evicted);
         let result = match lookup {
-            Lookup::Hit(chunk) => return Ok((chunk, Outcome::Hit)),
+            Lookup::Hit(chunk) => match self.readable(first.key, chunk) {
+                Some(chunk) => return Ok((chunk, Outcome::Hit)),
+                // A damaged frame, dropped: read the source as on a miss.
+                None => return self.load_run(run, want, load),
+            },
             Lookup::Skip => return Err(CacheError::NoRoom),
             Lookup::Wait(loading) => loading.wait(),
             Lookup::Load { loading, cached } => {

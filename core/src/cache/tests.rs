@@ -362,6 +362,7 @@ fn owned_by(tracker: &Arc<ReaderTracker>, block: usize) -> ChunkOwner {
         tracker: Arc::clone(tracker),
         block,
         marks: Arc::new(ChunkMarks::new(64)),
+        codec: ChunkCodec::default(),
     }
 }
 
@@ -378,6 +379,7 @@ fn chunk_marks_follow_the_cache_without_its_lock() {
         tracker,
         block: 0,
         marks: Arc::clone(&marks),
+        codec: ChunkCodec::default(),
     };
     let (started_tx, started_rx) = std::sync::mpsc::channel();
     let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();

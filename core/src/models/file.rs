@@ -20,7 +20,7 @@ use thiserror::Error;
 use super::header::{read_header, HeaderError};
 use super::mode::{ModeReason, ServeMode};
 use super::{runs, shards, ModelsConfig};
-use crate::cache::plan::ChunkPlan;
+use crate::cache::plan::{ChunkPlan, ChunkSpan};
 use crate::cache::run::RunChunk;
 use crate::cache::{
     CacheError, Chunk, ChunkCache, ChunkKey, ChunkMarks, ChunkOwner, Outcome, Want,
@@ -320,7 +320,7 @@ impl ModelFile {
             return Ok(None);
         };
         let footprint = aligned_footprint(span.start, span.end);
-        let owner = self.owner(span.block);
+        let owner = self.owner(&span);
         let got = cache.get_or_load(self.key(chunk), footprint, want, owner.as_ref(), || {
             tracing::trace!(
                 start = span.start,
@@ -371,7 +371,7 @@ impl ModelFile {
                 key: self.key(next),
                 start: span.start,
                 end: span.end,
-                owner: self.owner(span.block),
+                owner: self.owner(span),
             });
         }
         let got = cache.load_run(&run, want, |start, end| {
@@ -424,11 +424,12 @@ impl ModelFile {
     }
 
     /// Who a chunk of block `block` belongs to, for the cache.
-    fn owner(&self, block: usize) -> Option<ChunkOwner> {
+    fn owner(&self, span: &ChunkSpan) -> Option<ChunkOwner> {
         self.tracker.as_ref().map(|tracker| ChunkOwner {
             tracker: Arc::clone(tracker),
-            block,
+            block: span.block,
             marks: Arc::clone(&self.marks),
+            codec: span.codec,
         })
     }
 

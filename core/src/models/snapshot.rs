@@ -19,7 +19,7 @@ use crate::cache::ChunkCache;
 use crate::passthrough::PassthroughSnapshot;
 use crate::reader::FileCounters;
 use crate::stats::residency::{self, Residency};
-use crate::stats::{Counters, FileSnapshot, IndexSnapshot, PrefetchSnapshot};
+use crate::stats::{CompressedFigures, Counters, FileSnapshot, IndexSnapshot, PrefetchSnapshot};
 
 /// The `prefetch` section of a file or a model from its counters (none: all zero).
 fn prefetch_of(counters: Option<&FileCounters>) -> PrefetchSnapshot {
@@ -46,6 +46,8 @@ pub struct ModelSnapshot {
     pub size: u64,
     pub blocks: usize,
     pub cached_bytes: u64,
+    /// What the compressed RAM tier holds of the model (all shards).
+    pub compressed: CompressedFigures,
     /// A pass over the model's blocks (across shards) was seen.
     pub order_learned: bool,
     pub learned_blocks: usize,
@@ -125,6 +127,8 @@ impl ModelFile {
             hit_bytes: get(|c| &c.hit_bytes),
             miss_bytes: get(|c| &c.miss_bytes),
             disk_read_bytes: get(|c| &c.disk_read_bytes),
+            compressed: counters
+                .map_or_else(CompressedFigures::default, CompressedFigures::of_file),
             stall_seconds: get(|c| &c.stall_ns) as f64 / 1e9,
             start_stall_seconds: get(|c| &c.start_stall_ns) as f64 / 1e9,
             model: None,
@@ -242,6 +246,7 @@ impl ModelStore {
             size: model.size,
             blocks: model.blocks(),
             cached_bytes: shards.iter().map(|s| s.cached_bytes).sum(),
+            compressed: CompressedFigures::of_file(c),
             order_learned,
             learned_blocks,
             prefetch: prefetch_of(Some(c)),

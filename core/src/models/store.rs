@@ -22,7 +22,7 @@ use std::sync::Arc;
 use super::mode::ServeMode;
 use super::table::ModelTable;
 use super::{plan, sequence, shards, Layout, ModelFile, ModelsConfig, OpenError, RawReason};
-use crate::cache::ChunkCache;
+use crate::cache::{ChunkCache, CompressMode};
 use crate::passthrough::PassthroughTier;
 use crate::prefetch::saved::SavedOrders;
 use crate::prefetch::{Executor, PacingMode, Prefetcher};
@@ -31,6 +31,10 @@ use crate::source::meter::SourceMeters;
 use crate::source::{PathAccess, PlainPaths, ReadWrapper, SourceError, SourceFile, SourceIdentity};
 use crate::stats::Counters;
 use crate::sync::{lock, Mutex, MutexGuard};
+
+/// `auto` compression trusts a source device's measured throughput once it delivered this
+/// much: 64 MiB, sixteen 4 MiB chunks, past the header reads and the first read's latency.
+pub const COMPRESS_SOURCE_SAMPLE_BYTES: u64 = 64 << 20;
 
 /// Whether a known version serves a new open: its sharded model (if any) is current, and it
 /// was not left unindexed for want of room under the index cap (each open tries again, at the
@@ -307,6 +311,22 @@ impl ModelStore {
     /// daemon, which passes `auto` by default.
     pub fn with_source_pacing(mut self, mode: PacingMode) -> ModelStore {
         self.prefetcher = self.prefetcher.with_pacing_mode(mode);
+        self
+    }
+
+    /// The compressed RAM tier in `mode` (`--compress`), its thread started
+    /// ([`crate::cache::CompressMode`]; `auto` compares the decoder's speed with the slowest
+    /// source device's, once it delivered [`COMPRESS_SOURCE_SAMPLE_BYTES`]). Until this is
+    /// called a store compresses nothing.
+    pub fn with_compress(self, mode: CompressMode) -> ModelStore {
+        self.cache.set_compress_mode(mode);
+        if mode != CompressMode::Off {
+            let meters = Arc::clone(&self.meters);
+            let speed = Arc::new(move || meters.slowest_throughput(COMPRESS_SOURCE_SAMPLE_BYTES));
+            if let Err(e) = self.cache.start_compressor(speed) {
+                tracing::warn!(error = %e, "cannot start the compressor thread: nothing is compressed");
+            }
+        }
         self
     }
 

@@ -139,6 +139,10 @@ pub struct FileCounters {
     pub hit_bytes: AtomicU64,
     pub miss_bytes: AtomicU64,
     pub disk_read_bytes: AtomicU64,
+    /// Of the file's resident chunks, the file bytes of those held compressed, and the memory
+    /// of their frames (the compressed RAM tier: `crate::cache`).
+    pub frame_raw_bytes: AtomicU64,
+    pub frame_bytes: AtomicU64,
 }
 
 impl ReaderTracker {

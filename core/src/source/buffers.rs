@@ -150,6 +150,25 @@ impl AlignedBytes {
         })
     }
 
+    /// A buffer of `len` bytes to be written in full by the caller ([`Self::as_mut_slice`]):
+    /// a spare mapping of that size if there is one (its old bytes are not cleared), else a
+    /// fresh one. What the compressed RAM tier decodes a chunk into.
+    pub fn writable(len: usize) -> io::Result<AlignedBytes> {
+        Ok(AlignedBytes {
+            map: Some(map_buffer(align_up(len.max(1) as u64) as usize)?),
+            skip: 0,
+            len,
+        })
+    }
+
+    /// The bytes, to write.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        let (skip, len) = (self.skip, self.len);
+        self.map
+            .as_deref_mut()
+            .map_or(&mut [], |map| &mut map[skip..skip + len])
+    }
+
     pub fn as_slice(&self) -> &[u8] {
         self.map
             .as_deref()

@@ -603,6 +603,16 @@ impl SourceMeters {
         lock(&self.meters).iter().find(|m| m.dev == dev).cloned()
     }
 
+    /// The lowest throughput while reading ([`SourceMeter::throughput_since_mount`]) among
+    /// the devices that delivered at least `min_bytes`; `None` if none did yet.
+    pub fn slowest_throughput(&self, min_bytes: u64) -> Option<f64> {
+        let meters: Vec<Arc<SourceMeter>> = lock(&self.meters).clone();
+        meters
+            .iter()
+            .filter_map(|m| m.throughput_since_mount(min_bytes))
+            .reduce(f64::min)
+    }
+
     /// Every device's figures, by device number.
     pub fn snapshot(&self) -> Vec<SourceDeviceSnapshot> {
         let meters: Vec<Arc<SourceMeter>> = lock(&self.meters).clone();
