@@ -16,7 +16,7 @@ delay proxy. Two parts, each load on a fresh client with the kernel's caches dro
   scattered, and what gives it back a handle that streams.
 * **through tierfs**: each loader through a tierfs mount (`--budget-mib`, below the model) over
   the client, for each `--tierfs` build (several: compared in the same run, taking turns), with
-  the daemon's count of fresh handles (`disk.source_fresh_handles`).
+  the daemon's count of fresh handles (`disk.source_fresh_handles`) and its probes' bytes.
 
 Seconds, and bytes over the network / model bytes. Writes
 tests/bench/results/store_handle/store-handle.md (or --out). Needs root, `.venv` with the
@@ -63,8 +63,10 @@ def network_bytes(store: netstore.WeedStore) -> int:
     return int(d.get("up_bytes", 0)) + int(d.get("down_bytes", 0))
 
 
-def client_case(store: netstore.WeedStore, case: str, size: int, buf: mmap.mmap) -> tuple[float, int]:
-    """One case of the client alone: the stream's seconds and network bytes (probes excluded)."""
+def client_case(store: netstore.WeedStore, case: str, size: int, buf: mmap.mmap,
+                probes: list[tuple[float, int]]) -> tuple[float, int]:
+    """One case of the client alone: the stream's seconds and network bytes (probes excluded);
+    the probes' own seconds and network bytes are appended to `probes`."""
     store.remount()
     sources.drop_caches()
     path = store.mnt / "models" / "m.safetensors"
@@ -74,8 +76,10 @@ def client_case(store: netstore.WeedStore, case: str, size: int, buf: mmap.mmap)
     probe_fd = os.open(path, flags) if case != "stream" else None
     try:
         if probe_fd is not None:
+            b0, t = network_bytes(store), time.monotonic()
             for off in offsets:
                 os.preadv(probe_fd, [memoryview(buf)[:PROBE_BYTES]], off)
+            probes.append((time.monotonic() - t, network_bytes(store) - b0))
             if case == "closed":
                 os.close(probe_fd)
                 probe_fd = None
@@ -124,6 +128,7 @@ def main() -> int:
         copies.append(acceptance.copy_binary(b.resolve(), root / f"bin{i}"))
     load0, t0 = os.getloadavg(), time.monotonic()
     client: dict[str, tuple[float, int]] = {}
+    client_probes: list[tuple[float, int]] = []
     mounts: dict[tuple[str, str], tuple[float, int, int]] = {}
     buf = mmap.mmap(-1, STREAM_READ)
     store = netstore.WeedStore(root, args.delay_ms, 1_000_000_000)
@@ -131,7 +136,7 @@ def main() -> int:
         describe = store.describe()
         store.put(model, "models/m.safetensors")
         for case in CLIENT_CASES:
-            client[case] = client_case(store, case, size, buf)
+            client[case] = client_case(store, case, size, buf, client_probes)
             s, b = client[case]
             print(f"client, {CLIENT_CASES[case]}: {s:.2f} s, {b / size:.2f}x", flush=True)
         for name in loaders:
@@ -145,11 +150,14 @@ def main() -> int:
                         b0 = network_bytes(store)
                         s = lp.load(m.mnt / "m.safetensors", timeout=1800)
                         b = network_bytes(store) - b0
-                        fresh = int(m.stats()["disk"].get("source_fresh_handles", 0))
+                        disk = m.stats()["disk"]
+                        fresh = int(disk.get("source_fresh_handles", 0))
+                        probe_bytes = int(disk.get("probe_bytes", 0))
                     finally:
                         m.close()
-                    mounts[(name, str(bins[i]))] = (s, b, fresh)
-                    print(f"{name} {bins[i]}: {s:.2f} s, {b / size:.2f}x, fresh handles {fresh}", flush=True)
+                    mounts[(name, str(bins[i]))] = (s, b, fresh, probe_bytes)
+                    print(f"{name} {bins[i]}: {s:.2f} s, {b / size:.2f}x, fresh handles {fresh}, "
+                          f"probes {probe_bytes / MiB:.1f} MiB", flush=True)
     finally:
         store.close()
         bench.cleanup(root)
@@ -175,6 +183,14 @@ def main() -> int:
         "| stream | seconds | network / file | time / stream alone |",
         "|---|---:|---:|---:|",
     ]
+    ps, pb = min(p[0] for p in client_probes), min(p[1] for p in client_probes)
+    ps_max, pb_max = max(p[0] for p in client_probes), max(p[1] for p in client_probes)
+    lines[-2:-2] = [
+        f"The probes themselves, on a fresh client ({len(client_probes)} times): {ps:.2f}–{ps_max:.2f} s, "
+        f"{pb / MiB:.0f}–{pb_max / MiB:.0f} MiB over the network for {PROBES * PROBE_BYTES / MiB:.1f} MiB asked "
+        f"({pb / (PROBES * PROBE_BYTES):.1f}–{pb_max / (PROBES * PROBE_BYTES):.1f}× the bytes asked).",
+        "",
+    ]
     alone = client["stream"][0]
     for case, label in CLIENT_CASES.items():
         s, b = client[case]
@@ -183,18 +199,19 @@ def main() -> int:
         "",
         f"## Through tierfs (`--ram-cache {args.budget_mib}MiB`), builds compared in this run",
         "",
-        "Seconds, bytes over the network / model bytes, and the times the daemon gave the stream a fresh "
-        "handle (`disk.source_fresh_handles`); time against the first build.",
+        "Seconds, bytes over the network / model bytes, the times the daemon gave the stream a fresh "
+        "handle (`disk.source_fresh_handles`), MiB of probes read from the source (`disk.probe_bytes`: "
+        "a load's touches, exact and uncached); time against the first build.",
         "",
-        "| loader | build | seconds | network / file | fresh handles | time / first build |",
-        "|---|---|---:|---:|---:|---:|",
+        "| loader | build | seconds | network / file | fresh handles | probes MiB | time / first build |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
     for name in loaders:
         first = mounts[(name, str(bins[0]))][0]
         for b in bins:
-            s, nb, fresh = mounts[(name, str(b))]
+            s, nb, fresh, probe_bytes = mounts[(name, str(b))]
             lines.append(f"| {acceptance.loaders_table()[name][0]} | `{b}` | {s:.2f} | {nb / size:.2f} | {fresh} | "
-                         f"{s / first:.2f} |")
+                         f"{probe_bytes / MiB:.1f} | {s / first:.2f} |")
     text = "\n".join(lines) + "\n"
     print("\n" + text)
     args.out.parent.mkdir(parents=True, exist_ok=True)

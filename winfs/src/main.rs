@@ -27,7 +27,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use tierfs_core::cli::{BudgetArgs, CtlArgs, StateArgs};
+use tierfs_core::cli::{BudgetArgs, CompressArgs, CtlArgs, StateArgs};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -54,6 +54,8 @@ enum Command {
         threads: u32,
         #[command(flatten)]
         state: StateArgs,
+        #[command(flatten)]
+        compress: CompressArgs,
     },
     /// Send a command to a mount's control file: ram-cache SIZE | drop | prefetch PATH | plan PATH...
     Ctl(CtlArgs),
@@ -86,7 +88,8 @@ fn run(command: Command) -> Result<(), String> {
             budget: BudgetArgs { ram_cache },
             threads,
             state,
-        } => mount_command(source, mountpoint, ram_cache, threads, state),
+            compress,
+        } => mount_command(source, mountpoint, ram_cache, threads, state, compress),
         Command::Ctl(ctl) => {
             let file = ctl.mountpoint.join(path::CONTROL_DIR).join("control");
             std::fs::write(&file, ctl.command_line())
@@ -109,6 +112,7 @@ fn mount_command(
     ram_cache: Option<u64>,
     threads: u32,
     state: StateArgs,
+    compress: CompressArgs,
 ) -> Result<(), String> {
     let state_file = state.orders_file(mount::default_state_dir);
     mount::run(mount::MountRequest {
@@ -117,6 +121,7 @@ fn mount_command(
         budget: ram_cache.unwrap_or_else(mount::default_budget),
         threads,
         state_file,
+        compress: compress.mode(),
     })
     .map_err(|e| e.to_string())
 }
@@ -128,6 +133,7 @@ fn mount_command(
     _: Option<u64>,
     _: u32,
     _: StateArgs,
+    _: CompressArgs,
 ) -> Result<(), String> {
     Err("this is the Windows (WinFsp) front end; on Linux use the `tierfs` of fs/".into())
 }

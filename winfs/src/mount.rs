@@ -38,6 +38,8 @@ pub struct MountRequest {
     pub budget: u64,
     pub threads: u32,
     pub state_file: Option<PathBuf>,
+    /// `--compress`.
+    pub compress: tierfs_core::cache::CompressMode,
 }
 
 #[derive(Debug, Error)]
@@ -90,7 +92,8 @@ pub fn run(request: MountRequest) -> Result<(), MountError> {
             request.budget,
             SavedOrders::load(request.state_file.clone()),
         )
-        .with_source_pacing(tierfs_core::prefetch::PacingMode::Auto),
+        .with_source_pacing(tierfs_core::prefetch::PacingMode::Auto)
+        .with_compress(request.compress),
     );
     // The budget is fixed on Windows (the memory pressure watcher is Linux only); the governor
     // is what the control file's `ram-cache` goes through.
