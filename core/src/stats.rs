@@ -44,6 +44,9 @@ pub struct Counters {
     /// Bytes of `O_DIRECT` reads of files larger than the chunk cache, served exactly and
     /// uncached (see `ModelStore::read_direct`).
     pub direct_bytes: AtomicU64,
+    /// Bytes of probes of a model that fits the cache on a source read in order, served from
+    /// chunks read into the cache for them (see `ModelStore::read_probe`).
+    pub probe_cached_bytes: AtomicU64,
     /// Read requests issued to source files.
     pub disk_reads: AtomicU64,
     /// Source reads that failed (each one surfaced to a reader as EIO, or dropped if a prefetch).
@@ -132,6 +135,9 @@ pub struct DiskSnapshot {
     /// Part of `read_bytes` read for `O_DIRECT` readers of files larger than the chunk cache
     /// (exactly what they asked for, uncached, no prefetch).
     pub direct_bytes: u64,
+    /// Bytes of probes of a model that fits the cache on a source read in order, served from
+    /// chunks read into the cache for them (not part of `probe_bytes`).
+    pub probe_cached_bytes: u64,
     /// Tries of source reads that failed with an error (retried or not; timeouts apart).
     pub source_errors: u64,
     /// Tries started again after a transient error (`crate::source::retry`).

@@ -117,6 +117,7 @@ impl CommonStats {
                 errors: Counters::get(&c.disk_errors),
                 probe_bytes: Counters::get(&c.probe_bytes),
                 direct_bytes: Counters::get(&c.direct_bytes),
+                probe_cached_bytes: Counters::get(&c.probe_cached_bytes),
                 ..DiskSnapshot::default()
             }
             .with_source_faults(&store.source_io().snapshot()),

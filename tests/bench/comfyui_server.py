@@ -2,7 +2,7 @@
 """A real ComfyUI server loading a checkpoint through the mount and from the plain folder.
 
     sudo .venv/bin/python tests/bench/comfyui_server.py --comfyui PATH --python PYTHON
-        [--reps 2] [--sources fast,slow] [--divs 8,0] [--out FILE]
+        [--reps 2] [--sources fast,slow,nfs,object] [--divs 8,0] [--out FILE]
 
 `--comfyui` is a ComfyUI checkout, `--python` an interpreter that has its requirements (it
 runs the server and writes the checkpoint). Nothing here imitates ComfyUI: its own `main.py`
@@ -16,7 +16,11 @@ CLIPTextEncode, EmptyLatentImage 64x64, KSampler (1 step, euler), VAEDecode, Sav
 the CPU (`--cpu`).
 
 Sources are those of tests/bench/sources.py (ext4 on a RAM-backed block device; the slow one
-read-throttled to 1 GB/s for every process of the run). Per source, budget (a share of the
+read-throttled to 1 GB/s for every process of the run), and the network classes of
+tests/bench/slow_sources.py: **nfs** and **object**, SeaweedFS through `weed mount
+-cacheCapacityMB=0` in a network namespace at 1 Gbit/s, 1 ms and 20 ms per request
+(tests/bench/netstore.py), a fresh client before every server; there the source's bytes are
+those through the store's proxy and its speed one `dd bs=16M` of the checkpoint. Per source, budget (a share of the
 checkpoint, `--divs`: 8 is an eighth, 0 a budget larger than the file) and repetition, two
 servers in turn: one pointed at the plain folder, one at a fresh mount of it (its
 `extra_model_paths.yaml` from `tierfs comfyui-config`). Each server runs:
@@ -55,11 +59,14 @@ sys.path.insert(0, str(REPO / "tests" / "python"))
 sys.path.insert(0, str(HERE))
 
 import guest_memory  # noqa: E402
+import netstore  # noqa: E402
 import read_patterns as bench  # noqa: E402
 import sources  # noqa: E402
 
 MiB = 1 << 20
 CKPT = "sd15_random.safetensors"
+# The network classes of slow_sources.py: milliseconds added per request.
+NETWORK_DELAY_MS = {"nfs": 1.0, "object": 20.0}
 GOAL_DISK_COLD = 1.15  # ComfyUI's own load of an all-in-one checkpoint at an eighth: disk / file
 
 # Run by --python inside the ComfyUI checkout: an SD1.5 checkpoint from ComfyUI's own classes.
@@ -216,14 +223,52 @@ def paths_yaml(root: Path, models: Path, name: str) -> Path:
     return p
 
 
-def one_server(args, disk, root: Path, side: str, budget: int, size: int) -> dict:
+class DiskSource:
+    """The checkpoint on the RAM-backed block device: bytes are the device's own count."""
+
+    def __init__(self, disk):
+        self.disk = disk
+        self.models = disk.mnt / "models"
+
+    def fresh(self) -> None:
+        pass
+
+    def read_bytes(self) -> int:
+        return device_read_bytes(self.disk.dev)
+
+
+class StoreSource:
+    """The checkpoint in a SeaweedFS store through `weed mount`: bytes are those through the
+    store's proxy; `fresh()` gives the next server a new client (nothing cached in it)."""
+
+    def __init__(self, store: netstore.WeedStore):
+        self.store = store
+        self.models = store.mnt / "models"
+
+    def fresh(self) -> None:
+        self.store.remount()
+
+    def read_bytes(self) -> int:
+        return self.store.source_bytes()
+
+
+def dd_gbs(path: Path) -> float:
+    """One `dd bs=16M` of `path` with the caches dropped (GB/s): the source's sequential limit."""
+    sources.drop_caches()
+    t0 = time.perf_counter()
+    subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=16M"], check=True, capture_output=True, timeout=900)
+    return path.stat().st_size / (time.perf_counter() - t0) / 1e9
+
+
+def one_server(args, src, root: Path, side: str, budget: int, size: int) -> dict:
     """Cold load then reload on one server (plain folder or a fresh mount)."""
     mount = None
+    src.fresh()
     try:
         if side == "plain":
-            yaml = paths_yaml(root, disk.mnt / "models", "plain")
+            yaml = paths_yaml(root, src.models, "plain")
         else:
-            mount = bench.Mount(disk.mnt / "models", root, budget)
+            mount = bench.Mount(src.models, root, budget)
             text = subprocess.run([str(bench.BIN), "comfyui-config", str(mount.mnt)], capture_output=True,
                                   text=True, check=True, timeout=30).stdout
             yaml = root / "paths-tierfs.yaml"
@@ -238,9 +283,9 @@ def one_server(args, disk, root: Path, side: str, budget: int, size: int) -> dic
                 else:
                     server.free()
                 s0 = mount.stats() if mount else None
-                d0 = device_read_bytes(disk.dev)
+                d0 = src.read_bytes()
                 elapsed, image = server.prompt(CKPT)
-                disk_bytes = device_read_bytes(disk.dev) - d0
+                disk_bytes = src.read_bytes() - d0
                 row = {"s": elapsed, "disk": disk_bytes / size, "image": image}
                 if mount:
                     s1 = mount.stats()
@@ -281,7 +326,8 @@ def render(args, rows: list[dict], size: int, raw: dict, cmd: str, version: str)
            "- sources: " + ", ".join(f"{k} {v:.2f} GB/s" for k, v in raw.items())
            + f"; median of {args.reps} repetitions, each a fresh server (and a fresh mount)",
            "- cold: caches dropped, first prompt; reload: `POST /free` (models unloaded, caches reset), "
-           "then the same prompt; disk / file: the block device's own count of bytes read during the prompt; "
+           "then the same prompt; disk / file: the block device's own count of bytes read during the prompt "
+           "(nfs, object: the bytes through the store's proxy, a fresh client for every server); "
            "first touches: what tierfs read exactly and uncached for reads that were no stream (`disk.probe_bytes`: "
            "ComfyUI's first touch of every tensor), part of the disk bytes",
            "",
@@ -333,24 +379,43 @@ def main() -> int:
                              cwd=args.comfyui, capture_output=True, text=True, timeout=60).stdout.strip()
     root = Path(tempfile.mkdtemp(prefix="tierfs-comfyui.", dir="/var/tmp"))
     rows, raw = [], {}
+    wanted = args.sources.split(",")
+    if set(wanted) - {"fast", "slow", *NETWORK_DELAY_MS}:
+        raise SystemExit(f"--sources: any of fast, slow, {', '.join(NETWORK_DELAY_MS)}")
+
+    def run_source(source: str, src) -> None:
+        for div in (int(x) for x in args.divs.split(",")):
+            budget = size // div if div else size + 256 * MiB
+            label = f"file/{div}" if div else "> file"
+            print(f"{source} source, budget {label} ({budget / MiB:.0f} MiB)", flush=True)
+            r = {"source": source, "budget": label, "plain": [], "mount": []}
+            for _ in range(args.reps):
+                for side in ("plain", "mount"):
+                    r[side].append(one_server(args, src, root, side, budget, size))
+            rows.append(r)
+
     try:
-        with guest_memory.SteadyMemory(), sources.RamDisk(size + 512 * MiB, root) as disk:
-            throttle = sources.Throttle(disk.majmin)
-            models = disk.put(stored, f"models/checkpoints/{CKPT}").parent
-            for source in args.sources.split(","):
-                throttle.set(int(args.slow_bps) if source == "slow" else 0)
-                raw[source] = sources.cold_read_gbs(models / CKPT)
-                for div in (int(x) for x in args.divs.split(",")):
-                    budget = size // div if div else size + 256 * MiB
-                    label = f"file/{div}" if div else "> file"
-                    print(f"{source} source, budget {label} ({budget / MiB:.0f} MiB)", flush=True)
-                    r = {"source": source, "budget": label, "plain": [], "mount": []}
-                    for _ in range(args.reps):
-                        for side in ("plain", "mount"):
-                            r[side].append(one_server(args, disk, root, side, budget, size))
-                    rows.append(r)
-            throttle.set(0)
-            throttle.close()
+        with guest_memory.SteadyMemory():
+            local = [x for x in wanted if x in ("fast", "slow")]
+            if local:
+                with sources.RamDisk(size + 512 * MiB, root) as disk:
+                    throttle = sources.Throttle(disk.majmin)
+                    models = disk.put(stored, f"models/checkpoints/{CKPT}").parent
+                    for source in local:
+                        throttle.set(int(args.slow_bps) if source == "slow" else 0)
+                        raw[source] = sources.cold_read_gbs(models / CKPT)
+                        run_source(source, DiskSource(disk))
+                    throttle.set(0)
+                    throttle.close()
+            network = [x for x in wanted if x in NETWORK_DELAY_MS]
+            if network:
+                with netstore.WeedStore(root, NETWORK_DELAY_MS[network[0]], 1_000_000_000) as store:
+                    store.put(stored, f"models/checkpoints/{CKPT}")
+                    for source in network:
+                        store.set_delay(NETWORK_DELAY_MS[source])
+                        store.remount()
+                        raw[source] = dd_gbs(store.mnt / "models" / "checkpoints" / CKPT)
+                        run_source(source, StoreSource(store))
         cmd = "sudo .venv/bin/python tests/bench/comfyui_server.py " + " ".join(sys.argv[1:])
         args.out.write_text(render(args, rows, size, raw, cmd.strip(), version))
         print(f"wrote {args.out}")

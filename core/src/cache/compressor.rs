@@ -14,8 +14,10 @@
 //! compressed byte read pays it while only the bytes that did not fit raw are saved a read:
 //! compressing pays only when the decode is several times faster than the source.
 //! The decode speed is the one measured on this machine: the tier's own decodes once they add
-//! up to [`DECODE_SAMPLE_BYTES`], before that a calibration at the thread's start (a 4 MiB
-//! chunk of synthetic bf16 weights, [`crate::weights`], decoded three times, the best kept).
+//! up to [`DECODE_SAMPLE_BYTES`], before that a calibration (a 4 MiB chunk of synthetic bf16
+//! weights, [`crate::weights`], decoded three times, the best kept), made the first time the
+//! cache is under pressure with a source measured slower than [`DECODE_CEILING`] / margin;
+//! the thread holds no encoder until it compresses.
 //! The source speed is the source meters' throughput while reading
 //! ([`crate::source::meter::SourceMeter::throughput_since_mount`]), of the slowest device the
 //! mount reads; unknown (nothing read yet) counts as fast: no compression. A reader slower
@@ -32,6 +34,11 @@ use super::{ChunkCache, CompressMode};
 use crate::compress::{Decoder, Encoded, Encoder, PlaneLayout};
 use crate::stats::Counters;
 use crate::weights::{WeightDtype, WeightGen};
+
+/// A decode speed per core above any the codec reached (1.2–3.3 GB/s of output,
+/// [measured](../../../docs/PERFORMANCE.md#compressed-ram-tier-the-codec)): `auto` measures
+/// the decoder only for a source slow enough that such a decoder would clear the margin.
+pub const DECODE_CEILING: f64 = 4e9;
 
 /// The source's throughput while reading, in bytes per second (`None`: not measured yet).
 pub type SourceSpeed = Arc<dyn Fn() -> Option<f64> + Send + Sync>;
@@ -128,7 +135,11 @@ impl ChunkCache {
     }
 
     /// Starts the compressor thread of this cache; `source_speed` tells the source's
-    /// throughput. The thread ends once the cache is dropped.
+    /// throughput. The thread ends once the cache is dropped. It holds no encoder and measures
+    /// no decoder until it has work: `auto` calibrates the decoder the first time the cache is
+    /// under pressure with a source measured slow enough ([`DECODE_CEILING`]), so a mount that
+    /// never needs the tier (a fast source, a model that fits) allocates nothing for it
+    /// ([measured](../../../docs/PERFORMANCE.md#compressed-ram-tier-in-the-cache)).
     pub fn start_compressor(self: &Arc<Self>, source_speed: SourceSpeed) -> std::io::Result<()> {
         let cache: Weak<ChunkCache> = Arc::downgrade(self);
         let codec = self.config.tier.codec;
@@ -136,22 +147,46 @@ impl ChunkCache {
         std::thread::Builder::new()
             .name("tierfs-compress".into())
             .spawn(move || {
-                let mut encoder = match Encoder::new(codec) {
-                    Ok(encoder) => encoder,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "no encoder: the compressed tier is off");
-                        return;
-                    }
-                };
-                let calibrated = calibrate_decode();
-                tracing::debug!(decode_bytes_per_s = ?calibrated, "compressed tier calibrated");
+                let mut encoder: Option<Encoder> = None;
+                let mut calibrated: Option<Option<f64>> = None;
                 let mut out = Vec::new();
                 loop {
                     let Some(cache) = cache.upgrade() else {
                         return;
                     };
-                    let active = cache.compressing(cache.decode_speed(calibrated), source_speed());
-                    let worked = cache.compress_round(&mut encoder, &mut out, active);
+                    let active = match cache.compress_mode() {
+                        CompressMode::Off => false,
+                        CompressMode::On => true,
+                        CompressMode::Auto => {
+                            let source = source_speed();
+                            let margin = f64::from(cache.config.tier.auto_margin.max(1));
+                            let could_pay = source.is_some_and(|s| s * margin <= DECODE_CEILING);
+                            could_pay && cache.under_pressure() && {
+                                let decode = *calibrated.get_or_insert_with(|| {
+                                    let speed = calibrate_decode();
+                                    tracing::debug!(decode_bytes_per_s = ?speed, "compressed tier calibrated");
+                                    speed
+                                });
+                                cache.compressing(cache.decode_speed(decode), source)
+                            }
+                        }
+                    };
+                    if active && encoder.is_none() {
+                        match Encoder::new(codec) {
+                            Ok(made) => encoder = Some(made),
+                            Err(e) => {
+                                tracing::warn!(error = %e, "no encoder: the compressed tier is off");
+                                return;
+                            }
+                        }
+                    }
+                    let worked = match encoder.as_mut() {
+                        Some(encoder) => cache.compress_round(encoder, &mut out, active),
+                        None => {
+                            cache.close_idle_windows();
+                            0
+                        }
+                    };
                     drop(cache);
                     if worked == 0 {
                         std::thread::sleep(poll);

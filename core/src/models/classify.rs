@@ -29,6 +29,8 @@ impl ModelFile {
         self.runs.clear();
         self.stream_block.store(usize::MAX, Ordering::Relaxed);
         self.streamed.store(false, Ordering::Relaxed);
+        self.touches_since_open.store(0, Ordering::Relaxed);
+        self.warmed_by_touches.store(false, Ordering::Relaxed);
         if let Some(tracker) = self.tracker() {
             tracker.begin_session();
         }

@@ -122,6 +122,10 @@ pub struct ModelFile {
     pub(super) mode_reason: AtomicU8,
     /// Recent request runs, telling probes from streams ([`runs`]).
     pub(super) runs: runs::Runs,
+    /// Probes served since the version was last opened ([`ModelStore::read_probe`]).
+    pub(super) touches_since_open: std::sync::atomic::AtomicU64,
+    /// The touches of a load warmed the whole version into the cache since it was last opened.
+    pub(super) warmed_by_touches: std::sync::atomic::AtomicBool,
     /// The block the last stream of this file was in (`usize::MAX`: none since the last open;
     /// see [`ModelFile::opened`]).
     pub(super) stream_block: std::sync::atomic::AtomicUsize,
@@ -230,6 +234,8 @@ impl ModelFile {
             mode: AtomicU8::new(ServeMode::Cache as u8),
             mode_reason: AtomicU8::new(ModeReason::NotOpened as u8),
             runs: runs::Runs::default(),
+            touches_since_open: std::sync::atomic::AtomicU64::new(0),
+            warmed_by_touches: std::sync::atomic::AtomicBool::new(false),
             stream_block: std::sync::atomic::AtomicUsize::new(usize::MAX),
             streamed: std::sync::atomic::AtomicBool::new(false),
             warmed_by_plan: std::sync::atomic::AtomicBool::new(false),

@@ -8,7 +8,8 @@
 //!   [`ChunkCache`](crate::cache::ChunkCache) ([`ModelStore::chunk_slice`]), unless the
 //!   request is a probe or a spill ([`super::classify`]), or an `O_DIRECT` read of a file
 //!   larger than the cache ([`ModelStore::read_direct`]): those are served exactly and
-//!   uncached;
+//!   uncached (but the touches of a model that fits, on a source that charges per request,
+//!   warm it and are served through the cache: [`WARM_AFTER_TOUCHES`]);
 //! - anything after the last tensor, and a raw file: from the source, uncached.
 //!
 //! **What a read triggers.** A read of a chunk records the reader's block
@@ -24,7 +25,7 @@
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
@@ -38,6 +39,20 @@ use crate::prefetch::{Pacing, PrefetchTarget};
 use crate::reader::Step;
 use crate::source::{AlignedBytes, SourceError};
 use crate::stats::Counters;
+
+/// Touches of a model since it was opened after which, on a source read in order, the model
+/// is warmed if it fits the cache: more than a loader reading a few tensors sends, fewer than
+/// the tensors of any diffusion model (hundreds), whose load touches them all
+/// ([measured](../../../docs/PERFORMANCE.md#touches-of-a-model-that-fits)).
+pub const WARM_AFTER_TOUCHES: u64 = 8;
+
+/// How long a touch waits for the warm's read of its chunk when the mount has no source
+/// deadline (`--source-timeout 0`).
+const TOUCH_WAIT_UNBOUNDED: Duration = Duration::from_secs(30);
+
+/// How often a touch waiting for the warm looks again: a small part of one request's time on
+/// any source that charges per request (tens of milliseconds and more).
+const TOUCH_WAIT_POLL: Duration = Duration::from_millis(1);
 
 /// Who asked for a read: the reader itself, or the kernel's readahead into the mounted file's
 /// page cache (an `mmap` reader's fault), whose part past a block's end may be a spill
@@ -283,8 +298,120 @@ impl ModelStore {
     /// reload's tensor views entering the next block as predicted would sweep prefetch through
     /// the whole file ahead of the copies
     /// ([measured](../../../docs/PERFORMANCE.md#a-reloads-touches-are-probes)).
-    fn read_probe(&self, file: &ModelFile, offset: u64, end: u64) -> Result<ReadBytes, ReadError> {
+    ///
+    /// Except for a model that fits the chunk cache on a source read in order (one that charges
+    /// per request): once a load has touched [`WARM_AFTER_TOUCHES`] tensors since the file was
+    /// opened, it is about to read all of it, so the file is warmed into the cache in file
+    /// order ([`crate::prefetch::Prefetcher::warm_in_file_order`]) and the touches are served
+    /// through the cache, waiting for the warm ([`Self::wait_for_the_warm`]). The source then
+    /// serves the file once, in large ordered requests, instead of a round trip for each touch
+    /// (a whole chunk of its own, for a store's client) and the file again for the copies
+    /// ([measured](../../../docs/PERFORMANCE.md#touches-of-a-model-that-fits)).
+    fn read_probe(
+        &self,
+        file: &Arc<ModelFile>,
+        offset: u64,
+        end: u64,
+    ) -> Result<ReadBytes, ReadError> {
+        if self.touches_warm(file) {
+            if let Some(bytes) = self.read_probe_through_cache(file, offset, end)? {
+                Counters::add(&self.counters().hit_bytes, end - offset);
+                Counters::add(&self.counters().probe_cached_bytes, end - offset);
+                return Ok(bytes);
+            }
+        }
         self.read_exact_uncached(file, offset, end, &self.counters().probe_bytes)
+    }
+
+    /// Counts a touch of `file` and tells whether its touches are served through the cache:
+    /// its source is read in order, its model (the file, or all of a sharded model's shards)
+    /// fits the chunk cache, and [`WARM_AFTER_TOUCHES`] touches came since it was opened (the
+    /// one that reaches it starts the warm).
+    fn touches_warm(&self, file: &Arc<ModelFile>) -> bool {
+        if !file.pacing(&self.prefetcher.config().pacing).is_ordered() {
+            return false;
+        }
+        let model = file
+            .shard_of
+            .as_ref()
+            .map_or(file.size(), |of| of.model.size);
+        if model > self.cache.budget() {
+            return false;
+        }
+        if file.touches_since_open.fetch_add(1, Ordering::Relaxed) + 1 < WARM_AFTER_TOUCHES {
+            return false;
+        }
+        if !file.warmed_by_touches.swap(true, Ordering::Relaxed) {
+            tracing::debug!(file = %file.path.display(), "a load's touches: warming the model");
+            self.prefetcher.warm_in_file_order(file);
+        }
+        true
+    }
+
+    /// `[offset, end)` through the chunk cache, each chunk fetched as a reader's miss is
+    /// ([`Self::fetch_for_reader`]: with the chunks queued after it, as one request) or waited
+    /// for while it is being read. No block is entered. `None` where the range is not all in
+    /// chunks (the tail after the last tensor): the caller reads the source exactly.
+    fn read_probe_through_cache(
+        &self,
+        file: &ModelFile,
+        offset: u64,
+        end: u64,
+    ) -> Result<Option<ReadBytes>, ReadError> {
+        let (Some(plan), Some(header_end)) = (file.plan(), file.header_end()) else {
+            return Ok(None);
+        };
+        let mut out = Vec::with_capacity(end.saturating_sub(offset) as usize);
+        let mut pos = offset;
+        while pos < end {
+            if pos < header_end {
+                let stop = end.min(header_end);
+                let Some(head) = file.header.get(pos as usize..stop as usize) else {
+                    return Ok(None);
+                };
+                out.extend_from_slice(head);
+                pos = stop;
+                continue;
+            }
+            let Some((chunk, span)) = plan.chunk_at(pos).and_then(|c| Some((c, *plan.get(c)?)))
+            else {
+                return Ok(None);
+            };
+            self.wait_for_the_warm(file, chunk);
+            let Some((bytes, _)) = self.fetch_for_reader(file, chunk)? else {
+                return Ok(None);
+            };
+            let stop = end.min(span.end);
+            let range = (pos - span.start) as usize..(stop - span.start) as usize;
+            let Some(piece) = bytes.as_slice().get(range) else {
+                return Ok(None);
+            };
+            out.extend_from_slice(piece);
+            pos = stop;
+        }
+        Ok(Some(ReadBytes::Owned(out)))
+    }
+
+    /// Waits, at most the source's deadline (or [`TOUCH_WAIT_UNBOUNDED`]), while chunk `chunk`
+    /// is queued by the warm and not started: the warm reads the file in order, as the touches
+    /// come, and a touch read ahead of it would be a request at another offset, which a store's
+    /// client takes for random reading (fetching ranges, its own chunks again) and a disk for
+    /// a seek. The queue has no signal of its own, so the wait polls it every
+    /// [`TOUCH_WAIT_POLL`].
+    fn wait_for_the_warm(&self, file: &ModelFile, chunk: usize) {
+        let key = file.chunk_key(chunk);
+        let limit = self
+            .source_io
+            .config()
+            .timeout
+            .unwrap_or(TOUCH_WAIT_UNBOUNDED);
+        let deadline = Instant::now() + limit;
+        while !file.chunk_present(&self.cache, chunk)
+            && self.prefetcher.is_queued(key)
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(TOUCH_WAIT_POLL);
+        }
     }
 
     /// Exactly `[offset, end)`, from resident chunks when they hold all of it, else from the

@@ -447,6 +447,63 @@ fn tensor_touches_are_probes_and_prefetch_nothing() {
     assert!(Counters::get(&c.miss_bytes) + Counters::get(&c.hit_bytes) > bytes.len() as u64 / 2);
 }
 
+/// The same touches of a model that fits the cache, on a source read in order (one that
+/// charges per request): after the first [`read::WARM_AFTER_TOUCHES`], read exactly, the model
+/// is warmed into the cache in order and the touches are served through it; the source serves
+/// the file about once, in requests far fewer than the touches, and the copies that follow read
+/// nothing more. Bit-exact throughout. A model larger than the cache keeps its touches exact
+/// and uncached.
+#[test]
+fn touches_of_a_model_that_fits_warm_it_on_an_ordered_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = checkpoint(dir.path(), "m.safetensors", 48 << 20, 21);
+    let open = |budget: u64| {
+        let store = ModelStore::new(budget, SavedOrders::default())
+            .with_source_pacing(crate::prefetch::PacingMode::Ordered);
+        let file = store
+            .open(
+                Path::new("m.safetensors"),
+                &dir.path().join("m.safetensors"),
+            )
+            .unwrap();
+        (store, file)
+    };
+    let exact = (read::WARM_AFTER_TOUCHES - 1) * 4096;
+    let (store, file) = open(64 << 20);
+    let touched = touch_tensors_in_name_order(&store, &file, &bytes) as u64;
+    let c = store.counters();
+    assert!(touched > 4 * read::WARM_AFTER_TOUCHES, "{touched} touches");
+    assert_eq!(
+        Counters::get(&c.probe_bytes),
+        exact,
+        "the first touches read exactly"
+    );
+    assert_eq!(Counters::get(&c.probe_cached_bytes), touched * 4096 - exact);
+    assert!(
+        Counters::get(&c.disk_reads) * 4 <= touched,
+        "{} requests for {touched} touches",
+        Counters::get(&c.disk_reads)
+    );
+    assert_eq!(read_all(&store, &file, 1 << 20), bytes);
+    store.wait_prefetch_idle();
+    let read = Counters::get(&c.disk_read_bytes);
+    assert!(
+        read <= bytes.len() as u64 + exact,
+        "the file once and the first touches: {read}"
+    );
+
+    let (store, file) = open(12 << 20);
+    touch_tensors_in_name_order(&store, &file, &bytes);
+    let c = store.counters();
+    assert!(Counters::get(&c.probe_bytes) >= touched * 4096);
+    assert_eq!(Counters::get(&c.probe_cached_bytes), 0);
+    assert_eq!(
+        store.cache().snapshot().used_bytes,
+        0,
+        "larger than the cache: nothing cached"
+    );
+}
+
 /// ComfyUI loading a checkpoint again: the previous load streamed the file and left chunks
 /// resident (the start of the next pass, prefetched). The new load's tensor touches are still
 /// probes: those that find their chunk resident are served from it, and none enters a block

@@ -418,6 +418,11 @@ impl Prefetcher {
         lock(&self.queued).remove(&key)
     }
 
+    /// Whether chunk `key` waits in the queue of reads ahead (not started yet).
+    pub fn is_queued(&self, key: ChunkKey) -> bool {
+        lock(&self.queued).contains(&key)
+    }
+
     /// A reader just read chunk `chunk` of `file`: queue what follows it in the file. Returns
     /// the read-ahead left when it ran to the end of the file (a sharded model continues in its
     /// next shard: [`Self::read_ahead`]).
@@ -540,6 +545,28 @@ impl Prefetcher {
     /// next reader is expected at the start of the order ([`ReaderTracker::rewind`]).
     pub fn warm<F: PrefetchTarget>(&self, file: &Arc<F>) {
         self.warm_head(file, self.cache.budget());
+    }
+
+    /// Queues the chunks of `file` in file order until the budget's worth is queued: for a
+    /// load that touches every tensor in name order (which writers use as file order) before
+    /// it reads them, on a source read in order, where a block order that jumps through the
+    /// file would be requests at other offsets.
+    pub fn warm_in_file_order<F: PrefetchTarget>(&self, file: &Arc<F>) {
+        let Some(plan) = file.plan() else {
+            return;
+        };
+        let budget = self.cache.budget();
+        let (mut bytes, mut chunks) = (0, Vec::new());
+        for chunk in 0..plan.len() {
+            let len = plan.get(chunk).map_or(0, |c| c.len());
+            if !chunks.is_empty() && bytes + len > budget {
+                break;
+            }
+            bytes += len;
+            chunks.push(chunk);
+        }
+        // All marked queued before the first runs: the lane joins them into its requests.
+        self.queue_batch(file, chunks, None);
     }
 
     /// [`Self::warm`] of the first `bytes` of the order only (the first chunk whatever its
