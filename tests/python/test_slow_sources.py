@@ -235,6 +235,19 @@ def starts_of(path: Path) -> dict[str, int]:
     return {k: 8 + n + t["data_offsets"][0] for k, t in header.items() if k != "__metadata__"}
 
 
+def model_in_object_store(store, data_dir) -> tuple[Path, bytes]:
+    """A ~98 MiB model (tensors in name order) in the store, behind the object class's 20 ms,
+    on a fresh client with the kernel's caches dropped: its path and its bytes."""
+    big = gen.make_sorted_dit(data_dir / "slow" / "dit_big.safetensors", dim=512, ffn=2048, n_blocks=12, seed=6)
+    store.put(big, "models/" + big.name)
+    if store.delay_ms != 20.0:
+        store.set_delay(20.0)
+    else:
+        store.remount()
+    drop_caches()
+    return big, big.read_bytes()
+
+
 def test_an_ordered_stream_after_scattered_probes_reads_through_a_fresh_handle(store, data_dir, mount):
     """A load's probes (one read at each tensor's start, served uncached) make the store's client
     judge its handle scattered; SeaweedFS's then fetches ranges without read-ahead for as long as
@@ -242,15 +255,8 @@ def test_an_ordered_stream_after_scattered_probes_reads_through_a_fresh_handle(s
     the file afresh for it, and the client serves it as a stream, fetching about the file once.
     Bit-exact, through a real store on the object class's latency; a ~98 MiB model, budget
     below it, read in 16 MiB requests as ComfyUI's copy is."""
-    big = gen.make_sorted_dit(data_dir / "slow" / "dit_big.safetensors", dim=512, ffn=2048, n_blocks=12, seed=6)
-    want = big.read_bytes()
+    big, want = model_in_object_store(store, data_dir)
     size = len(want)
-    store.put(big, "models/" + big.name)
-    if store.delay_ms != 20.0:
-        store.set_delay(20.0)
-    else:
-        store.remount()
-    drop_caches()
     m = mount(store.mnt / "models", budget="48MiB")
     starts = tensor_starts(big)
     assert len(starts) >= 24, len(starts)
@@ -279,15 +285,8 @@ def test_touches_of_a_model_that_fits_read_it_once_through_a_store(store, data_d
     in order, the touches wait for it, and the copies that follow are served from it: the file
     read once, nothing fetched for the copies, where touches read exactly (each a chunk of the
     client's) left the copies to fetch it all again. Bit-exact; object class's latency."""
-    big = gen.make_sorted_dit(data_dir / "slow" / "dit_big.safetensors", dim=512, ffn=2048, n_blocks=12, seed=6)
-    want = big.read_bytes()
+    big, want = model_in_object_store(store, data_dir)
     size = len(want)
-    store.put(big, "models/" + big.name)
-    if store.delay_ms != 20.0:
-        store.set_delay(20.0)
-    else:
-        store.remount()
-    drop_caches()
     m = mount(store.mnt / "models", budget="256MiB")
     import torch
     from safetensors import safe_open
