@@ -9,6 +9,8 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import shlex
+import time
 
 
 def date() -> str:
@@ -33,3 +35,17 @@ def describe() -> str:
     except OSError:
         pass
     return f"{os.cpu_count()} CPUs ({cpu}), {ram} GiB RAM, kernel {platform.release()}"
+
+
+def run_lines(script: str, argv: list[str], load0: tuple[float, float, float], t0: float) -> list[str]:
+    """The command, date, machine and load lines of a results file for `script` (under
+    tests/bench/) run with `argv`, started at `time.monotonic()` `t0` with load average `load0`."""
+    cmd = f"sudo .venv/bin/python tests/bench/{script} " + " ".join(shlex.quote(x) for x in argv)
+    load = " ".join(f"{x:.2f}" for x in load0)
+    return [
+        f"- command: `{cmd.strip()}` ({(time.monotonic() - t0) / 60:.1f} min)",
+        f"- date: {date()}",
+        f"- machine: {describe()}",
+        f"- load average at the start {load}, at the end "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} (shared machine: compare figures of the same run only)",
+    ]

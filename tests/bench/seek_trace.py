@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -147,15 +146,10 @@ def main() -> int:
                 log.close()
     finally:
         bench.cleanup(root)
-    cmd = "sudo .venv/bin/python tests/bench/seek_trace.py " + " ".join(shlex.quote(x) for x in sys.argv[1:])
     lines = [
         "# Where a load's seeks come from: tierfs over faultfs's seeking disk, traced",
         "",
-        f"- command: `{cmd.strip()}` ({(time.monotonic() - t0) / 60:.1f} min)",
-        f"- date: {machine.date()}",
-        f"- machine: {machine.describe()}",
-        f"- load average at the start {' '.join(f'{x:.2f}' for x in load0)}, at the end "
-        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} (shared machine: compare figures of the same run only)",
+        *machine.run_lines("seek_trace.py", sys.argv[1:], load0, t0),
         f"- disk: `faultfs --disk` ({SEEK_MS} ms per seek, {MBPS} MB/s) over ext4 on a loop device over tmpfs; "
         f"model {size / 1e9:.2f} GB; tierfs `--ram-cache {args.budget_mib}MiB`, a fresh mount per load, caches "
         "dropped before each",

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import sys
 import tempfile
 import time
@@ -108,15 +107,10 @@ def main() -> int:
                       flush=True)
     finally:
         bench.cleanup(root)
-    cmd = "sudo .venv/bin/python tests/bench/store_cache.py " + " ".join(shlex.quote(x) for x in sys.argv[1:])
     lines = [
         "# tierfs on top of a store client with a cache of its own",
         "",
-        f"- command: `{cmd.strip()}` ({(time.monotonic() - t0) / 60:.1f} min)",
-        f"- date: {machine.date()}",
-        f"- machine: {machine.describe()}",
-        f"- load average at the start {' '.join(f'{x:.2f}' for x in load0)}, at the end "
-        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} (shared machine: compare figures of the same run only)",
+        *machine.run_lines("store_cache.py", sys.argv[1:], load0, t0),
         f"- store: {describe}",
         f"- model {size / 1e9:.2f} GB (tests/python/gen.py DiT, tensors in name order); tierfs `--ram-cache "
         f"{args.budget_mib}MiB --no-state`, fresh for each load; kernel caches dropped before every load",

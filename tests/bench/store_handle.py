@@ -29,7 +29,6 @@ import argparse
 import mmap
 import os
 import random
-import shlex
 import sys
 import tempfile
 import time
@@ -161,15 +160,10 @@ def main() -> int:
     finally:
         store.close()
         bench.cleanup(root)
-    cmd = "sudo .venv/bin/python tests/bench/store_handle.py " + " ".join(shlex.quote(x) for x in sys.argv[1:])
     lines = [
         "# A store's client and one ordered stream after scattered reads",
         "",
-        f"- command: `{cmd.strip()}` ({(time.monotonic() - t0) / 60:.1f} min)",
-        f"- date: {machine.date()}",
-        f"- machine: {machine.describe()}",
-        f"- load average at the start {' '.join(f'{x:.2f}' for x in load0)}, at the end "
-        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} (shared machine: compare figures of the same run only)",
+        *machine.run_lines("store_handle.py", sys.argv[1:], load0, t0),
         f"- store: {describe}",
         f"- model {size / 1e9:.2f} GB (tests/python/gen.py DiT, tensors in name order); a fresh client and "
         "kernel caches dropped before every load",
