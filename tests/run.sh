@@ -9,6 +9,8 @@
 #                                     release build runs for every stage; `rust` is the Rust
 #                                     tests and loom, `python` the README demo and the
 #                                     end-to-end suite, `windows` tests/windows/check.sh.
+#   TIERFS_TRANSPORTS=dev_fuse,io_uring  the transports the end-to-end suite runs on (default:
+#                                     dev_fuse; io_uring where the kernel has it).
 #   TIERFS_PYTEST_ARGS="tests/python/test_reads.py -k cold"
 #                                     pytest's files and options in place of the whole
 #                                     tests/python (split on spaces); arguments given to this
@@ -126,21 +128,55 @@ DEMO_CMD=$(sed -n 's/^\(cargo run [^#]* demo\) *#.*/\1/p' README.md | head -n 1)
 echo "== $DEMO_CMD   (from README.md)"
 TMPDIR=$TIERFS_TEST_ROOT timeout --kill-after=10 "${TIERFS_DEMO_TIMEOUT:-300}" bash -c "$DEMO_CMD"
 
-echo "== pytest ${PYTEST_TARGETS[*]} (root: $TIERFS_TEST_ROOT)"
-# Hard cap so a hung FUSE request cannot eat the whole CI budget.
-# `timeout` cannot reap a pytest stuck in uninterruptible sleep on a FUSE request whose
-# daemon is wedged; this watchdog aborts the test mounts' FUSE connections shortly after
-# the cap, which fails those requests (ENOTCONN) so everything can exit.
-PYTEST_CAP=${TIERFS_PYTEST_TIMEOUT:-2400}
-( sleep $((PYTEST_CAP + 60)); echo "== watchdog: aborting test mounts" >&2; abort_test_mounts ) &
-WATCHDOG_PID=$!
-# --timeout: no single test may run longer than this (pytest-timeout), whatever it waits on.
-set +e
-timeout --kill-after=30 "$PYTEST_CAP" \
-    "$PY" -m pytest "${PYTEST_TARGETS[@]}" -v -rfEs -p no:cacheprovider --durations=25 \
-    --timeout="${TIERFS_TEST_TIMEOUT:-900}" "$@"
-pytest_rc=$?
-set -e
+# One pass of the end-to-end suite; the io_uring pass sets TIERFS_IO_URING=on, under which every
+# mount must be served by the kernel's FUSE io_uring transport (tests/python/conftest.py).
+pytest_pass() {
+    local label=$1
+    shift
+    echo "== pytest ${PYTEST_TARGETS[*]} ($label; root: $TIERFS_TEST_ROOT)"
+    # Hard cap so a hung FUSE request cannot eat the whole CI budget.
+    # `timeout` cannot reap a pytest stuck in uninterruptible sleep on a FUSE request whose
+    # daemon is wedged; this watchdog aborts the test mounts' FUSE connections shortly after
+    # the cap, which fails those requests (ENOTCONN) so everything can exit.
+    PYTEST_CAP=${TIERFS_PYTEST_TIMEOUT:-2400}
+    # `&&`: a watchdog whose sleep is killed once the pass ends aborts nothing.
+    ( sleep $((PYTEST_CAP + 60)) && { echo "== watchdog: aborting test mounts" >&2; abort_test_mounts; } ) &
+    WATCHDOG_PID=$!
+    # --timeout: no single test may run longer than this (pytest-timeout), whatever it waits on.
+    set +e
+    timeout --kill-after=30 "$PYTEST_CAP" \
+        "$PY" -m pytest "${PYTEST_TARGETS[@]}" -v -rfEs -p no:cacheprovider --durations=25 \
+        --timeout="${TIERFS_TEST_TIMEOUT:-900}" "$@"
+    local rc=$?
+    set -e
+    pkill -P "$WATCHDOG_PID" 2>/dev/null || true
+    kill "$WATCHDOG_PID" 2>/dev/null || true
+    WATCHDOG_PID=
+    return "$rc"
+}
+
+# The transports the suite runs on (TIERFS_TRANSPORTS): `/dev/fuse` by default; with
+# `dev_fuse,io_uring`, then again on the kernel's FUSE io_uring transport where the kernel has it
+# (its `enable_uring` switch set for the pass and restored). Not yet both by default: one test
+# fails on io_uring (docs/DEVELOPMENT.md).
+TIERFS_TRANSPORTS=${TIERFS_TRANSPORTS:-dev_fuse}
+pytest_rc=0
+case ",$TIERFS_TRANSPORTS," in
+    *,dev_fuse,*) pytest_pass "transport: /dev/fuse" "$@" || pytest_rc=$? ;;
+esac
+case ",$TIERFS_TRANSPORTS," in
+    *,io_uring,*)
+        URING_SWITCH=/sys/module/fuse/parameters/enable_uring
+        if [ -w "$URING_SWITCH" ]; then
+            was=$(cat "$URING_SWITCH")
+            echo Y > "$URING_SWITCH"
+            TIERFS_IO_URING=on pytest_pass "transport: io_uring" "$@" || pytest_rc=$?
+            echo "$was" > "$URING_SWITCH"
+        else
+            echo "== the io_uring pass does not run: this kernel has no FUSE io_uring transport ($URING_SWITCH is missing; Linux 6.14 or later), or it is not writable here"
+        fi
+        ;;
+esac
 
 # Windows: core tests under wine64, the WinFsp front end type-checked (docs/WINDOWS.md).
 # After the Linux suite, so that a Windows failure never hides the Linux results.

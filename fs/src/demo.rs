@@ -57,6 +57,7 @@ pub fn run(size: u64, budget: u64) -> Result<()> {
         budget,
         floor: None,
         threads: 8,
+        transport: crate::fuse_uring::TransportMode::default(),
         readahead: 128 << 10,
         passthrough: true,
         model_passthrough: true,

@@ -17,6 +17,7 @@ mod comfyui;
 mod daemon;
 mod demo;
 mod fuse;
+mod fuse_uring;
 mod inspect;
 mod inspect_shards;
 mod metrics;
@@ -67,6 +68,11 @@ enum Command {
         /// Threads serving kernel requests.
         #[arg(long, default_value_t = 8)]
         threads: usize,
+        /// How the kernel's requests reach the daemon: `off`, through /dev/fuse; `on`, through
+        /// io_uring (Linux 6.14 or later with the fuse module's enable_uring set), or no mount;
+        /// `auto`, io_uring where the kernel allows it (see docs/CONFIGURATION.md).
+        #[arg(long, value_enum, env = "TIERFS_IO_URING", default_value_t = fuse_uring::TransportMode::Off)]
+        io_uring: fuse_uring::TransportMode,
         /// Kernel readahead of the mount: the size of the requests an `mmap` reader of a
         /// cache-mode model file (and a reader of a non-passthrough file) sends. Small, so that
         /// a loader's touch of each tensor does not read megabytes around it (see
@@ -184,6 +190,7 @@ fn run(command: Command) -> Result<()> {
             daemon,
             log_file,
             threads,
+            io_uring,
             readahead,
             no_passthrough,
             no_model_passthrough,
@@ -209,6 +216,7 @@ fn run(command: Command) -> Result<()> {
                 budget,
                 floor: ram_cache_min,
                 threads,
+                transport: io_uring,
                 readahead,
                 passthrough: !no_passthrough,
                 model_passthrough: !no_model_passthrough,

@@ -30,6 +30,7 @@ use tierfs_core::size::format_size;
 use tierfs_core::stats::Counters;
 
 use crate::fuse::{FuseAdapter, MountSettings};
+use crate::fuse_uring::{self, Handshake, Transport, TransportMode};
 use crate::metrics;
 use crate::metrics::server::{MetricsServer, Page};
 use crate::privilege;
@@ -48,6 +49,8 @@ pub struct MountRequest {
     /// `--ram-cache-min` (`None`: [`tierfs_core::budget::default_floor`]).
     pub floor: Option<u64>,
     pub threads: usize,
+    /// Which transport carries the kernel's requests (`--io-uring`).
+    pub transport: TransportMode,
     pub readahead: u64,
     pub passthrough: bool,
     /// Model files that fit the budget are served by passthrough too (see
@@ -158,9 +161,33 @@ pub fn send_control(mountpoint: &Path, command: &str) -> Result<()> {
     }
 }
 
+/// What serves a live mount's requests.
+enum Serving {
+    /// `fuser`'s session over `/dev/fuse`.
+    Device(BackgroundSession),
+    /// The io_uring transport; the handshake's session is kept for unmounting.
+    Uring(fuse_uring::Serving, fuser::Session<Handshake>),
+}
+
+impl Serving {
+    fn join(self) -> io::Result<()> {
+        match self {
+            Serving::Device(session) => session.join(),
+            Serving::Uring(serving, session) => {
+                let ended = serving.join();
+                // The connection has ended, so the mount is gone: dropping the session would
+                // try to unmount it again and log the failure. Its descriptor goes with the
+                // process.
+                std::mem::forget(session);
+                ended
+            }
+        }
+    }
+}
+
 /// A live mount.
 pub struct Mounted {
-    session: BackgroundSession,
+    session: Serving,
     pub mountpoint: PathBuf,
     /// The `--metrics-addr` endpoint, stopped when the mount goes.
     metrics: Option<MetricsServer>,
@@ -207,30 +234,55 @@ impl Mounted {
             )?),
             None => None,
         };
-        let fs = FuseAdapter::new(settings, Arc::clone(&store), window, invalidations)
-            .with_context(|| format!("cannot open the source {}", source.display()))?;
-        let served_device = fs.served_device();
-        privilege::check_dev_fuse()?;
-        let session = fuser::Session::new(fs, &mountpoint, &session_config(request, &source))
-            .map_err(privilege::explain_mount_error)
-            .with_context(|| {
-                format!(
-                    "cannot mount {} at {}",
-                    source.display(),
-                    mountpoint.display()
-                )
-            })?;
-        // Before any request is served: a path of SOURCE that leads back into the mount is
-        // refused from the first request on (its device asks the mount nothing).
-        let device = tierfs_core::access::mount_device(&mountpoint)
-            .with_context(|| format!("cannot find the device of {}", mountpoint.display()))?;
-        served_device.set(device);
-        let notifier = session.notifier();
-        thread::Builder::new()
-            .name("tierfs-invalidate".into())
-            .spawn(move || run_invalidations(&notifier, &invalidation_queue, &store))
-            .context("cannot start the page-cache notifier thread")?;
-        let session = session.spawn().context("cannot start the FUSE session")?;
+        let uring = match request.transport {
+            TransportMode::Off => false,
+            TransportMode::On => match fuse_uring::kernel_allows() {
+                Ok(()) => true,
+                Err(reason) => bail!("--io-uring on: {reason}"),
+            },
+            TransportMode::Auto => match fuse_uring::kernel_allows() {
+                Ok(()) => true,
+                Err(reason) => {
+                    tracing::info!(%reason, "serving through /dev/fuse");
+                    fuse_uring::set_transport(Transport::Device {
+                        reason: Some(reason),
+                    });
+                    false
+                }
+            },
+        };
+        let config = session_config(request, &source);
+        let session = if uring {
+            start_uring(
+                request,
+                settings,
+                (&store, window),
+                (invalidations, invalidation_queue),
+                &mountpoint,
+                &config,
+            )?
+        } else {
+            let fs = FuseAdapter::new(settings, Arc::clone(&store), window, invalidations)
+                .with_context(|| format!("cannot open the source {}", source.display()))?;
+            let served_device = fs.served_device();
+            privilege::check_dev_fuse()?;
+            let session = fuser::Session::new(fs, &mountpoint, &config)
+                .map_err(privilege::explain_mount_error)
+                .with_context(|| {
+                    format!(
+                        "cannot mount {} at {}",
+                        source.display(),
+                        mountpoint.display()
+                    )
+                })?;
+            // Before any request is served: a path of SOURCE that leads back into the mount is
+            // refused from the first request on (its device asks the mount nothing).
+            let device = tierfs_core::access::mount_device(&mountpoint)
+                .with_context(|| format!("cannot find the device of {}", mountpoint.display()))?;
+            served_device.set(device);
+            start_notifier(session.notifier(), invalidation_queue, store)?;
+            Serving::Device(session.spawn().context("cannot start the FUSE session")?)
+        };
         // Only now: finding the mount's device stats the mount, which needs the session running.
         set_bdi_readahead(&mountpoint, request.readahead);
         Ok(Mounted {
@@ -263,6 +315,76 @@ impl Mounted {
         unmount(&self.mountpoint, false)?;
         self.wait()
     }
+}
+
+/// Mounts with the io_uring transport: `fuser` mounts and performs the handshake, this
+/// process's rings serve ([`fuse_uring`]).
+fn start_uring(
+    request: &MountRequest,
+    settings: MountSettings,
+    (store, window): (&Arc<ModelStore>, Arc<KernelCacheWindow>),
+    (invalidations, invalidation_queue): (
+        crossbeam::channel::Sender<InodeRange>,
+        Receiver<InodeRange>,
+    ),
+    mountpoint: &Path,
+    config: &Config,
+) -> Result<Serving> {
+    let source = settings.source.clone();
+    let passthrough_wanted = settings.passthrough;
+    let owner_only = (!request.allow_other).then(|| {
+        // SAFETY: geteuid cannot fail.
+        unsafe { libc::geteuid() }
+    });
+    let mut fs: fuse_uring::dispatch::Fs =
+        crate::fuse::tier_fs(settings, Arc::clone(store), window, invalidations)
+            .with_context(|| format!("cannot open the source {}", source.display()))?;
+    let served_device = fs.source_root().served_device();
+    privilege::check_dev_fuse()?;
+    let request_bytes = fuse_uring::request_bytes(fuse_uring::max_pages_limit());
+    let (handshake, offered) = Handshake::new(passthrough_wanted, request_bytes);
+    let session = fuser::Session::new(handshake, mountpoint, config)
+        .map_err(privilege::explain_mount_error)
+        .with_context(|| {
+            format!(
+                "cannot mount {} at {}",
+                source.display(),
+                mountpoint.display()
+            )
+        })?;
+    let offered = offered
+        .lock()
+        .ok()
+        .and_then(|o| *o)
+        .context("internal error: the FUSE handshake left no answer")?;
+    fs.kernel_capabilities(offered.capabilities);
+    let device = tierfs_core::access::mount_device(mountpoint)
+        .with_context(|| format!("cannot find the device of {}", mountpoint.display()))?;
+    served_device.set(device);
+    start_notifier(session.notifier(), invalidation_queue, Arc::clone(store))?;
+    let required = request.transport == TransportMode::On;
+    let serving = fuse_uring::Serving::start(
+        Arc::new(fs),
+        &session,
+        owner_only,
+        offered,
+        (request.threads, required),
+    )
+    .context("cannot start the io_uring transport")?;
+    Ok(Serving::Uring(serving, session))
+}
+
+/// Starts the thread that turns the cache's evictions into page-cache invalidations.
+fn start_notifier(
+    notifier: Notifier,
+    queue: Receiver<InodeRange>,
+    store: Arc<ModelStore>,
+) -> Result<()> {
+    thread::Builder::new()
+        .name("tierfs-invalidate".into())
+        .spawn(move || run_invalidations(&notifier, &queue, &store))
+        .context("cannot start the page-cache notifier thread")?;
+    Ok(())
 }
 
 /// What the `--metrics-addr` endpoint serves: the metrics and the stats of the mount, as

@@ -23,6 +23,8 @@ pub struct DaemonStats {
     /// The budget governor's figures (`None` only where no governor runs).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub budget: Option<BudgetSnapshot>,
+    /// How the kernel's requests reach the daemon (`--io-uring`).
+    pub transport: crate::fuse_uring::TransportStats,
     /// The filesystem's tables (`None` only where no filesystem renders the document).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fs: Option<FsTables>,
@@ -55,6 +57,7 @@ impl DaemonStats {
             ),
             modes: crate::privilege::snapshot(passthrough),
             budget: None,
+            transport: crate::fuse_uring::TransportStats::now(),
             fs: None,
         }
     }

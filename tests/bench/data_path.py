@@ -114,7 +114,7 @@ def busy_cpu_s() -> float:
 
 def thread_group(name: str) -> str:
     """The daemon's threads by role (their names: fuser-N, tierfs-prefetch, ...)."""
-    if name.startswith("fuser"):
+    if name.startswith(("fuser", "tierfs-q", "tierfs-dev")):
         return "requests"
     if name.startswith("tierfs-prefetch") or name.startswith("tierfs-ahead"):
         return "prefetch"

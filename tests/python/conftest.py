@@ -165,6 +165,7 @@ class Mount:
             self.log_path = self.mnt.parent / f"{self.mnt.name}.{time.monotonic_ns()}.log"
         self.log = open(self.log_path, "wb")
         self.budget = budget
+        self.transport_chosen = "--io-uring" in extra
         if not any(a in ("--state-dir", "--no-state") for a in extra):
             # Learned orders persist across mounts (by default in /var/lib/tierfs for root):
             # give every mount its own, so nothing leaks between tests or into the system.
@@ -231,6 +232,7 @@ class Mount:
         t.start()
         t.join(timeout=11)
         if ready.is_set():
+            self._check_transport()
             return
         exited = self.proc.poll()
         self.close()
@@ -239,6 +241,16 @@ class Mount:
                         f"cmd: {cmd}\nlog:\n{self.log_tail()}")
         pytest.fail(f"mount not ready (.tierfs/stats unreadable{' - probe hung' if t.is_alive() else ''}) "
                     f"after 10 s\ncmd: {cmd}\nlog:\n{self.log_tail()}")
+
+    def _check_transport(self) -> None:
+        """Under `TIERFS_IO_URING=on` (the suite's io_uring run), a mount that is not served
+        through io_uring fails the test instead of passing on the other transport."""
+        if os.environ.get("TIERFS_IO_URING") != "on" or self.transport_chosen:
+            return
+        transport = self.stats().get("transport", {})
+        if transport.get("kind") != "io_uring":
+            self.close()
+            pytest.fail(f"TIERFS_IO_URING=on but the mount is served by {transport}")
 
     @property
     def pid(self) -> int:
@@ -531,3 +543,14 @@ def quiesce(m: "Mount", quiet_s: float = 0.4, timeout: float = 15.0) -> dict:
         elif time.monotonic() - since >= quiet_s:
             break
     return st
+
+
+def pytest_report_header(config):
+    """Which FUSE transport the mounts of this run use (`TIERFS_IO_URING`), and whether the
+    kernel allows io_uring at all."""
+    try:
+        enabled = Path("/sys/module/fuse/parameters/enable_uring").read_text().strip()
+    except OSError:
+        enabled = "absent (kernel older than 6.14)"
+    mode = os.environ.get("TIERFS_IO_URING", "off")
+    return f"tierfs transport: --io-uring {mode}; kernel enable_uring: {enabled}"

@@ -57,27 +57,8 @@ impl FuseAdapter {
         window: Arc<KernelCacheWindow>,
         invalidations: Sender<InodeRange>,
     ) -> io::Result<FuseAdapter> {
-        let mountpoint = settings.mountpoint;
-        let metrics_mountpoint = mountpoint.clone();
-        let render = move |view: &core_fs::StatsView| stats_json(view, &mountpoint);
-        let render_metrics =
-            move |view: &core_fs::StatsView| metrics_text(view, &metrics_mountpoint);
-        let core_settings = core_fs::Settings {
-            source: settings.source,
-            passthrough: settings.passthrough,
-            sharing: settings.sharing,
-            model_passthrough: settings.model_passthrough,
-            governor: settings.governor,
-        };
         Ok(FuseAdapter {
-            fs: core_fs::TierFs::new(
-                core_settings,
-                store,
-                window,
-                invalidations,
-                Box::new(render),
-            )?
-            .with_metrics(Box::new(render_metrics)),
+            fs: tier_fs(settings, store, window, invalidations)?,
         })
     }
 
@@ -85,6 +66,63 @@ impl FuseAdapter {
     /// [`tierfs_core::access::resolve`]).
     pub fn served_device(&self) -> ServedDevice {
         self.fs.source_root().served_device()
+    }
+}
+
+/// The core filesystem of a mount, whichever transport serves it (`B`: its passthrough
+/// backing object).
+pub fn tier_fs<B: Send + Sync>(
+    settings: MountSettings,
+    store: Arc<ModelStore>,
+    window: Arc<KernelCacheWindow>,
+    invalidations: Sender<InodeRange>,
+) -> io::Result<core_fs::TierFs<B>> {
+    let mountpoint = settings.mountpoint;
+    let metrics_mountpoint = mountpoint.clone();
+    let render = move |view: &core_fs::StatsView| stats_json(view, &mountpoint);
+    let render_metrics = move |view: &core_fs::StatsView| metrics_text(view, &metrics_mountpoint);
+    let core_settings = core_fs::Settings {
+        source: settings.source,
+        passthrough: settings.passthrough,
+        sharing: settings.sharing,
+        model_passthrough: settings.model_passthrough,
+        governor: settings.governor,
+    };
+    Ok(core_fs::TierFs::new(
+        core_settings,
+        store,
+        window,
+        invalidations,
+        Box::new(render),
+    )?
+    .with_metrics(Box::new(render_metrics)))
+}
+
+/// The capabilities asked of the kernel at `init`, whichever transport serves the mount;
+/// returns what the core needs to know of the answer.
+pub fn negotiate(config: &mut KernelConfig, passthrough_wanted: bool) -> KernelCapabilities {
+    // Large reads: the kernel may send up to max_pages (1 MiB) per request.
+    let _ = config.set_max_readahead(crate::mount::KERNEL_READAHEAD_BYTES);
+    let direct_io_mmap = config
+        .add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
+        .is_ok();
+    // Asynchronous O_DIRECT reads (io_uring, aio) of handles the daemon serves reach it as
+    // parallel requests, up to max_background, instead of one at a time
+    // ([measured](../../../docs/PERFORMANCE.md#o_direct-loaders)).
+    let _ = config.add_capabilities(InitFlags::FUSE_ASYNC_DIO);
+    let mut passthrough = false;
+    if passthrough_wanted {
+        passthrough = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+            && config.set_max_stack_depth(1).is_ok();
+        if !passthrough {
+            tracing::info!(
+                "the kernel does not offer FUSE passthrough: other files are served with pread"
+            );
+        }
+    }
+    KernelCapabilities {
+        direct_io_mmap,
+        passthrough,
     }
 }
 
@@ -115,29 +153,8 @@ fn stats_document(view: &core_fs::StatsView, mountpoint: &Path) -> DaemonStats {
 
 impl Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
-        // Large reads: the kernel may send up to max_pages (1 MiB) per request.
-        let _ = config.set_max_readahead(crate::mount::KERNEL_READAHEAD_BYTES);
-        let direct_io_mmap = config
-            .add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
-            .is_ok();
-        // Asynchronous O_DIRECT reads (io_uring, aio) of handles the daemon serves reach it as
-        // parallel requests, up to max_background, instead of one at a time
-        // ([measured](../../../docs/PERFORMANCE.md#o_direct-loaders)).
-        let _ = config.add_capabilities(InitFlags::FUSE_ASYNC_DIO);
-        let mut passthrough = false;
-        if self.fs.passthrough() {
-            passthrough = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
-                && config.set_max_stack_depth(1).is_ok();
-            if !passthrough {
-                tracing::info!(
-                    "the kernel does not offer FUSE passthrough: other files are served with pread"
-                );
-            }
-        }
-        self.fs.kernel_capabilities(KernelCapabilities {
-            direct_io_mmap,
-            passthrough,
-        });
+        let offered = negotiate(config, self.fs.passthrough());
+        self.fs.kernel_capabilities(offered);
         Ok(())
     }
 
@@ -197,6 +214,7 @@ impl Filesystem for FuseAdapter {
             from_reader: lock_owner.is_some(),
             o_direct: flags.0 & libc::O_DIRECT != 0,
         };
+        tracing::trace!(ino = ino.0, offset, size, ?kind, "read");
         match self.fs.read(ino.0, fh.0, offset, size, kind) {
             Ok(bytes) => reply.data(&bytes),
             Err(e) => reply.error(errno(&e)),
