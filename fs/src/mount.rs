@@ -19,7 +19,7 @@ use std::time::SystemTime;
 use anyhow::{bail, Context, Result};
 use crossbeam::channel::{unbounded, Receiver};
 use fuser::{BackgroundSession, Config, INodeNo, MountOption, Notifier, SessionACL};
-use tierfs_core::access::Sharing;
+use tierfs_core::access::{ServedDevice, Sharing};
 use tierfs_core::budget::{self, watch, BudgetTarget, Governor, Probe};
 use tierfs_core::kernel_cache::{
     headroom_for_readahead, window_for_budget, InodeRange, KernelCacheWindow,
@@ -265,21 +265,7 @@ impl Mounted {
             let fs = FuseAdapter::new(settings, Arc::clone(&store), window, invalidations)
                 .with_context(|| format!("cannot open the source {}", source.display()))?;
             let served_device = fs.served_device();
-            privilege::check_dev_fuse()?;
-            let session = fuser::Session::new(fs, &mountpoint, &config)
-                .map_err(privilege::explain_mount_error)
-                .with_context(|| {
-                    format!(
-                        "cannot mount {} at {}",
-                        source.display(),
-                        mountpoint.display()
-                    )
-                })?;
-            // Before any request is served: a path of SOURCE that leads back into the mount is
-            // refused from the first request on (its device asks the mount nothing).
-            let device = tierfs_core::access::mount_device(&mountpoint)
-                .with_context(|| format!("cannot find the device of {}", mountpoint.display()))?;
-            served_device.set(device);
+            let session = mount_session(fs, served_device, &source, &mountpoint, &config)?;
             start_notifier(session.notifier(), invalidation_queue, store)?;
             Serving::Device(session.spawn().context("cannot start the FUSE session")?)
         };
@@ -340,27 +326,15 @@ fn start_uring(
         crate::fuse::tier_fs(settings, Arc::clone(store), window, invalidations)
             .with_context(|| format!("cannot open the source {}", source.display()))?;
     let served_device = fs.source_root().served_device();
-    privilege::check_dev_fuse()?;
     let request_bytes = fuse_uring::request_bytes(fuse_uring::max_pages_limit());
     let (handshake, offered) = Handshake::new(passthrough_wanted, request_bytes);
-    let session = fuser::Session::new(handshake, mountpoint, config)
-        .map_err(privilege::explain_mount_error)
-        .with_context(|| {
-            format!(
-                "cannot mount {} at {}",
-                source.display(),
-                mountpoint.display()
-            )
-        })?;
+    let session = mount_session(handshake, served_device, &source, mountpoint, config)?;
     let offered = offered
         .lock()
         .ok()
         .and_then(|o| *o)
         .context("internal error: the FUSE handshake left no answer")?;
     fs.kernel_capabilities(offered.capabilities);
-    let device = tierfs_core::access::mount_device(mountpoint)
-        .with_context(|| format!("cannot find the device of {}", mountpoint.display()))?;
-    served_device.set(device);
     start_notifier(session.notifier(), invalidation_queue, Arc::clone(store))?;
     let required = request.transport == TransportMode::On;
     let serving = fuse_uring::Serving::start(
@@ -372,6 +346,33 @@ fn start_uring(
     )
     .context("cannot start the io_uring transport")?;
     Ok(Serving::Uring(serving, session))
+}
+
+/// Mounts `fs` at `mountpoint` and completes the FUSE handshake, whichever transport then
+/// serves it; records the mount's device in `served_device` before any request is served, so
+/// that a path of SOURCE that leads back into the mount is refused from the first request on
+/// (its device asks the mount nothing).
+fn mount_session<FS: fuser::Filesystem>(
+    fs: FS,
+    served_device: ServedDevice,
+    source: &Path,
+    mountpoint: &Path,
+    config: &Config,
+) -> Result<fuser::Session<FS>> {
+    privilege::check_dev_fuse()?;
+    let session = fuser::Session::new(fs, mountpoint, config)
+        .map_err(privilege::explain_mount_error)
+        .with_context(|| {
+            format!(
+                "cannot mount {} at {}",
+                source.display(),
+                mountpoint.display()
+            )
+        })?;
+    let device = tierfs_core::access::mount_device(mountpoint)
+        .with_context(|| format!("cannot find the device of {}", mountpoint.display()))?;
+    served_device.set(device);
+    Ok(session)
 }
 
 /// Starts the thread that turns the cache's evictions into page-cache invalidations.

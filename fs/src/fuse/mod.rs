@@ -214,7 +214,6 @@ impl Filesystem for FuseAdapter {
             from_reader: lock_owner.is_some(),
             o_direct: flags.0 & libc::O_DIRECT != 0,
         };
-        tracing::trace!(ino = ino.0, offset, size, ?kind, "read");
         match self.fs.read(ino.0, fh.0, offset, size, kind) {
             Ok(bytes) => reply.data(&bytes),
             Err(e) => reply.error(errno(&e)),

@@ -173,7 +173,6 @@ impl Dispatcher {
                         from_reader: read.read_flags & abi::READ_LOCKOWNER != 0,
                         o_direct: read.flags as i32 & libc::O_DIRECT != 0,
                     };
-                    tracing::trace!(ino, offset = read.offset, size = read.size, ?kind, "read");
                     match self.fs.read(ino, read.fh, read.offset, read.size, kind) {
                         Ok(bytes) => Reply::Data(ReplyData::Read(bytes)),
                         Err(e) => error(&e),
