@@ -134,11 +134,12 @@ pytest_pass() {
     local label=$1
     shift
     echo "== pytest ${PYTEST_TARGETS[*]} ($label; root: $TIERFS_TEST_ROOT)"
-    # Hard cap so a hung FUSE request cannot eat the whole CI budget.
+    # Hard cap so a hung FUSE request cannot eat the whole CI budget: two passes of 35 minutes
+    # at most and the build stay within CI's 90 (a pass takes about 25 here).
     # `timeout` cannot reap a pytest stuck in uninterruptible sleep on a FUSE request whose
     # daemon is wedged; this watchdog aborts the test mounts' FUSE connections shortly after
     # the cap, which fails those requests (ENOTCONN) so everything can exit.
-    PYTEST_CAP=${TIERFS_PYTEST_TIMEOUT:-2400}
+    PYTEST_CAP=${TIERFS_PYTEST_TIMEOUT:-2100}
     # `&&`: a watchdog whose sleep is killed once the pass ends aborts nothing.
     ( sleep $((PYTEST_CAP + 60)) && { echo "== watchdog: aborting test mounts" >&2; abort_test_mounts; } ) &
     WATCHDOG_PID=$!
@@ -155,11 +156,10 @@ pytest_pass() {
     return "$rc"
 }
 
-# The transports the suite runs on (TIERFS_TRANSPORTS): `/dev/fuse` by default; with
-# `dev_fuse,io_uring`, then again on the kernel's FUSE io_uring transport where the kernel has it
-# (its `enable_uring` switch set for the pass and restored). Not yet both by default: one test
-# fails on io_uring (docs/DEVELOPMENT.md).
-TIERFS_TRANSPORTS=${TIERFS_TRANSPORTS:-dev_fuse}
+# The transports the suite runs on (TIERFS_TRANSPORTS): both by default, `/dev/fuse` first,
+# then again on the kernel's FUSE io_uring transport where the kernel has it (its `enable_uring`
+# switch set for the pass and restored); `dev_fuse` or `io_uring` alone for one of them.
+TIERFS_TRANSPORTS=${TIERFS_TRANSPORTS:-dev_fuse,io_uring}
 pytest_rc=0
 case ",$TIERFS_TRANSPORTS," in
     *,dev_fuse,*) pytest_pass "transport: /dev/fuse" "$@" || pytest_rc=$? ;;

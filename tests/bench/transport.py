@@ -3,7 +3,7 @@
 
     sudo .venv/bin/python tests/bench/transport.py [--size-mib 1200] [--reps 3]
         [--loaders pread8,mmap,load_file] [--cases over,hit]
-        [--transports dev_fuse,io_uring,io_uring+max-pages-1024]
+        [--transports dev_fuse,io_uring,io_uring+max-pages-1024] [--build NAME=PATH ...]
 
 One model (a DiT-shaped .safetensors, tests/python/gen.py) on the fast source of
 tests/bench/sources.py (ext4 on a RAM-backed block device). Two cases:
@@ -18,7 +18,9 @@ Loaders: `pread8` (ComfyUI's dynamic-VRAM re-read: 8 threads of 2 MiB `pread`s i
 tests/bench/loaders.py), `mmap` (the file mapped and copied out in 1 MiB slices), `load_file`
 (safetensors.torch.load_file). Transports: `dev_fuse`, `io_uring`, with options after `+`:
 `max-pages-N` (the kernel's `fs.fuse.max_pages_limit` raised to N pages for that mount, so
-requests and ring buffers of up to N × 4 KiB), `threads-N` (`--threads N`). Per loader and case the transports alternate within each
+requests and ring buffers of up to N × 4 KiB), `threads-N` (`--threads N`), `NAME` (the build
+given as `--build NAME=PATH`, to compare builds in one run). Per loader and case the transports
+alternate within each
 repetition; each row gives the median speed and its ratio to `dev_fuse` in the same run, the
 plain file's cold speed for reference, the number of read requests, the daemon's mean time per
 request, and the CPU seconds per GB of the machine and of the daemon's request threads.
@@ -64,29 +66,36 @@ LOADERS = {
 class Transport:
     """A way of mounting: `--io-uring` and, for `+max-pages-N`, the sysctl read at mount."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, builds: dict[str, Path]):
         self.name = name
         parts = name.split("+")
         if parts[0] not in ("dev_fuse", "io_uring"):
             raise SystemExit(f"unknown transport {name!r}")
         self.extra = ("--io-uring", "on" if parts[0] == "io_uring" else "off")
         self.max_pages = 0
+        self.bin: Path | None = None
         for part in parts[1:]:
             if part.startswith("max-pages-"):
                 self.max_pages = int(part.removeprefix("max-pages-"))
             elif part.startswith("threads-"):
                 self.extra = (*self.extra, "--threads", part.removeprefix("threads-"))
+            elif part in builds:
+                self.bin = builds[part]
             else:
                 raise SystemExit(f"unknown transport option {part!r}")
 
     def mount(self, source: Path, root: Path, budget: int, extra: tuple[str, ...]) -> bench.Mount:
         old = data_path.MAX_PAGES.read_text().strip()
+        default_bin = bench.BIN
         if self.max_pages:
             data_path.MAX_PAGES.write_text(str(self.max_pages))
+        if self.bin is not None:
+            bench.BIN = self.bin
         try:
             return bench.Mount(source, root, budget, extra=(*self.extra, *extra))
         finally:
             data_path.MAX_PAGES.write_text(old)
+            bench.BIN = default_bin
 
 
 def timed(fn, path: Path, daemon: int | None, drop: bool) -> tuple[float, dict]:
@@ -101,7 +110,13 @@ def timed(fn, path: Path, daemon: int | None, drop: bool) -> tuple[float, dict]:
 def measure(args, disk: sources.RamDisk, root: Path, f: Path) -> list[dict]:
     size = f.stat().st_size
     rows = []
-    transports = [Transport(t) for t in args.transports.split(",")]
+    builds = {}
+    for spec in args.build:
+        name, sep, path = spec.partition("=")
+        if not sep or not Path(path).is_file():
+            raise SystemExit(f"--build wants NAME=PATH of a tierfs binary, not {spec!r}")
+        builds[name] = Path(path)
+    transports = [Transport(t, builds) for t in args.transports.split(",")]
     for name in args.loaders.split(","):
         fn = LOADERS[name]
         fn(f)  # imports and first-use costs, untimed
@@ -194,6 +209,8 @@ def main() -> int:
     ap.add_argument("--cases", default="over,hit")
     ap.add_argument("--transports", default="dev_fuse,io_uring,io_uring+max-pages-1024")
     ap.add_argument("--tierfs", type=Path, default=REPO / "target" / "release" / "tierfs")
+    ap.add_argument("--build", action="append", default=[], metavar="NAME=PATH",
+                    help="another tierfs binary, used by the transports with the option +NAME")
     ap.add_argument("--data", type=Path, default=Path("/var/tmp/tierfs-bench-data"))
     ap.add_argument("--out", type=Path, default=HERE / "results" / "transport" / "transport.md")
     args = ap.parse_args()

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 import gen
-from conftest import TIERFS_BIN, is_mounted
+from conftest import TIERFS_BIN, fusectl, is_mounted
 
 MiB = 1 << 20
 ENABLE_URING = Path("/sys/module/fuse/parameters/enable_uring")
@@ -239,7 +239,7 @@ def test_a_daemon_killed_with_requests_in_flight_leaves_no_reader_hanging(uring_
 def test_an_aborted_connection_frees_readers_in_the_rings_and_ends_the_daemon(uring_switch, mount, hang_stack):
     model, ff = hang_stack
     m = mount(ff.mnt, "64MiB", extra=("--no-model-passthrough", "--source-timeout", "120s", "--io-uring", "on"))
-    ctl = Path("/sys/fs/fuse/connections") / str(os.minor(os.stat(m.mnt).st_dev))
+    ctl = fusectl() / str(os.minor(os.stat(m.mnt).st_dev))
     child, offsets = _hung_readers(m, ff, model, 4)
     t0 = time.monotonic()
     (ctl / "abort").write_text("1")

@@ -351,7 +351,8 @@ def test_runai_streamer_through_passthrough_bit_exact(mount, src):
     assert sorted(got) == sorted(name for name, _, _ in ranges)
     bad = [name for name, start, end in ranges if got[name] != want[start:end]]
     assert not bad, f"{len(bad)} tensors differ from the source: {bad[:5]}"
-    assert _file_stats(m, "a.safetensors")["mode"] == "passthrough"
+    row = _file_stats(m, "a.safetensors")
+    assert row["mode"] == "passthrough", row["mode_reason"]
 
 
 def test_runai_streamer_from_the_chunk_cache_bit_exact_and_reloaded_from_ram(mount, src):

@@ -252,9 +252,15 @@ def test_an_ordered_stream_after_scattered_probes_reads_through_a_fresh_handle(s
     """A load's probes (one read at each tensor's start, served uncached) make the store's client
     judge its handle scattered; SeaweedFS's then fetches ranges without read-ahead for as long as
     a descriptor of the file is open.  The copy that follows is one ordered stream: tierfs opens
-    the file afresh for it, and the client serves it as a stream, fetching about the file once.
-    Bit-exact, through a real store on the object class's latency; a ~98 MiB model, budget
-    below it, read in 16 MiB requests as ComfyUI's copy is."""
+    the file afresh for it, and the client serves it as a stream.  Bit-exact, through a real store
+    on the object class's latency; a ~98 MiB model, budget below it, read in 16 MiB requests as
+    ComfyUI's copy is.
+
+    What the client fetches for the stream is its own affair and depends on how its goroutines
+    order the requests (from a fresh handle 1.02-1.20x the file over the network from one run to
+    the next; from a scattered handle 1.25-1.28x, whose real cost is time: 2.9x the stream's):
+    tests/bench/store_handle.py measures it, with and without the fresh handle, in one run.
+    Here: the daemon gives the stream a fresh handle, and the stream is fetched once."""
     big, want = model_in_object_store(store, data_dir)
     size = len(want)
     m = mount(store.mnt / "models", budget="48MiB")
@@ -274,9 +280,9 @@ def test_an_ordered_stream_after_scattered_probes_reads_through_a_fresh_handle(s
     st = m.stats()["disk"]
     print(f"stream: {took:.2f} s, {streamed / size:.3f}x the file over the network; {st}")
     assert st.get("source_fresh_handles", 0) >= 1, st
-    # from a handle judged scattered the client fetches each request's range with its own
-    # overhead (1.29x the file in tests/bench/store_handle.py); as a stream, about the file once
-    assert streamed <= 1.12 * size, (streamed / size, st)
+    # once, whatever the client's own over-fetch: a stream read twice (chunks evicted before
+    # their reader came, a prefetch and the reader's miss both reading) would cross 2x
+    assert streamed <= 1.5 * size, (streamed / size, st)
 
 
 def test_touches_of_a_model_that_fits_read_it_once_through_a_store(store, data_dir, mount):

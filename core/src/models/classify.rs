@@ -31,6 +31,7 @@ impl ModelFile {
         self.streamed.store(false, Ordering::Relaxed);
         self.touches_since_open.store(0, Ordering::Relaxed);
         self.warmed_by_touches.store(false, Ordering::Relaxed);
+        self.direct_reader_schedules.store(false, Ordering::Relaxed);
         if let Some(tracker) = self.tracker() {
             tracker.begin_session();
         }

@@ -126,6 +126,10 @@ pub struct ModelFile {
     pub(super) touches_since_open: std::sync::atomic::AtomicU64,
     /// The touches of a load warmed the whole version into the cache since it was last opened.
     pub(super) warmed_by_touches: std::sync::atomic::AtomicBool,
+    /// An `O_DIRECT` reader of this version sent a request of at least
+    /// [`ModelsConfig::direct_exact_min`] since it was last opened: it schedules its own I/O in
+    /// large pieces, so its small ones are served exactly too ([`ModelStore::read_direct`]).
+    pub(super) direct_reader_schedules: std::sync::atomic::AtomicBool,
     /// The block the last stream of this file was in (`usize::MAX`: none since the last open;
     /// see [`ModelFile::opened`]).
     pub(super) stream_block: std::sync::atomic::AtomicUsize,
@@ -236,6 +240,7 @@ impl ModelFile {
             runs: runs::Runs::default(),
             touches_since_open: std::sync::atomic::AtomicU64::new(0),
             warmed_by_touches: std::sync::atomic::AtomicBool::new(false),
+            direct_reader_schedules: std::sync::atomic::AtomicBool::new(false),
             stream_block: std::sync::atomic::AtomicUsize::new(usize::MAX),
             streamed: std::sync::atomic::AtomicBool::new(false),
             warmed_by_plan: std::sync::atomic::AtomicBool::new(false),

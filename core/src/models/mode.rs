@@ -15,6 +15,7 @@
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use super::{Layout, ModelFile, ModelStore, RawReason};
+use crate::prefetch::PacingMode;
 use crate::source::kind::StorageKind;
 
 /// How an open model file is served, as the stats show it (`files[].mode`).
@@ -187,9 +188,12 @@ impl ModelStore {
     /// the file ([`Self::measure_source`]): many virtual disks say they rotate.
     fn source_charges_per_request(&self, file: &ModelFile) -> bool {
         let config = &self.prefetcher.config().pacing;
-        let unmeasured_disk = file.source.meter().is_some_and(|meter| {
-            meter.storage() == StorageKind::SpinningDisk && !file.source_speed(config).is_measured()
-        });
+        // Measured only where the measurement decides (`--source-pacing auto`).
+        let unmeasured_disk = config.mode == PacingMode::Auto
+            && file.source.meter().is_some_and(|meter| {
+                meter.storage() == StorageKind::SpinningDisk
+                    && !file.source_speed(config).is_measured()
+            });
         if unmeasured_disk {
             // Two reads, each of a measurement's worth, timed together: a throttled device
             // (a cgroup's bandwidth limit, a cloud volume's burst credit) lets the first through

@@ -446,8 +446,11 @@ impl ModelStore {
     /// the loader ([measured](../../../docs/PERFORMANCE.md#o_direct-requests-served-exactly)).
     /// A file the cache can hold goes through it as usual, so its next load comes from RAM.
     ///
-    /// Only requests of at least [`ModelsConfig::direct_exact_min`]: a reader of small
-    /// `O_DIRECT` pieces gains from whole chunks and prefetch.
+    /// Only requests of at least [`ModelsConfig::direct_exact_min`], and the smaller ones of a
+    /// version that had such a request since it was last opened: a reader of small `O_DIRECT`
+    /// pieces only gains from whole chunks and prefetch, while the small pieces of a reader that
+    /// schedules large ones (a range's unaligned head and tail) are no stream, in whatever
+    /// order the transport hands them over.
     pub fn read_direct(
         &self,
         file: &Arc<ModelFile>,
@@ -455,9 +458,13 @@ impl ModelStore {
         len: u32,
     ) -> Result<ReadBytes, ReadError> {
         let end = file.size().min(offset.saturating_add(u64::from(len)));
+        let large = u64::from(len) >= self.config.direct_exact_min;
+        if large {
+            file.direct_reader_schedules.store(true, Ordering::Relaxed);
+        }
         let exact = file.plan().is_some()
             && file.size() > self.cache.budget()
-            && u64::from(len) >= self.config.direct_exact_min
+            && (large || file.direct_reader_schedules.load(Ordering::Relaxed))
             && offset < end;
         if !exact {
             return self.read(file, offset, len);

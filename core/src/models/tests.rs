@@ -724,6 +724,31 @@ fn a_warm_keeps_the_first_blocks_of_the_order_whatever_the_reader_left_behind() 
     store.cache().check_accounting();
 }
 
+/// The small `O_DIRECT` pieces of a reader that also sends large ones (a range's unaligned
+/// head and tail, in whatever order the transport hands them over) are served exactly, never
+/// loading chunks: a stream of them after a large piece reads only what it asks for.
+#[test]
+fn small_direct_pieces_of_a_reader_of_large_ones_are_exact() {
+    let (_dir, bytes, exec, store, file) = opened_manual(24 << 20, 8 << 20, 4);
+    let c = store.counters();
+    let header = file.header_end().unwrap();
+    let large = header + (16 << 20);
+    let got = store.read_direct(&file, large, 1 << 20).unwrap();
+    assert_eq!(&got[..], &bytes[large as usize..large as usize + (1 << 20)]);
+    // 2 MiB of 64 KiB pieces in file order: a stream had they come from a reader of small ones.
+    let (start, mut pos) = (header + (4 << 20), header + (4 << 20));
+    while pos < start + (2 << 20) {
+        let got = store.read_direct(&file, pos, 64 << 10).unwrap();
+        assert_eq!(&got[..], &bytes[pos as usize..pos as usize + (64 << 10)]);
+        pos += 64 << 10;
+        exec.run_pending();
+    }
+    assert_eq!(Counters::get(&c.disk_read_bytes), (1 << 20) + (2 << 20));
+    assert_eq!(Counters::get(&c.direct_bytes), (1 << 20) + (2 << 20));
+    assert_eq!(Counters::get(&c.prefetch_issued_bytes), 0);
+    assert_eq!(store.cache().snapshot().used_bytes, 0, "nothing cached");
+}
+
 /// `O_DIRECT` reads of a file larger than the chunk cache: exactly the bytes asked for, read
 /// once, nothing cached or prefetched (runai's heads-last pattern read 1.1x the file through
 /// the chunk cache); resident chunks still serve them. Small pieces, and every piece of a file
@@ -778,9 +803,10 @@ fn direct_reads_of_a_file_larger_than_the_cache_are_exact_and_uncached() {
         "served from the cache"
     );
 
-    // Small direct pieces (dd bs=4k iflag=direct) go through the cache: a stream of them is
-    // served from chunks, with prefetch.
+    // Small direct pieces of another reader (dd bs=4k iflag=direct, which opens the file) go
+    // through the cache: a stream of them is served from chunks, with prefetch.
     store.drop_cached();
+    file.opened();
     let (start, mut pos) = (header + (8 << 20), header + (8 << 20));
     while pos < start + (2 << 20) {
         let got = store.read_direct(&file, pos, 4096).unwrap();
