@@ -234,14 +234,12 @@ impl Mounted {
             )?),
             None => None,
         };
-        let uring = match request.transport {
-            TransportMode::Off => false,
-            TransportMode::On => match fuse_uring::kernel_allows() {
+        let uring = request.transport != TransportMode::Off
+            && match fuse_uring::kernel_allows() {
                 Ok(()) => true,
-                Err(reason) => bail!("--io-uring on: {reason}"),
-            },
-            TransportMode::Auto => match fuse_uring::kernel_allows() {
-                Ok(()) => true,
+                Err(reason) if request.transport == TransportMode::On => {
+                    bail!("--io-uring on: {reason}")
+                }
                 Err(reason) => {
                     tracing::info!(%reason, "serving through /dev/fuse");
                     fuse_uring::set_transport(Transport::Device {
@@ -249,8 +247,7 @@ impl Mounted {
                     });
                     false
                 }
-            },
-        };
+            };
         let config = session_config(request, &source);
         let session = if uring {
             start_uring(

@@ -123,6 +123,10 @@ def _on_sigterm(signum: int, _frame) -> None:
 signal.signal(signal.SIGTERM, _on_sigterm)
 
 
+# The fuse module's switch of its io_uring transport (Linux 6.14 and later).
+ENABLE_URING = Path("/sys/module/fuse/parameters/enable_uring")
+
+
 def fusectl() -> Path:
     """The fusectl file system's directory (a connection's `abort` is in its subdirectory named
     after the mount's minor device number), mounted first where nothing mounted it (a machine
@@ -573,7 +577,7 @@ def pytest_report_header(config):
     """Which FUSE transport the mounts of this run use (`TIERFS_IO_URING`), and whether the
     kernel allows io_uring at all."""
     try:
-        enabled = Path("/sys/module/fuse/parameters/enable_uring").read_text().strip()
+        enabled = ENABLE_URING.read_text().strip()
     except OSError:
         enabled = "absent (kernel older than 6.14)"
     mode = os.environ.get("TIERFS_IO_URING", "off")

@@ -9,9 +9,9 @@ budget. Two hostile folders must keep the daemon's resident memory within its bo
   once (open files cannot be forgotten: the ones that do not fit are served as plain bytes).
 
 The bound checked is the RSS of the daemon after mounting, plus the cap, plus the chunk budget,
-plus the io_uring transport's ring buffers where it serves, plus `SLACK`, plus for the maximal headers one header being parsed (its buffer and parsed
-index exist before the table can evict for it): what docs/MEMORY.md states. The figures are
-printed (`-s`).
+plus the io_uring transport's ring buffers where it serves, plus `SLACK`, plus for the maximal
+headers one header being parsed (its buffer and parsed index exist before the table can evict
+for it): what docs/MEMORY.md states. The figures are printed (`-s`).
 """
 
 from __future__ import annotations

@@ -29,10 +29,9 @@ from pathlib import Path
 import pytest
 
 import gen
-from conftest import TIERFS_BIN, fusectl, is_mounted
+from conftest import ENABLE_URING, TIERFS_BIN, fusectl, is_mounted
 
 MiB = 1 << 20
-ENABLE_URING = Path("/sys/module/fuse/parameters/enable_uring")
 # How long a reader blocked in a killed or aborted mount may take to get its error: the kernel
 # ends the requests at once; this is a loaded 2-core machine's slack.
 READER_BOUND_S = 10.0

@@ -7,7 +7,7 @@
 //! How it is built: `fuser` still mounts and performs the `INIT` handshake (asking for
 //! `FUSE_OVER_IO_URING` besides the usual capabilities, [`Handshake`]), then this module takes
 //! the connection's descriptor and serves it with its own request loop: per queue,
-//! [`EntriesPerQueue`] threads, each with a ring and one registered entry ([`ring`]), and one
+//! [`entries_per_queue`] threads, each with a ring and one registered entry ([`ring`]), and one
 //! thread reading `/dev/fuse` for what the kernel never puts in a ring (forgets, interrupts)
 //! and for requests that come before every queue is registered ([`device`]). `fuser` has no
 //! io_uring transport, and its request parsing is private: the ABI structs are this module's
@@ -163,19 +163,14 @@ pub fn transport() -> Transport {
         .unwrap_or(Transport::Device { reason: None })
 }
 
-/// Ring entries per queue: each is a thread that can wait on the source for one request.
-#[derive(Debug, Clone, Copy)]
-pub struct EntriesPerQueue(pub usize);
-
-impl EntriesPerQueue {
-    /// `threads` request threads (`--threads`) shared out over `queues` queues, at least one
-    /// each: as many threads as the `/dev/fuse` transport runs (each costs a thread's memory
-    /// and a payload buffer). The kernel gives a request to a free entry of its caller's CPU's
-    /// queue only, so when every entry of one CPU waits on the source, that CPU's next request
-    /// waits for one of them.
-    pub fn for_threads(threads: usize, queues: usize) -> EntriesPerQueue {
-        EntriesPerQueue(threads.div_ceil(queues.max(1)).max(1))
-    }
+/// Ring entries per queue, each a thread that can wait on the source for one request:
+/// `threads` request threads (`--threads`) shared out over `queues` queues, at least one each,
+/// so as many threads as the `/dev/fuse` transport runs (each costs a thread's memory and a
+/// payload buffer). The kernel gives a request to a free entry of its caller's CPU's queue
+/// only, so when every entry of one CPU waits on the source, that CPU's next request waits for
+/// one of them.
+pub fn entries_per_queue(threads: usize, queues: usize) -> usize {
+    threads.div_ceil(queues.max(1)).max(1)
 }
 
 /// The `fuser` filesystem that only performs the handshake: the capabilities of the `fuser`
@@ -292,26 +287,24 @@ impl Serving {
                 reason: Some(reason),
             });
             for i in 0..request_threads.max(1) {
-                let (device, dispatcher) = (Arc::clone(&device), Arc::clone(&dispatcher));
-                threads.push(
-                    thread::Builder::new()
-                        .name(format!("tierfs-dev-{i}"))
-                        .spawn(move || device::serve_device(&device, buffer, &dispatcher))?,
-                );
+                threads.push(spawn_device_thread(
+                    format!("tierfs-dev-{i}"),
+                    &device,
+                    &dispatcher,
+                    buffer,
+                )?);
             }
             return Ok(Serving { threads });
         }
         let queues = queue_count();
-        let entries = EntriesPerQueue::for_threads(request_threads, queues).0;
+        let entries = entries_per_queue(request_threads, queues);
         let payload = offered.request_bytes;
-        {
-            let (device, dispatcher) = (Arc::clone(&device), Arc::clone(&dispatcher));
-            threads.push(
-                thread::Builder::new()
-                    .name("tierfs-dev".into())
-                    .spawn(move || device::serve_device(&device, buffer, &dispatcher))?,
-            );
-        }
+        threads.push(spawn_device_thread(
+            "tierfs-dev".into(),
+            &device,
+            &dispatcher,
+            buffer,
+        )?);
         for qid in 0..queues {
             for e in 0..entries {
                 let (device, dispatcher) = (Arc::clone(&device), Arc::clone(&dispatcher));
@@ -368,6 +361,19 @@ impl Serving {
     }
 }
 
+/// A thread serving `device` through `/dev/fuse` reads until the connection ends.
+fn spawn_device_thread(
+    name: String,
+    device: &Arc<OwnedFd>,
+    dispatcher: &Arc<Dispatcher>,
+    buffer: usize,
+) -> io::Result<JoinHandle<Ended>> {
+    let (device, dispatcher) = (Arc::clone(device), Arc::clone(dispatcher));
+    thread::Builder::new()
+        .name(name)
+        .spawn(move || device::serve_device(&device, buffer, &dispatcher))
+}
+
 /// Keeps the calling thread on `cpu`: the kernel queues a request on its caller's CPU and
 /// completes it in the entry's thread, so an entry's thread on the same CPU answers without
 /// a cross-CPU wake-up. A failure only costs that.
@@ -397,10 +403,10 @@ mod tests {
 
     #[test]
     fn the_request_threads_are_shared_out_over_the_queues() {
-        assert_eq!(EntriesPerQueue::for_threads(8, 2).0, 4);
-        assert_eq!(EntriesPerQueue::for_threads(8, 3).0, 3);
-        assert_eq!(EntriesPerQueue::for_threads(8, 32).0, 1);
-        assert_eq!(EntriesPerQueue::for_threads(0, 0).0, 1);
+        assert_eq!(entries_per_queue(8, 2), 4);
+        assert_eq!(entries_per_queue(8, 3), 3);
+        assert_eq!(entries_per_queue(8, 32), 1);
+        assert_eq!(entries_per_queue(0, 0), 1);
     }
 
     #[test]
