@@ -77,6 +77,9 @@ if [ "$(findmnt -n -o FSTYPE -T /tmp 2>/dev/null)" = tmpfs ]; then
 fi
 TIERFS_TEST_ROOT=$(mktemp -d "$TEST_TMP/tierfs-tests.XXXXXX")
 export TIERFS_TEST_ROOT
+# The suite's files there: the generated checkpoints, kept for the run, and the files of the
+# test that runs (tests/python/conftest.py removes a test's own when it ends).
+echo "== test root $TIERFS_TEST_ROOT: $(df -h --output=avail "$TIERFS_TEST_ROOT" | tail -n 1 | tr -d ' ') free"
 export TIERFS_BIN="${TIERFS_BIN:-$REPO/target/release/tierfs}"
 export FAULTFS_BIN="${FAULTFS_BIN:-$REPO/target/release/faultfs}"
 

@@ -5,6 +5,11 @@ e.g. by tests/run.sh, else a fresh ``mkdtemp``).  Large generated checkpoints
 are session-scoped; set ``TIERFS_TEST_DATA=/some/dir`` to keep and reuse them
 across sessions while developing.
 
+Disk hygiene: a directory made with :func:`fresh_dir` belongs to what made it: made by a test
+or a function-scoped fixture, it is removed after the test; by a module- or class-scoped
+fixture, after the module; by a session-scoped one (the generated checkpoints), at the end. So
+the session's files are the shared data plus one test's, on a machine whose disk may be small.
+
 Mount hygiene: every mount goes through :class:`Mount`, whose teardown
 SIGTERMs the daemon, waits, and ``umount -l``s the mountpoint if it is still
 mounted.  A session finalizer (also registered with ``atexit``) unmounts
@@ -160,9 +165,55 @@ def abort_fuse_connection(mnt: Path) -> bool:
     return aborted
 
 
+# The scopes of the fixtures being set up now (innermost last), and whether a test runs:
+# whose a fresh_dir() is (see "Disk hygiene" above).
+_FIXTURE_SCOPES: list[str] = []
+_IN_TEST = False
+_TEST_DIRS: list[Path] = []
+_MODULE_DIRS: list[Path] = []
+
+
 def fresh_dir(name: str) -> Path:
+    """A new directory under the session root, removed when what made it ends."""
     d = Path(tempfile.mkdtemp(prefix=name + ".", dir=SESSION_ROOT))
+    scope = _FIXTURE_SCOPES[-1] if _FIXTURE_SCOPES else ("function" if _IN_TEST else "session")
+    if scope == "function":
+        _TEST_DIRS.append(d)
+    elif scope in ("class", "module"):
+        _MODULE_DIRS.append(d)
     return d
+
+
+def _remove_dirs(dirs: list[Path]) -> None:
+    """Removes `dirs`, but none with something mounted at or under it (the session guard
+    reports those) and none while TIERFS_KEEP_TMP is set."""
+    while dirs:
+        d = dirs.pop()
+        if not os.environ.get("TIERFS_KEEP_TMP") and not mounted_under(d):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    _FIXTURE_SCOPES.append(fixturedef.scope)
+    yield
+    _FIXTURE_SCOPES.pop()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    global _IN_TEST
+    _IN_TEST = True
+    yield
+    _IN_TEST = False
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield  # every fixture of the test is torn down (and a module's, when it was the last)
+    _remove_dirs(_TEST_DIRS)
+    if nextitem is None or nextitem.module is not item.module:
+        _remove_dirs(_MODULE_DIRS)
 
 
 def _on_the_suites_disk(path: Path) -> bool:
@@ -581,4 +632,6 @@ def pytest_report_header(config):
     except OSError:
         enabled = "absent (kernel older than 6.14)"
     mode = os.environ.get("TIERFS_IO_URING", "off")
-    return f"tierfs transport: --io-uring {mode}; kernel enable_uring: {enabled}"
+    disk = shutil.disk_usage(SESSION_ROOT)
+    return [f"tierfs transport: --io-uring {mode}; kernel enable_uring: {enabled}",
+            f"test root: {SESSION_ROOT}, {disk.free / GiB:.1f} GiB free of {disk.total / GiB:.1f} GiB"]

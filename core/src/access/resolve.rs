@@ -218,6 +218,16 @@ impl SourceRoot {
         Ok(names)
     }
 
+    /// The identity of directory `rel`, opened as [`SourceRoot::list_dir`] opens it.
+    pub fn dir_identity(&self, rel: &Path, follow_links: bool) -> io::Result<SourceIdentity> {
+        let fd = self.open_with(
+            rel,
+            Follow::all(follow_links),
+            OFlags::RDONLY | OFlags::DIRECTORY,
+        )?;
+        SourceIdentity::of_file(&File::from(fd))
+    }
+
     /// The target of link `rel`.
     pub fn read_link(&self, rel: &Path, follow_links: bool) -> io::Result<PathBuf> {
         let fd = self.open_with(rel, Follow::not_last(follow_links), OFlags::PATH)?;
@@ -409,6 +419,10 @@ impl PathAccess for SourceRoot {
 
     fn list_dir(&self, abs: &Path) -> io::Result<Vec<OsString>> {
         SourceRoot::list_dir(self, self.below(abs)?, true)
+    }
+
+    fn dir_identity(&self, abs: &Path) -> io::Result<SourceIdentity> {
+        SourceRoot::dir_identity(self, self.below(abs)?, true)
     }
 
     fn link_target(&self, abs: &Path) -> io::Result<Option<PathBuf>> {

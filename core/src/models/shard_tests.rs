@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use super::shards::{discover, FoundBy, Membership, Registry};
+use super::shards::{discover, FoundBy, IndexNames, Membership, Registry};
 use super::tests::read_all;
 use super::*;
 use crate::prefetch::saved::SavedOrders;
@@ -105,17 +105,25 @@ fn shards_are_found_by_index_json_and_by_name_pattern() {
         .into_iter()
         .map(|(n, _)| n)
         .collect();
-    let found = discover(&PlainPaths, &dir.path().join(&names[1]))
-        .unwrap()
-        .unwrap();
+    let found = discover(
+        &PlainPaths,
+        &IndexNames::default(),
+        &dir.path().join(&names[1]),
+    )
+    .unwrap()
+    .unwrap();
     assert_eq!(found.by, FoundBy::IndexJson);
     assert_eq!(found.name, "m.safetensors.index.json");
     assert_eq!(found.shards, names);
 
     std::fs::remove_file(dir.path().join("m.safetensors.index.json")).unwrap();
-    let found = discover(&PlainPaths, &dir.path().join(&names[2]))
-        .unwrap()
-        .unwrap();
+    let found = discover(
+        &PlainPaths,
+        &IndexNames::default(),
+        &dir.path().join(&names[2]),
+    )
+    .unwrap()
+    .unwrap();
     assert_eq!(found.by, FoundBy::Pattern);
     assert_eq!(found.name, "m-*-of-00003.safetensors");
     assert_eq!(found.shards, names);
@@ -136,7 +144,7 @@ fn name_patterns() {
     ] {
         std::fs::write(dir.path().join(name), b"x").unwrap();
         assert_eq!(
-            discover(&PlainPaths, &dir.path().join(name)),
+            discover(&PlainPaths, &IndexNames::default(), &dir.path().join(name)),
             Ok(None),
             "{name}"
         );
@@ -145,9 +153,13 @@ fn name_patterns() {
     for name in ["model-1-of-2.gguf", "model-2-of-2.gguf"] {
         std::fs::write(dir.path().join(name), b"x").unwrap();
     }
-    let found = discover(&PlainPaths, &dir.path().join("model-2-of-2.gguf"))
-        .unwrap()
-        .unwrap();
+    let found = discover(
+        &PlainPaths,
+        &IndexNames::default(),
+        &dir.path().join("model-2-of-2.gguf"),
+    )
+    .unwrap()
+    .unwrap();
     assert_eq!(found.shards, ["model-1-of-2.gguf", "model-2-of-2.gguf"]);
 }
 
@@ -159,7 +171,12 @@ fn a_missing_shard_leaves_each_file_alone_with_the_reason() {
         .map(|(n, _)| n)
         .collect();
     std::fs::remove_file(dir.path().join(&names[2])).unwrap();
-    let reason = discover(&PlainPaths, &dir.path().join(&names[0])).unwrap_err();
+    let reason = discover(
+        &PlainPaths,
+        &IndexNames::default(),
+        &dir.path().join(&names[0]),
+    )
+    .unwrap_err();
     assert!(reason.contains("m-00003-of-00003.safetensors") && reason.contains("missing"));
 
     let store = ModelStore::new(64 << 20, SavedOrders::default());
@@ -576,6 +593,10 @@ impl crate::source::PathAccess for StallingPaths {
 
     fn list_dir(&self, abs: &Path) -> std::io::Result<Vec<std::ffi::OsString>> {
         PlainPaths.list_dir(abs)
+    }
+
+    fn dir_identity(&self, abs: &Path) -> std::io::Result<crate::source::SourceIdentity> {
+        PlainPaths.dir_identity(abs)
     }
 
     fn link_target(&self, abs: &Path) -> std::io::Result<Option<std::path::PathBuf>> {

@@ -44,6 +44,17 @@ impl SourceIdentity {
     pub fn of_path(path: &Path) -> io::Result<Self> {
         platform::identity_of_path(path)
     }
+
+    /// The identity of directory `path`, opened for listing (following symlinks).
+    pub fn of_dir(path: &Path) -> io::Result<Self> {
+        platform::identity_of_dir(path)
+    }
+
+    /// When the file was last modified, by the wall clock (`None` for a time before the
+    /// platform's epoch).
+    pub fn modified(&self) -> Option<std::time::SystemTime> {
+        platform::system_time(self.mtime_ns)
+    }
 }
 
 /// How the daemon reaches SOURCE's files by path when no requester's descriptor is at hand
@@ -58,6 +69,9 @@ pub trait PathAccess: Send + Sync {
     fn identity(&self, abs: &Path) -> io::Result<SourceIdentity>;
     /// The names in directory `abs`.
     fn list_dir(&self, abs: &Path) -> io::Result<Vec<std::ffi::OsString>>;
+    /// The identity of directory `abs`, opened as [`PathAccess::list_dir`] opens it: with the
+    /// same rights, so it fails where the listing would.
+    fn dir_identity(&self, abs: &Path) -> io::Result<SourceIdentity>;
     /// The target of `abs` if it is a symbolic link, `None` if it is not one.
     fn link_target(&self, abs: &Path) -> io::Result<Option<PathBuf>>;
 }
@@ -79,6 +93,10 @@ impl PathAccess for PlainPaths {
         std::fs::read_dir(abs)?
             .map(|entry| entry.map(|e| e.file_name()))
             .collect()
+    }
+
+    fn dir_identity(&self, abs: &Path) -> io::Result<SourceIdentity> {
+        SourceIdentity::of_dir(abs)
     }
 
     fn link_target(&self, abs: &Path) -> io::Result<Option<PathBuf>> {

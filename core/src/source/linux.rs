@@ -52,6 +52,18 @@ pub(super) fn identity_of_path(path: &Path) -> io::Result<SourceIdentity> {
     std::fs::metadata(path).map(|meta| identity_of_metadata(&meta))
 }
 
+/// The identity of directory `path`, opened for reading (which a listing needs).
+pub(super) fn identity_of_dir(path: &Path) -> io::Result<SourceIdentity> {
+    identity(&File::open(path)?)
+}
+
+/// The wall-clock time of a [`SourceIdentity`]'s `mtime_ns`/`ctime_ns`, which count from the
+/// Unix epoch.
+pub(super) fn system_time(ns: i128) -> Option<std::time::SystemTime> {
+    let ns = u64::try_from(ns).ok()?;
+    std::time::SystemTime::UNIX_EPOCH.checked_add(std::time::Duration::from_nanos(ns))
+}
+
 /// Advises random access on a source descriptor: the cache reads whole chunks itself, kernel
 /// readahead on top of that would only put more pages in the page cache. Advice failing is
 /// harmless.

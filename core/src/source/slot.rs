@@ -530,6 +530,9 @@ mod tests {
         fn list_dir(&self, abs: &Path) -> std::io::Result<Vec<std::ffi::OsString>> {
             PlainPaths.list_dir(abs)
         }
+        fn dir_identity(&self, abs: &Path) -> std::io::Result<SourceIdentity> {
+            PlainPaths.dir_identity(abs)
+        }
         fn link_target(&self, abs: &Path) -> std::io::Result<Option<PathBuf>> {
             PlainPaths.link_target(abs)
         }

@@ -119,6 +119,25 @@ pub(super) fn identity_of_path(path: &Path) -> io::Result<SourceIdentity> {
     identity(&File::open(path)?)
 }
 
+/// The identity of directory `path`, opened for listing (a directory handle needs
+/// `FILE_FLAG_BACKUP_SEMANTICS`).
+pub(super) fn identity_of_dir(path: &Path) -> io::Result<SourceIdentity> {
+    const FILE_FLAG_BACKUP_SEMANTICS: u32 = 0x0200_0000;
+    let dir = OpenOptions::new()
+        .read(true)
+        .custom_flags(FILE_FLAG_BACKUP_SEMANTICS)
+        .open(path)?;
+    identity(&dir)
+}
+
+/// The wall-clock time of a [`SourceIdentity`]'s `mtime_ns`/`ctime_ns`, which count from
+/// 1601-01-01 (`FILETIME`), 11 644 473 600 s before the Unix epoch.
+pub(super) fn system_time(ns: i128) -> Option<std::time::SystemTime> {
+    let since_unix_epoch = ns.checked_sub(11_644_473_600 * 1_000_000_000)?;
+    let since_unix_epoch = u64::try_from(since_unix_epoch).ok()?;
+    std::time::SystemTime::UNIX_EPOCH.checked_add(std::time::Duration::from_nanos(since_unix_epoch))
+}
+
 /// Not read from the handle on Windows: the caller canonicalizes the path.
 pub(super) fn canonical_path(_file: &File) -> io::Result<std::path::PathBuf> {
     Err(io::ErrorKind::Unsupported.into())

@@ -165,6 +165,10 @@ impl crate::source::PathAccess for SourceRoot {
         crate::source::PlainPaths.list_dir(abs)
     }
 
+    fn dir_identity(&self, abs: &Path) -> io::Result<crate::source::SourceIdentity> {
+        crate::source::PlainPaths.dir_identity(abs)
+    }
+
     fn link_target(&self, abs: &Path) -> io::Result<Option<PathBuf>> {
         crate::source::PlainPaths.link_target(abs)
     }

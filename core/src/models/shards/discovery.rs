@@ -24,12 +24,12 @@
 //! to be the version formed (device, inode, size, times): a file its reader could open; and it
 //! never forms a model itself.
 //!
-//! **Cost.** Forming a model reads every shard's header once (one 256 KiB read each for real
+//! **Cost.** The directory's listing is kept while it does not change ([`IndexNames`]), so a
+//! folder of many model files is listed once, not at each file's first open. Forming a model reads every shard's header once (one 256 KiB read each for real
 //! checkpoints) besides the read the shard's own open does; it happens once per model version,
 //! under its directory's gate so two shards opened at once do not form it twice (see
 //! [`super::Registry`] for the locks).
 
-use std::ffi::OsString;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -37,6 +37,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+use super::index_names::IndexNames;
 use super::{Shard, ShardedModel};
 use crate::index::blocks;
 use crate::index::{Format, TensorIndex};
@@ -68,21 +69,21 @@ pub struct Found {
 
 /// The sharded model `abs` belongs to, if any (see the module docs). `Err` is the reason a file
 /// that looks like a shard stands alone.
-pub fn discover(paths: &dyn PathAccess, abs: &Path) -> Result<Option<Found>, String> {
+/// `index_names` keeps the directories' listings ([`IndexNames`]).
+pub fn discover(
+    paths: &dyn PathAccess,
+    index_names: &IndexNames,
+    abs: &Path,
+) -> Result<Option<Found>, String> {
     let dir = abs.parent().unwrap_or(Path::new("."));
     let Some(name) = abs.file_name().and_then(|n| n.to_str()) else {
         return Ok(None);
     };
-    let mut indexes: Vec<String> = paths
-        .list_dir(dir)
-        .map_err(|e| format!("cannot list {}: {e}", dir.display()))?
-        .into_iter()
-        .filter_map(|n: OsString| n.into_string().ok())
-        .filter(|n| n.contains(".index.") && n.ends_with(".json"))
-        .collect();
-    indexes.sort();
+    let indexes = index_names
+        .of(paths, dir)
+        .map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
     let mut broken = None;
-    for index in &indexes {
+    for index in indexes.iter() {
         match from_index(paths, dir, index, name) {
             Ok(Some(found)) => return Ok(Some(found)),
             Ok(None) => {}

@@ -35,6 +35,7 @@
 //! another lock of the store.
 
 mod discovery;
+mod index_names;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -42,6 +43,7 @@ use std::sync::Arc;
 
 use self::discovery::form;
 pub use self::discovery::{discover, Found, FoundBy};
+pub use self::index_names::IndexNames;
 pub use super::snapshot::{ModelSnapshot, ShardSnapshot};
 #[cfg(doc)]
 use super::ModelStore;
@@ -155,6 +157,7 @@ pub enum Membership {
 pub struct Registry {
     models: Mutex<Vec<Arc<ShardedModel>>>,
     forming: Gates<PathBuf>,
+    index_names: IndexNames,
 }
 
 impl Registry {
@@ -183,7 +186,7 @@ impl Registry {
         if let Some(known) = self.known(rel, identity) {
             return known;
         }
-        let found = match discover(paths, abs) {
+        let found = match discover(paths, &self.index_names, abs) {
             Ok(Some(found)) => found,
             Ok(None) => return Membership::Alone { reason: None },
             Err(reason) => {
