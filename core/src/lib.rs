@@ -21,9 +21,11 @@
 //! - [`histogram`]: the log-linear latency buckets of the stats and the source meter.
 //! - `cli` (feature `cli`): the command-line pieces both front ends share.
 //! - [`sync`]: the locks of the core (swapped for loom's in model-checked tests).
+//! - [`allocator`]: the daemon's use of the C allocator (malloc arenas).
 //! - [`access`]: who may see what through a shared mount (per-request credentials).
 //! - [`fs`]: the filesystem itself (inodes, handles, open policy, errors), free of any kernel
 //!   interface: front ends translate their requests into its calls.
+pub mod allocator;
 // Per-request credentials (fsuid, supplementary groups, /proc): Linux only; WinFsp has its own
 // access checks.
 #[cfg(target_os = "linux")]

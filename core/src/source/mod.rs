@@ -260,8 +260,12 @@ impl SourceFile {
         self.with_meter(Some(meter))
     }
 
-    /// Measures this file's reads on `meter` (`None`: not measured).
+    /// Measures this file's reads on `meter` (`None`: not measured). A file on storage that
+    /// [reads buffered](kind::StorageKind::reads_buffered) never opens its `O_DIRECT` twin.
     pub fn with_meter(mut self, meter: Option<Arc<SourceMeter>>) -> SourceFile {
+        if meter.as_ref().is_some_and(|m| m.storage().reads_buffered()) {
+            self.direct_works.store(false, Ordering::Relaxed);
+        }
         self.meter = meter;
         self
     }

@@ -1,0 +1,47 @@
+//! The daemon's use of the C allocator: at most [`MAX_ARENAS`] malloc arenas.
+//!
+//! **Contract.** [`limit_arenas`] is called once at mount, before the request threads start.
+//! With glibc it caps the arenas (`mallopt(M_ARENA_MAX)`) unless the user set
+//! `MALLOC_ARENA_MAX`, which glibc then follows; with another C library, or on another system,
+//! it does nothing.
+//!
+//! Why: glibc gives threads that contend for the heap arenas of their own, up to eight per CPU,
+//! and keeps what is freed in each. The daemon's request threads index headers that other
+//! request threads later evict, so freed headers pile up in every arena between the trims of
+//! [`crate::models`] (`TRIM_AFTER_EVICTED_BYTES`), and more so the more threads run at once:
+//! opening 10 000 model files of 32 KiB headers under a 32 MiB index cap peaked at 99–100 MiB
+//! of RSS with the default arenas on a loaded machine, 73 MiB with two and 65 MiB with one
+//! ([measured](../../docs/PERFORMANCE.md#malloc-arenas)).
+
+/// Arenas the daemon's threads share: two, so that a request thread rarely waits for another's
+/// allocation (most small ones never reach an arena: glibc's per-thread cache serves them),
+/// while what the threads free stays in two heaps that a trim returns
+/// ([measured](../../docs/PERFORMANCE.md#malloc-arenas)).
+pub const MAX_ARENAS: i32 = 2;
+
+/// Caps glibc's malloc arenas at [`MAX_ARENAS`] (see the module docs). Returns whether it did.
+pub fn limit_arenas() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        if std::env::var_os("MALLOC_ARENA_MAX").is_some() {
+            return false;
+        }
+        // SAFETY: mallopt only sets one of glibc's malloc parameters; M_ARENA_MAX bounds the
+        // arenas created from now on and is safe to set while other threads allocate.
+        unsafe { libc::mallopt(libc::M_ARENA_MAX, MAX_ARENAS) == 1 }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    fn glibc_takes_the_cap_unless_the_user_set_one() {
+        let user_set = std::env::var_os("MALLOC_ARENA_MAX").is_some();
+        assert_eq!(super::limit_arenas(), !user_set);
+    }
+}
