@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The mount's two transports side by side: `/dev/fuse` (fuser) and io_uring (`--io-uring on`).
 
-    sudo .venv/bin/python tests/bench/transport.py [--size-mib 1200] [--reps 3]
-        [--loaders pread8,mmap,load_file] [--cases over,hit]
+    sudo .venv/bin/python tests/bench/transport.py [--size-mib 1200] [--reps 4]
+        [--loaders read8m,pread8,mmap,load_file] [--cases over,hit]
         [--transports dev_fuse,io_uring,io_uring+max-pages-1024] [--build NAME=PATH ...]
 
 One model (a DiT-shaped .safetensors, tests/python/gen.py) on the fast source of
@@ -14,16 +14,18 @@ tests/bench/sources.py (ext4 on a RAM-backed block device). Two cases:
   cache, then the timed pass with only the kernel's caches dropped: every request is a hit,
   so the pass measures the request path alone.
 
-Loaders: `pread8` (ComfyUI's dynamic-VRAM re-read: 8 threads of 2 MiB `pread`s in model order,
-tests/bench/loaders.py), `mmap` (the file mapped and copied out in 1 MiB slices), `load_file`
-(safetensors.torch.load_file). Transports: `dev_fuse`, `io_uring`, with options after `+`:
-`max-pages-N` (the kernel's `fs.fuse.max_pages_limit` raised to N pages for that mount, so
-requests and ring buffers of up to N × 4 KiB), `threads-N` (`--threads N`), `NAME` (the build
-given as `--build NAME=PATH`, to compare builds in one run). Per loader and case the transports
-alternate within each
-repetition; each row gives the median speed and its ratio to `dev_fuse` in the same run, the
-plain file's cold speed for reference, the number of read requests, the daemon's mean time per
-request, and the CPU seconds per GB of the machine and of the daemon's request threads.
+Loaders: `read8m` (the file front to back in 8 MiB `read()`s), `pread8` (ComfyUI's dynamic-VRAM
+re-read: 8 threads of 2 MiB `pread`s in model order, tests/bench/loaders.py), `mmap` (the file
+mapped and copied out in 1 MiB slices), `load_file` (safetensors.torch.load_file). Transports:
+`dev_fuse`, `io_uring`, with options after `+`: `max-pages-N` (the kernel's
+`fs.fuse.max_pages_limit` raised to N pages for that mount, so requests and ring buffers of up
+to N × 4 KiB), `threads-N` (`--threads N`), `NAME` (the build given as `--build NAME=PATH`, to
+compare builds in one run: each row of this build gives its speed over the same transport's with
+that one, `vs the other build`). Per loader and case the transports alternate within each
+repetition, in the order given and reversed every other repetition (use an even `--reps`); each
+row gives the median speed and its ratio to the first transport's in the same run, the plain file's cold
+speed for reference, the number of read requests, the daemon's mean time per request, and the
+CPU seconds per GB of the machine and of the daemon's request threads.
 
 Needs root and the fuse module's `enable_uring` (set here for the run and restored). Writes
 tests/bench/results/transport/transport.md.
@@ -57,6 +59,7 @@ MiB = 1 << 20
 ENABLE_URING = Path("/sys/module/fuse/parameters/enable_uring")
 
 LOADERS = {
+    "read8m": data_path.read8m,
     "pread8": loaders.load_reread_kept,
     "mmap": data_path.mmap_copy,
     "load_file": loaders.load_torch_file,
@@ -130,9 +133,12 @@ def measure(args, disk: sources.RamDisk, root: Path, f: Path) -> list[dict]:
             runs: dict[str, dict[str, list]] = {t.name: {"s": [], "req": [], "us": [], "cpu": [], "daemon": [],
                                                          "disk": []} for t in transports}
             plain = []
-            for _ in range(args.reps):
+            for rep in range(args.reps):
                 plain.append(data_path.cold(fn, f))
-                for t in transports:
+                # The first mount after the plain pass runs up to 10 % faster on the hit path
+                # (the same build first or second: vectored-pread-hit*.md): the order flips
+                # every repetition, so an even --reps gives each transport each place as often.
+                for t in transports if rep % 2 == 0 else transports[::-1]:
                     m = t.mount(disk.mnt, root, budget, extra)
                     try:
                         if case == "hit":
@@ -159,6 +165,13 @@ def measure(args, disk: sources.RamDisk, root: Path, f: Path) -> list[dict]:
                     r["disk"].append(st["disk"]["read_bytes"] / size)
             base = statistics.median(runs[transports[0].name]["s"])
             for t in transports:
+                # The same transport with another build, for `vs build`: `dev_fuse` against
+                # `dev_fuse+NAME` (the speed of this build over that one).
+                other = next((o for o in transports if o.bin is not None and t.bin is None
+                              and o.name.split("+")[:-1] == t.name.split("+")
+                              and o.name.split("+")[-1] in builds), None)
+                vs_build = (statistics.median(runs[other.name]["s"]) / statistics.median(runs[t.name]["s"])
+                            if other else None)
                 r = runs[t.name]
                 s = statistics.median(r["s"])
                 row = {"loader": name, "case": case, "transport": t.name, "gbs": size / s / 1e9,
@@ -166,11 +179,13 @@ def measure(args, disk: sources.RamDisk, root: Path, f: Path) -> list[dict]:
                        "requests": statistics.median(r["req"]), "daemon_us": statistics.median(r["us"]),
                        "cpu_s_gb": statistics.median(r["cpu"]) / (size / 1e9),
                        "req_cpu_s_gb": statistics.median(r["daemon"]) / (size / 1e9),
-                       "disk": max(r["disk"]), "times": r["s"]}
+                       "disk": max(r["disk"]), "times": r["s"], "vs_build": vs_build,
+                       "build": other.name.split("+")[-1] if other else None}
                 print(f"{name:9} {case:5} {t.name:24} {row['gbs']:.2f} GB/s  vs dev_fuse {row['vs_base']:.2f}  "
                       f"plain {row['plain_gbs']:.2f}  requests {row['requests']:.0f}  daemon "
                       f"{row['daemon_us']:.0f} us  CPU s/GB {row['cpu_s_gb']:.2f} (request threads "
-                      f"{row['req_cpu_s_gb']:.2f})  disk/model {row['disk']:.2f}", flush=True)
+                      f"{row['req_cpu_s_gb']:.2f})  disk/model {row['disk']:.2f}"
+                      + (f"  vs {row['build']} {vs_build:.2f}" if other else ""), flush=True)
                 rows.append(row)
     return rows
 
@@ -182,21 +197,24 @@ def render(args, model: Path, raw: float, rows: list[dict], run: list[str]) -> s
         *run,
         f"- model: {model.name} ({model.stat().st_size / 1e9:.2f} GB) on a RAM-backed ext4 "
         f"({raw:.2f} GB/s cold read); {args.reps} repetitions, medians; transports alternate "
-        "within each repetition",
+        "within each repetition, their order reversed every other one",
         "- `over`: budget a quarter of the model, cold; `hit`: budget twice the model "
         "(`--no-model-passthrough`), chunk cache filled by an untimed pass, kernel caches dropped",
-        "- `vs dev_fuse`: speed over the `/dev/fuse` transport's in the same run; `daemon µs`: the "
+        f"- `vs dev_fuse`: speed over the first transport's (`{rows[0]['transport'] if rows else ''}`) "
+        "in the same run; `vs the other build`: speed over the same transport's with the build "
+        "given by `--build` (this build on the row without it); `daemon µs`: the "
         "daemon's mean time per read request; CPU: seconds per GB of the whole machine, and of the "
         "daemon's request threads",
         "",
         "| loader | case | transport | GB/s | vs dev_fuse | plain file GB/s | read requests | daemon µs/request "
-        "| machine CPU s/GB | request threads CPU s/GB | source read / model |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| machine CPU s/GB | request threads CPU s/GB | source read / model | vs the other build |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
+        vs_build = f"{r['vs_build']:.2f} (against `{r['build']}`)" if r["vs_build"] is not None else ""
         lines.append(f"| {r['loader']} | {r['case']} | {r['transport']} | {r['gbs']:.2f} | {r['vs_base']:.2f} "
                      f"| {r['plain_gbs']:.2f} | {r['requests']:.0f} | {r['daemon_us']:.0f} | {r['cpu_s_gb']:.2f} "
-                     f"| {r['req_cpu_s_gb']:.2f} | {r['disk']:.2f} |")
+                     f"| {r['req_cpu_s_gb']:.2f} | {r['disk']:.2f} | {vs_build} |")
     lines.append("")
     return "\n".join(lines)
 
@@ -204,8 +222,8 @@ def render(args, model: Path, raw: float, rows: list[dict], run: list[str]) -> s
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-mib", type=int, default=1200)
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--loaders", default=",".join(LOADERS))
+    ap.add_argument("--reps", type=int, default=4)
+    ap.add_argument("--loaders", default="pread8,mmap,load_file")
     ap.add_argument("--cases", default="over,hit")
     ap.add_argument("--transports", default="dev_fuse,io_uring,io_uring+max-pages-1024")
     ap.add_argument("--tierfs", type=Path, default=REPO / "target" / "release" / "tierfs")

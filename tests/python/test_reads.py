@@ -9,9 +9,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import pytest
 from safetensors import safe_open
 
 import gen
+from conftest import fresh_dir
+
+MAX_PAGES_LIMIT = Path("/proc/sys/fs/fuse/max_pages_limit")
 
 MiB = 1 << 20
 
@@ -85,6 +89,53 @@ def test_random_reads_8_threads_pread_and_mmap(mount, tree, big_file):
         os.close(mnt_fd)
     st = m.stats()
     assert st["cache"]["used_bytes"] <= 64 * MiB, st["cache"]
+    assert m.alive()
+
+
+@pytest.mark.parametrize("max_pages", [None, 4096], ids=["kernel-requests", "requests-over-a-chunk"])
+def test_reads_across_cached_chunks_are_exact(mount, max_pages):
+    """Reads served from two or more cached chunks, which go back to the kernel in pieces (one
+    vectored write, or one copy into a ring's buffer), equal the source: at the kernel's request
+    size, with buffers off a page (requests of 1 MiB - 16 B, some across a chunk boundary), and
+    with requests larger than a chunk (`fs.fuse.max_pages_limit` raised), which all span chunks."""
+    root = fresh_dir("across")
+    src = gen.make_big_dit(root / "dit.safetensors", 96 * MiB, seed=21)
+    size = src.stat().st_size
+    saved = None
+    if max_pages is not None:
+        if not MAX_PAGES_LIMIT.exists() or not os.access(MAX_PAGES_LIMIT, os.W_OK):
+            pytest.fail(f"{MAX_PAGES_LIMIT} is not writable: the suite runs as root on Linux >= 6.13")
+        saved = MAX_PAGES_LIMIT.read_text().strip()
+        MAX_PAGES_LIMIT.write_text(str(max_pages))
+    try:
+        # Model passthrough off: the whole model in the chunk cache, every read below a hit.
+        m = mount(root, "256MiB", extra=("--no-model-passthrough",))
+    finally:
+        if saved is not None:
+            MAX_PAGES_LIMIT.write_text(saved)
+    want = src.read_bytes()
+    mnt_p = m.mnt / src.name
+    with open(mnt_p, "rb") as f:
+        assert f.read() == want, "the filling pass"
+    before = m.stats()
+    fd = os.open(mnt_p, os.O_RDONLY)
+    try:
+        rng = random.Random(5)
+        spans = [(4 * MiB * k - 4096, 8 * MiB + 4096) for k in range(1, size // (4 * MiB))]
+        spans += [(rng.randrange(size), rng.choice([MiB + 1, 3 * MiB + 17, 8 * MiB, 16 * MiB]))
+                  for _ in range(40)]
+        bad = []
+        for off, ln in spans:
+            buf = bytearray(ln + 16)
+            got = os.preadv(fd, [memoryview(buf)[16:]], off)
+            if bytes(buf[16:16 + got]) != want[off:off + ln]:
+                bad.append((off, ln, got))
+        assert not bad, f"{len(bad)} reads differ from the source, first {bad[:3]}"
+    finally:
+        os.close(fd)
+    after = m.stats()
+    assert after["disk"]["read_bytes"] == before["disk"]["read_bytes"], "every read from the cache"
+    assert after["cache"]["hits"] > before["cache"]["hits"]
     assert m.alive()
 
 

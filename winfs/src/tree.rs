@@ -190,8 +190,7 @@ impl Tree {
         if bytes.is_empty() && !buffer.is_empty() {
             return Err(WinError::EndOfFile);
         }
-        buffer[..bytes.len()].copy_from_slice(&bytes);
-        Ok(bytes.len() as u32)
+        Ok(bytes.copy_into(buffer) as u32)
     }
 
     /// Writes a control command to `open`; returns the bytes taken.

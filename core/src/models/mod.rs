@@ -49,6 +49,7 @@ mod mode;
 mod open;
 mod plan;
 mod read;
+mod read_bytes;
 mod runs;
 mod sequence;
 pub mod shards;
@@ -61,7 +62,8 @@ pub use file::{is_model_path, Layout, ModelFile, OpenError, RawReason};
 pub use mode::ServeMode;
 pub use open::OpenModel;
 pub use plan::MAX_PLAN_FILES;
-pub use read::{ReadBytes, ReadError, ReadKind};
+pub use read::{ReadError, ReadKind};
+pub use read_bytes::{Gathered, ReadBytes};
 pub use store::ModelStore;
 pub use table::DEFAULT_INDEX_CAP;
 

@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
+use super::read_bytes::{Gathered, ReadBytes};
 use super::shards::ShardedModel;
 use super::store::OpenedBy;
 #[cfg(doc)]
@@ -37,7 +38,7 @@ use super::{ModelFile, ModelStore};
 use crate::cache::{CacheError, Chunk, Outcome, Want};
 use crate::prefetch::{Pacing, PrefetchTarget};
 use crate::reader::Step;
-use crate::source::{AlignedBytes, SourceError};
+use crate::source::SourceError;
 use crate::stats::Counters;
 
 /// Touches of a model since it was opened after which, on a source read in order, the model
@@ -61,35 +62,6 @@ const TOUCH_WAIT_POLL: Duration = Duration::from_millis(1);
 pub enum ReadKind {
     Reader,
     Readahead,
-}
-
-/// Bytes of one read, copied as little as possible: borrowed from a cached chunk when the read
-/// falls inside one (the kernel's 128 KiB–1 MiB requests inside 4 MiB chunks, nearly always),
-/// the buffer a source read filled for this request alone (a probe or `O_DIRECT` read of bytes
-/// not resident), else assembled in a buffer (a read across chunks, the header).
-///
-/// The assembled case is not rare: a reader whose buffer does not start on a page gives
-/// requests that often cross a chunk boundary, and those copies cost the daemon CPU
-/// ([measured](../../../docs/PERFORMANCE.md#reads-assembled-across-chunks)).
-pub enum ReadBytes {
-    Chunk {
-        bytes: Arc<Chunk>,
-        range: Range<usize>,
-    },
-    Source(AlignedBytes),
-    Owned(Vec<u8>),
-}
-
-impl std::ops::Deref for ReadBytes {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        match self {
-            ReadBytes::Chunk { bytes, range } => &bytes.as_slice()[range.clone()],
-            ReadBytes::Source(bytes) => bytes.as_slice(),
-            ReadBytes::Owned(bytes) => bytes,
-        }
-    }
 }
 
 /// A read could not be served (becomes EIO for that read only).
@@ -169,25 +141,24 @@ impl ModelStore {
                 return Ok(ReadBytes::Chunk { bytes, range });
             }
         }
-        self.read_assembled(file, offset, end, kind)
-            .map(ReadBytes::Owned)
+        self.read_gathered(file, offset, end, kind)
     }
 
-    /// A read that spans regions or chunks, copied together into one buffer.
-    fn read_assembled(
+    /// A read that spans regions or chunks: its pieces in order, each chunk's borrowed.
+    fn read_gathered(
         &self,
         file: &Arc<ModelFile>,
         offset: u64,
         end: u64,
         kind: ReadKind,
-    ) -> Result<Vec<u8>, ReadError> {
-        let mut out = Vec::with_capacity(end.saturating_sub(offset) as usize);
+    ) -> Result<ReadBytes, ReadError> {
+        let mut out = Gathered::new();
         let mut pos = offset;
         let mut last_chunk = None;
         while pos < end {
             pos = if let Some(header_end) = file.header_end().filter(|&h| pos < h) {
                 let stop = end.min(header_end);
-                out.extend_from_slice(&file.header[pos as usize..stop as usize]);
+                out.push_copy(&file.header[pos as usize..stop as usize]);
                 stop
             } else if let Some(chunk) = file.plan().and_then(|plan| plan.chunk_at(pos)) {
                 if kind == ReadKind::Readahead
@@ -199,22 +170,24 @@ impl ModelStore {
                         .plan()
                         .and_then(|p| p.get(chunk))
                         .map_or(end, |s| s.end.min(end));
-                    out.extend_from_slice(&self.read_probe(file, pos, stop)?);
+                    out.push(self.read_probe(file, pos, stop)?);
                     stop
                 } else {
                     last_chunk = Some(chunk);
                     let (bytes, range, stop) = self.chunk_slice(file, chunk, pos, end)?;
-                    out.extend_from_slice(&bytes.as_slice()[range]);
+                    out.push(ReadBytes::Chunk { bytes, range });
                     stop
                 }
             } else {
-                self.copy_uncached(file, pos, end, &mut out)?
+                let (bytes, stop) = self.copy_uncached(file, pos, end)?;
+                out.push(ReadBytes::Owned(bytes));
+                stop
             };
         }
         if let Some(chunk) = last_chunk {
             self.after_read(file, chunk);
         }
-        Ok(out)
+        Ok(out.finish())
     }
 
     /// The part of chunk `chunk` that serves `[pos, end)`: the chunk, the byte range within it,
@@ -361,7 +334,7 @@ impl ModelStore {
         let (Some(plan), Some(header_end)) = (file.plan(), file.header_end()) else {
             return Ok(None);
         };
-        let mut out = Vec::with_capacity(end.saturating_sub(offset) as usize);
+        let mut out = Gathered::new();
         let mut pos = offset;
         while pos < end {
             if pos < header_end {
@@ -369,7 +342,7 @@ impl ModelStore {
                 let Some(head) = file.header.get(pos as usize..stop as usize) else {
                     return Ok(None);
                 };
-                out.extend_from_slice(head);
+                out.push_copy(head);
                 pos = stop;
                 continue;
             }
@@ -383,13 +356,13 @@ impl ModelStore {
             };
             let stop = end.min(span.end);
             let range = (pos - span.start) as usize..(stop - span.start) as usize;
-            let Some(piece) = bytes.as_slice().get(range) else {
+            if bytes.as_slice().get(range.clone()).is_none() {
                 return Ok(None);
-            };
-            out.extend_from_slice(piece);
+            }
+            out.push(ReadBytes::Chunk { bytes, range });
             pos = stop;
         }
-        Ok(Some(ReadBytes::Owned(out)))
+        Ok(Some(out.finish()))
     }
 
     /// Waits, at most the source's deadline (or [`TOUCH_WAIT_UNBOUNDED`]), while chunk `chunk`
@@ -480,12 +453,12 @@ impl ModelStore {
     fn probe_from_cache(&self, file: &ModelFile, offset: u64, end: u64) -> Option<ReadBytes> {
         let plan = file.plan()?;
         let header_end = file.header_end()?;
-        let mut out = Vec::new();
+        let mut out = Gathered::new();
         let mut pos = offset;
         while pos < end {
             if pos < header_end {
                 let stop = end.min(header_end);
-                out.extend_from_slice(file.header.get(pos as usize..stop as usize)?);
+                out.push_copy(file.header.get(pos as usize..stop as usize)?);
                 pos = stop;
                 continue;
             }
@@ -494,14 +467,11 @@ impl ModelStore {
             let bytes = self.cache.peek(file.key(chunk))?;
             let stop = end.min(span.end);
             let range = (pos - span.start) as usize..(stop - span.start) as usize;
-            let piece = bytes.as_slice().get(range.clone())?;
-            if pos == offset && stop == end {
-                return Some(ReadBytes::Chunk { bytes, range });
-            }
-            out.extend_from_slice(piece);
+            bytes.as_slice().get(range.clone())?;
+            out.push(ReadBytes::Chunk { bytes, range });
             pos = stop;
         }
-        Some(ReadBytes::Owned(out))
+        Some(out.finish())
     }
 
     /// Serves `[pos, stop)` straight from the source, where `stop` is `end` or the start of the
@@ -511,8 +481,7 @@ impl ModelStore {
         file: &ModelFile,
         pos: u64,
         end: u64,
-        out: &mut Vec<u8>,
-    ) -> Result<u64, ReadError> {
+    ) -> Result<(Vec<u8>, u64), ReadError> {
         let stop = match file.plan() {
             Some(plan) => plan
                 .chunks()
@@ -521,9 +490,8 @@ impl ModelStore {
                 .map_or(end, |c| end.min(c.start)),
             None => end,
         };
-        let start = out.len();
-        out.resize(start + (stop - pos) as usize, 0);
-        let got = file.source.read_at(&mut out[start..], pos)?;
+        let mut out = vec![0; (stop - pos) as usize];
+        let got = file.source.read_at(&mut out, pos)?;
         let counters = self.counters();
         Counters::add(&counters.disk_reads, 1);
         Counters::add(&counters.disk_read_bytes, got as u64);
@@ -531,10 +499,10 @@ impl ModelStore {
         if (got as u64) < stop - pos {
             // The source is shorter than when it was opened: serve what it has, like a plain
             // file would, and end this read there.
-            out.truncate(start + got);
-            return Ok(end);
+            out.truncate(got);
+            return Ok((out, end));
         }
-        Ok(stop)
+        Ok((out, stop))
     }
 
     /// Records that a reader touched `block`, and prefetches what follows when it entered it.

@@ -145,6 +145,12 @@ proptest! {
             let got = store.read(&file, offset, len).unwrap();
             let start = (offset as usize).min(bytes.len());
             let end = (offset as usize).saturating_add(len as usize).min(bytes.len());
+            // What a transport sends (the pieces, and a copy of them) before the joined slice.
+            prop_assert_eq!(got.len(), end - start);
+            prop_assert_eq!(got.slices().collect::<Vec<_>>().concat(), &bytes[start..end]);
+            let mut copied = vec![0u8; got.len()];
+            prop_assert_eq!(got.copy_into(&mut copied), got.len());
+            prop_assert_eq!(&copied[..], &bytes[start..end]);
             prop_assert_eq!(&got[..], &bytes[start..end]);
         }
     }
@@ -585,7 +591,7 @@ fn probes_are_served_without_a_copy() {
         "a probe of a resident chunk"
     );
     assert_eq!(&resident[..], expected);
-    // One across the boundary of two resident chunks is put together from both, exactly.
+    // One across the boundary of two resident chunks is served from both, borrowed, exactly.
     let boundary = (1..plan.chunks().len())
         .find(|&c| {
             reopened.chunk_present(store.cache(), c - 1) && reopened.chunk_present(store.cache(), c)
@@ -593,9 +599,14 @@ fn probes_are_served_without_a_copy() {
         .map(|c| plan.chunks()[c].start)
         .expect("two adjacent resident chunks");
     let across = store.read(&reopened, boundary - 2048, 4096).unwrap();
+    let pieces: Vec<&[u8]> = across.slices().collect();
     assert!(
-        matches!(across, ReadBytes::Owned(_)),
-        "a probe across chunks"
+        matches!(across, ReadBytes::Gathered(_)) && pieces.len() == 2,
+        "a probe across chunks is sent in two pieces"
+    );
+    assert_eq!(
+        pieces.concat(),
+        &bytes[boundary as usize - 2048..boundary as usize + 2048]
     );
     assert_eq!(
         &across[..],

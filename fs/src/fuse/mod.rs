@@ -9,7 +9,7 @@
 //! (`ReplyOpen::open_backing`), which the core asks for through a callback.
 
 use std::ffi::OsStr;
-use std::io;
+use std::io::{self, IoSlice};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -28,7 +28,7 @@ use tierfs_core::fs::{
     Xattr,
 };
 use tierfs_core::kernel_cache::{InodeRange, KernelCacheWindow};
-use tierfs_core::models::ModelStore;
+use tierfs_core::models::{ModelStore, ReadBytes};
 
 use crate::stats_doc::DaemonStats;
 
@@ -215,6 +215,11 @@ impl Filesystem for FuseAdapter {
             o_direct: flags.0 & libc::O_DIRECT != 0,
         };
         match self.fs.read(ino.0, fh.0, offset, size, kind) {
+            // A read served from several chunks goes back in its pieces, in one `writev`.
+            Ok(bytes @ ReadBytes::Gathered(_)) => {
+                let parts: Vec<IoSlice<'_>> = bytes.slices().map(IoSlice::new).collect();
+                reply.data_vectored(&parts);
+            }
             Ok(bytes) => reply.data(&bytes),
             Err(e) => reply.error(errno(&e)),
         }

@@ -54,21 +54,21 @@ pub fn serve_device(device: &Arc<OwnedFd>, buffer_size: usize, dispatcher: &Disp
     }
 }
 
-/// Writes `reply` to request `unique` in one `writev` (header and bytes, no copy).
+/// Writes `reply` to request `unique` in one `writev` (header and the bytes' pieces, no copy).
 fn write_reply(device: &Arc<OwnedFd>, unique: u64, reply: Reply) -> io::Result<()> {
     let (error, data) = match reply {
         Reply::None => return Ok(()),
         Reply::Error(errno) => (-errno, None),
         Reply::Data(data) => (0, Some(data)),
     };
-    let body: &[u8] = data.as_deref().unwrap_or(&[]);
     let header = abi::OutHeader {
-        len: (std::mem::size_of::<abi::OutHeader>() + body.len()) as u32,
+        len: (std::mem::size_of::<abi::OutHeader>() + data.as_ref().map_or(0, |d| d.len())) as u32,
         error,
         unique,
     };
-    let parts = [IoSlice::new(bytes_of(&header)), IoSlice::new(body)];
-    // SAFETY: `IoSlice` is ABI-compatible with `iovec`; both slices outlive the call.
+    let mut parts = vec![IoSlice::new(bytes_of(&header))];
+    parts.extend(data.iter().flat_map(|d| d.slices()).map(IoSlice::new));
+    // SAFETY: `IoSlice` is ABI-compatible with `iovec`; every slice outlives the call.
     let written = unsafe {
         libc::writev(
             device.as_raw_fd(),

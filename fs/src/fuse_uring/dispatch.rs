@@ -63,35 +63,18 @@ pub enum Reply {
     None,
     /// An error (a positive errno).
     Error(i32),
-    /// Success, with these bytes after the header.
-    Data(ReplyData),
-}
-
-/// A reply's bytes: the read's own (no copy until they reach the kernel's buffer), or made
-/// here.
-pub enum ReplyData {
-    Read(ReadBytes),
-    Owned(Vec<u8>),
-}
-
-impl std::ops::Deref for ReplyData {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        match self {
-            ReplyData::Read(bytes) => bytes,
-            ReplyData::Owned(bytes) => bytes,
-        }
-    }
+    /// Success, with these bytes after the header: a read's own, in the pieces it was served
+    /// from (no copy until they reach the kernel's buffer), or made here.
+    Data(ReadBytes),
 }
 
 impl Reply {
     fn ok() -> Reply {
-        Reply::Data(ReplyData::Owned(Vec::new()))
+        Reply::Data(ReadBytes::Owned(Vec::new()))
     }
 
     fn of<T: Pod>(value: &T) -> Reply {
-        Reply::Data(ReplyData::Owned(bytes_of(value).to_vec()))
+        Reply::Data(ReadBytes::Owned(bytes_of(value).to_vec()))
     }
 
     fn invalid() -> Reply {
@@ -157,7 +140,7 @@ impl Dispatcher {
                 None => Reply::invalid(),
             },
             opcode::READLINK => match self.fs.readlink(req, ino) {
-                Ok(target) => Reply::Data(ReplyData::Owned(target.as_os_str().as_bytes().to_vec())),
+                Ok(target) => Reply::Data(ReadBytes::Owned(target.as_os_str().as_bytes().to_vec())),
                 Err(e) => error(&e),
             },
             opcode::OPEN => match abi::read::<abi::OpenIn>(op) {
@@ -174,7 +157,7 @@ impl Dispatcher {
                         o_direct: read.flags as i32 & libc::O_DIRECT != 0,
                     };
                     match self.fs.read(ino, read.fh, read.offset, read.size, kind) {
-                        Ok(bytes) => Reply::Data(ReplyData::Read(bytes)),
+                        Ok(bytes) => Reply::Data(bytes),
                         Err(e) => error(&e),
                     }
                 }
@@ -337,7 +320,7 @@ impl Dispatcher {
             false
         });
         match listed {
-            Ok(()) => Reply::Data(ReplyData::Owned(out)),
+            Ok(()) => Reply::Data(ReadBytes::Owned(out)),
             Err(e) => error(&e),
         }
     }
@@ -425,7 +408,7 @@ fn attr_reply(answer: Result<(Attr, Duration), FsError>) -> Reply {
 fn xattr_reply(answer: Result<Xattr, FsError>) -> Reply {
     match answer {
         Ok(Xattr::Size(size)) => Reply::of(&abi::GetxattrOut { size, padding: 0 }),
-        Ok(Xattr::Data(value)) => Reply::Data(ReplyData::Owned(value)),
+        Ok(Xattr::Data(value)) => Reply::Data(ReadBytes::Owned(value)),
         Err(e) => error(&e),
     }
 }

@@ -144,10 +144,7 @@ fn answer(header: &mut abi::RingHeader, payload: &mut [u8], dispatcher: &Dispatc
             );
             (-libc::EIO, 0)
         }
-        Reply::Data(data) => {
-            payload[..data.len()].copy_from_slice(&data);
-            (0, data.len())
-        }
+        Reply::Data(data) => (0, data.copy_into(payload)),
     };
     let out = abi::OutHeader {
         len: (std::mem::size_of::<abi::OutHeader>() + len) as u32,
