@@ -95,6 +95,7 @@ import read_patterns as bench  # noqa: E402
 import gen  # noqa: E402
 import gen_gguf  # noqa: E402
 import guest_memory  # noqa: E402
+import machine  # noqa: E402
 import sources  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -1380,11 +1381,9 @@ def main() -> int:
     text = render(cmd.strip(), elapsed, info, run.raw, run)
     print("\n" + text)
     if out:
-        out.write_text(text)
-        out.with_suffix(".json").write_text(json.dumps(
-            {"command": cmd.strip(), "elapsed_s": round(elapsed), "machine": info, "sources_gbs": run.raw,
-             "rows": run.rows, "details": run.details, "passes": run.passes}, indent=1) + "\n")
-        print(f"wrote {out} and {out.with_suffix('.json')}")
+        machine.write_results(out, text, {
+            "command": cmd.strip(), "elapsed_s": round(elapsed), "machine": info, "sources_gbs": run.raw,
+            "rows": run.rows, "details": run.details, "passes": run.passes})
     return 0
 
 

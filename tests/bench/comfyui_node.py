@@ -64,6 +64,7 @@ sys.path.insert(0, str(HERE))
 import comfyui_server as real  # noqa: E402
 import slow_sources  # noqa: E402
 import guest_memory  # noqa: E402
+import machine  # noqa: E402
 import read_patterns as bench  # noqa: E402
 import sources  # noqa: E402
 
@@ -408,12 +409,10 @@ def main() -> int:
             throttle.set(0)
             throttle.close()
         cmd = "sudo .venv/bin/python tests/bench/comfyui_node.py " + " ".join(sys.argv[1:])
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(render(args, results, size, raw, budget, cmd.strip(), version))
-        args.out.with_suffix(".json").write_text(json.dumps(
-            {"results": results, "size": size, "source_gbs": raw, "budget": budget, "command": cmd.strip(),
-             "comfyui": version, "source_text": args.source_text, "date": f"{datetime.datetime.now():%Y-%m-%d %H:%M}"}, indent=1))
-        print(f"wrote {args.out}")
+        machine.write_results(args.out, render(args, results, size, raw, budget, cmd.strip(), version), {
+            "results": results, "size": size, "source_gbs": raw, "budget": budget, "command": cmd.strip(),
+            "comfyui": version, "source_text": args.source_text,
+            "date": f"{datetime.datetime.now():%Y-%m-%d %H:%M}"})
     finally:
         install_node(args.comfyui, False)
         bench.cleanup(root)

@@ -59,6 +59,7 @@ sys.path.insert(0, str(REPO / "tests" / "python"))
 sys.path.insert(0, str(HERE))
 
 import guest_memory  # noqa: E402
+import machine  # noqa: E402
 import netstore  # noqa: E402
 import read_patterns as bench  # noqa: E402
 import sources  # noqa: E402
@@ -417,8 +418,7 @@ def main() -> int:
                         raw[source] = dd_gbs(store.mnt / "models" / "checkpoints" / CKPT)
                         run_source(source, StoreSource(store))
         cmd = "sudo .venv/bin/python tests/bench/comfyui_server.py " + " ".join(sys.argv[1:])
-        args.out.write_text(render(args, rows, size, raw, cmd.strip(), version))
-        print(f"wrote {args.out}")
+        machine.write_results(args.out, render(args, rows, size, raw, cmd.strip(), version))
     finally:
         bench.cleanup(root)
     return 0

@@ -44,7 +44,6 @@ Needs root, the release `tierfs` and the `weights_file` example
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import signal
@@ -367,11 +366,7 @@ def main() -> int:
     cmd = "sudo .venv/bin/python tests/bench/compress_tier.py " + " ".join(shlex.quote(x) for x in sys.argv[1:])
     text = render(cmd.strip(), info, results, args)
     print("\n" + text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    args.out.with_suffix(".json").write_text(json.dumps({"command": cmd.strip(), "info": info, **results},
-                                                        indent=1) + "\n")
-    print(f"wrote {args.out} and {args.out.with_suffix('.json')}")
+    machine.write_results(args.out, text, {"command": cmd.strip(), "info": info, **results})
     return 0
 
 

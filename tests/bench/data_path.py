@@ -57,6 +57,7 @@ import read_patterns as bench  # noqa: E402
 import gen  # noqa: E402
 import guest_memory  # noqa: E402
 import loaders  # noqa: E402
+import machine  # noqa: E402
 import sources  # noqa: E402
 
 MiB = 1 << 20
@@ -357,8 +358,7 @@ def main() -> int:
             folios = measure_folios(args, disk, root, f) if args.folio_mib else []
             rows = measure(args, disk, root, f)
         cmd = "sudo .venv/bin/python tests/bench/data_path.py " + " ".join(sys.argv[1:])
-        args.out.write_text(render(args, model, raw, rows, cmd.strip(), folios))
-        print(f"wrote {args.out}")
+        machine.write_results(args.out, render(args, model, raw, rows, cmd.strip(), folios))
     finally:
         bench.cleanup(root)
     return 0

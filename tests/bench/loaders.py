@@ -89,6 +89,7 @@ sys.path.insert(0, str(REPO / "tests" / "python"))
 sys.path.insert(0, str(HERE))
 import gen  # noqa: E402
 import gen_gguf  # noqa: E402
+import machine  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
 CHUNK, THREADS = 2 * MiB, 8
@@ -577,8 +578,7 @@ def main() -> int:
     text = "\n".join(lines)
     print("\n" + text)
     if out:
-        Path(out).write_text(text)
-        print(f"wrote {out}")
+        machine.write_results(out, text)
     return 0
 
 

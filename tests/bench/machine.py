@@ -7,10 +7,12 @@ figures compare only within one file.
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import shlex
 import time
+from pathlib import Path
 
 
 def date() -> str:
@@ -49,3 +51,16 @@ def run_lines(script: str, argv: list[str], load0: tuple[float, float, float], t
         f"- load average at the start {load}, at the end "
         f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} (shared machine: compare figures of the same run only)",
     ]
+
+
+def write_results(out: Path | str, text: str, data: dict | None = None) -> None:
+    """Writes a results file `out` (its folder made if need be) and, with `data`, the same
+    figures as JSON beside it (`out` with `.json`); says where on stdout."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    if data is None:
+        print(f"wrote {out}")
+        return
+    out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
+    print(f"wrote {out} and {out.with_suffix('.json')}")

@@ -46,6 +46,7 @@ import acceptance  # noqa: E402
 import gen  # noqa: E402
 import guest_memory  # noqa: E402
 import loaders  # noqa: E402
+import machine  # noqa: E402
 import read_patterns as bench  # noqa: E402
 import sources  # noqa: E402
 
@@ -184,8 +185,7 @@ def main() -> int:
             finally:
                 m.close()
         cmd = "sudo .venv/bin/python tests/bench/passthrough_hints.py " + " ".join(sys.argv[1:])
-        args.out.write_text(render(args, model, raw, disk.kind, modes, hint, ahead, cmd.strip()))
-        print(f"wrote {args.out}")
+        machine.write_results(args.out, render(args, model, raw, disk.kind, modes, hint, ahead, cmd.strip()))
     finally:
         bench.cleanup(root)
     return 0

@@ -91,6 +91,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "tests" / "python"))
 import gen  # noqa: E402
+import machine  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
 TIERFS = Path(os.environ.get("TIERFS_BIN", REPO / "target" / "release" / "tierfs"))
@@ -1008,8 +1009,7 @@ def main() -> int:
     text = "\n".join(lines)
     print("\n" + text)
     if out:
-        Path(out).write_text(text)
-        print(f"wrote {out}")
+        machine.write_results(out, text)
     return 0
 
 

@@ -380,11 +380,12 @@ def render(cmd: str, info: dict, res: dict, args) -> str:
         lim_b = c["limit"][0]["bytes"] / size
         lines += [f"## {cname}: {c['describe']}", "",
                   f"limit: {', '.join(fmt(x['s']) for x in c['limit'])} s (start, end; {size / lim / 1e6:.0f} MB/s), "
-                  f"source bytes {fmt(lim_b)} × file", "",
-                  "| loader | plain s | over s | fits s | mount/limit over, fits | mount/plain over, fits | "
-                  "bytes/file plain, over, fits |" + (" seeks plain, over, fits |" if cname == "seek" else
-                                                      " requests plain, over, fits |" if cname == "disk" else ""),
-                  "|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if cname in ("seek", "disk") else "")]
+                  f"source bytes {fmt(lim_b)} × file", ""]
+        if c["loaders"]:
+            lines += ["| loader | plain s | over s | fits s | mount/limit over, fits | mount/plain over, fits | "
+                      "bytes/file plain, over, fits |" + (" seeks plain, over, fits |" if cname == "seek" else
+                                                          " requests plain, over, fits |" if cname == "disk" else ""),
+                      "|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if cname in ("seek", "disk") else "")]
         for name, row in c["loaders"].items():
             p, o, f = med_s(row["plain"]), med_s(row["over"]), med_s(row["fits"])
             extra = ""
@@ -527,11 +528,7 @@ def main() -> int:
     cmd = "sudo .venv/bin/python tests/bench/slow_sources.py " + " ".join(shlex.quote(x) for x in sys.argv[1:])
     text = render(cmd.strip(), info, run.results, args)
     print("\n" + text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    args.out.with_suffix(".json").write_text(json.dumps({"command": cmd.strip(), "info": info, **run.results},
-                                                        indent=1) + "\n")
-    print(f"wrote {args.out} and {args.out.with_suffix('.json')}")
+    machine.write_results(args.out, text, {"command": cmd.strip(), "info": info, **run.results})
     return 0
 
 

@@ -121,9 +121,7 @@ def main() -> int:
                      f"{direct[1]:.2f} | {direct[0] / page[0]:.2f} |")
     text = "\n".join(lines) + "\n"
     print("\n" + text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    print(f"wrote {args.out}")
+    machine.write_results(args.out, text)
     return 0
 
 

@@ -208,9 +208,7 @@ def main() -> int:
                          f"{probe_bytes / MiB:.1f} | {s / first:.2f} |")
     text = "\n".join(lines) + "\n"
     print("\n" + text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    print(f"wrote {args.out}")
+    machine.write_results(args.out, text)
     return 0
 
 

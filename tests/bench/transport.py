@@ -34,7 +34,6 @@ tests/bench/results/transport/transport.md.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import statistics
 import sys
@@ -250,9 +249,7 @@ def main() -> int:
             print(f"source: {raw:.2f} GB/s cold read on {disk.kind}", flush=True)
             rows = measure(args, disk, root, f)
         run = machine.run_lines("transport.py", sys.argv[1:], load0, t0)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(render(args, model, raw, rows, run))
-        print(f"wrote {args.out} at {datetime.datetime.now():%H:%M}")
+        machine.write_results(args.out, render(args, model, raw, rows, run))
     finally:
         bench.cleanup(root)
         ENABLE_URING.write_text(was)

@@ -392,12 +392,9 @@ def main() -> int:
     text = run.render(cmd.strip(), time.monotonic() - t0, note, started, host)
     print("\n" + text)
     if args.out:
-        out = Path(args.out)
-        out.write_text(text)
-        out.with_suffix(".json").write_text(json.dumps(
-            {"date": started, "machine": host, "command": cmd.strip(), "elapsed_s": time.monotonic() - t0,
-             "note": note, "model_mib": args.model_mib, "rows": run.rows}, indent=1) + "\n")
-        print(f"wrote {out}")
+        machine.write_results(args.out, text, {
+            "date": started, "machine": host, "command": cmd.strip(), "elapsed_s": time.monotonic() - t0,
+            "note": note, "model_mib": args.model_mib, "rows": run.rows})
     return 0
 
 
