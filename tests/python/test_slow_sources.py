@@ -257,10 +257,11 @@ def test_an_ordered_stream_after_scattered_probes_reads_through_a_fresh_handle(s
     ComfyUI's copy is.
 
     What the client fetches for the stream is its own affair and depends on how its goroutines
-    order the requests (from a fresh handle 1.02-1.20x the file over the network from one run to
+    order the requests (from a fresh handle 1.02-1.51x the file over the network from one run to
     the next; from a scattered handle 1.25-1.28x, whose real cost is time: 2.9x the stream's):
     tests/bench/store_handle.py measures it, with and without the fresh handle, in one run.
-    Here: the daemon gives the stream a fresh handle, and the stream is fetched once."""
+    Here: the daemon gives the stream a fresh handle, reads it once, and the client fetches it
+    about once."""
     big, want = model_in_object_store(store, data_dir)
     size = len(want)
     m = mount(store.mnt / "models", budget="48MiB")
@@ -271,18 +272,24 @@ def test_an_ordered_stream_after_scattered_probes_reads_through_a_fresh_handle(s
     with safe_open(str(m.mnt / big.name), framework="pt") as f:
         # ComfyUI's load_torch_file: get_tensor of every key, a probe of each tensor's start
         sd = {k: f.get_tensor(k) for k in sorted(f.keys())}
-    assert m.stats()["disk"]["probe_bytes"] > 0
+    d0 = m.stats()["disk"]
+    assert d0["probe_bytes"] > 0
     b0, t0 = store.source_bytes(), time.monotonic()
     # load_state_dict: every weight copied, in file order
     out = b"".join(bytes(sd[k].reshape(-1).view(torch.uint8).numpy()) for k in sorted(sd, key=lambda k: starts_of(big)[k]))
     took, streamed = time.monotonic() - t0, store.source_bytes() - b0
     assert out == want[len(want) - len(out):]
     st = m.stats()["disk"]
-    print(f"stream: {took:.2f} s, {streamed / size:.3f}x the file over the network; {st}")
+    read = st["read_bytes"] - d0["read_bytes"]
+    print(f"stream: {took:.2f} s, tierfs read {read / size:.3f}x the file, {streamed / size:.3f}x over the "
+          f"network; {st}")
     assert st.get("source_fresh_handles", 0) >= 1, st
-    # once, whatever the client's own over-fetch: a stream read twice (chunks evicted before
-    # their reader came, a prefetch and the reader's miss both reading) would cross 2x
-    assert streamed <= 1.5 * size, (streamed / size, st)
+    # tierfs reads the stream once: a stream read twice (chunks evicted before their reader
+    # came, a prefetch and the reader's miss both reading) would read 2x
+    assert read <= 1.1 * size, (read / size, st)
+    # and the client fetches it about once: its own over-fetch from a fresh handle has been
+    # 1.02-1.51x; a stream fetched twice would cross 2x
+    assert streamed < 2 * size, (streamed / size, st)
 
 
 def test_touches_of_a_model_that_fits_read_it_once_through_a_store(store, data_dir, mount):
