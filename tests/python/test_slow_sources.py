@@ -272,21 +272,22 @@ def test_an_ordered_stream_after_scattered_probes_reads_through_a_fresh_handle(s
     with safe_open(str(m.mnt / big.name), framework="pt") as f:
         # ComfyUI's load_torch_file: get_tensor of every key, a probe of each tensor's start
         sd = {k: f.get_tensor(k) for k in sorted(f.keys())}
-    d0 = m.stats()["disk"]
-    assert d0["probe_bytes"] > 0
+    assert m.stats()["disk"]["probe_bytes"] > 0
     b0, t0 = store.source_bytes(), time.monotonic()
     # load_state_dict: every weight copied, in file order
     out = b"".join(bytes(sd[k].reshape(-1).view(torch.uint8).numpy()) for k in sorted(sd, key=lambda k: starts_of(big)[k]))
     took, streamed = time.monotonic() - t0, store.source_bytes() - b0
     assert out == want[len(want) - len(out):]
     st = m.stats()["disk"]
-    read = st["read_bytes"] - d0["read_bytes"]
-    print(f"stream: {took:.2f} s, tierfs read {read / size:.3f}x the file, {streamed / size:.3f}x over the "
-          f"network; {st}")
+    # What tierfs read of the file apart from the probes, from the open on (read-ahead may
+    # start the stream while the probes still run).
+    read = st["read_bytes"] - st["probe_bytes"]
+    print(f"stream: {took:.2f} s, tierfs read {read / size:.3f}x the file besides its probes, "
+          f"{streamed / size:.3f}x over the network; {st}")
     assert st.get("source_fresh_handles", 0) >= 1, st
-    # tierfs reads the stream once: a stream read twice (chunks evicted before their reader
-    # came, a prefetch and the reader's miss both reading) would read 2x
-    assert read <= 1.1 * size, (read / size, st)
+    # tierfs reads the file about once (1.02-1.08x seen): a stream read twice (chunks evicted
+    # before their reader came, a prefetch and the reader's miss both reading) would read 2x
+    assert read <= 1.25 * size, (read / size, st)
     # and the client fetches it about once: its own over-fetch from a fresh handle has been
     # 1.02-1.51x; a stream fetched twice would cross 2x
     assert streamed < 2 * size, (streamed / size, st)
