@@ -74,14 +74,15 @@ pub fn serve_entry(
     payload_size: usize,
     dispatcher: &Dispatcher,
 ) -> Ended {
-    let mut ring: IoUring<squeue::Entry128, cqueue::Entry> = match IoUring::builder()
-        .setup_single_issuer()
-        .setup_defer_taskrun()
-        .build(2)
-    {
-        Ok(ring) => ring,
-        Err(e) => return Ended::Failed(e),
-    };
+    // Not `IORING_SETUP_DEFER_TASKRUN`: with it, a request the kernel handed to an idle entry
+    // from another context now and then stayed undelivered while the entry's thread waited
+    // (a file's `RELEASE` more than 10 s late in 4 of 70 runs of `tests/python/test_forget.py`,
+    // none of 110 without it; [measured](../../../docs/PERFORMANCE.md#the-io-uring-transport)).
+    let mut ring: IoUring<squeue::Entry128, cqueue::Entry> =
+        match IoUring::builder().setup_single_issuer().build(2) {
+            Ok(ring) => ring,
+            Err(e) => return Ended::Failed(e),
+        };
     let buffers = EntryBuffers::leak(payload_size);
     let register = command(
         device,
