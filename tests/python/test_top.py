@@ -152,6 +152,9 @@ def test_top_shows_a_sharded_model_as_one_strip(mount, shard_root):
 def test_top_without_a_terminal_prints_the_text_view(mount, metrics_source):
     m = mount(metrics_source, "32MiB", ("--no-passthrough",))
     read_all(m.mnt / MODEL_REL)
+    # The read-ahead may still be reading when the reader is done: the view below is of the
+    # mount at rest (nothing in flight, the peak kept).
+    quiesce(m)
     r = subprocess.run([str(TIERFS_BIN), "top", str(m.mnt)], capture_output=True, text=True,
                        timeout=30)
     assert r.returncode == 0, r.stderr
