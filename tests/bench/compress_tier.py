@@ -365,8 +365,7 @@ def main() -> int:
             "harness": git[:100], "models": notes}
     cmd = "sudo .venv/bin/python tests/bench/compress_tier.py " + " ".join(shlex.quote(x) for x in sys.argv[1:])
     text = render(cmd.strip(), info, results, args)
-    print("\n" + text)
-    machine.write_results(args.out, text, {"command": cmd.strip(), "info": info, **results})
+    machine.write_results(args.out, text, {"command": cmd.strip(), "info": info, **results}, echo=True)
     return 0
 
 

@@ -53,9 +53,12 @@ def run_lines(script: str, argv: list[str], load0: tuple[float, float, float], t
     ]
 
 
-def write_results(out: Path | str, text: str, data: dict | None = None) -> None:
+def write_results(out: Path | str, text: str, data: dict | None = None, *, echo: bool = False) -> None:
     """Writes a results file `out` (its folder made if need be) and, with `data`, the same
-    figures as JSON beside it (`out` with `.json`); says where on stdout."""
+    figures as JSON beside it (`out` with `.json`); says where on stdout, after the text itself
+    with `echo`."""
+    if echo:
+        print("\n" + text)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)

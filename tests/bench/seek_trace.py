@@ -163,9 +163,7 @@ def main() -> int:
         med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
         lines.append(f"| {loader} | {key} | {med['s']:.2f} | {med['requests']:.0f} | {med['seeks']:.0f} | "
                      f"{med['back']:.0f} | {med['idle_s']:.2f} |")
-    text = "\n".join(lines) + "\n"
-    print("\n" + text)
-    machine.write_results(args.out, text)
+    machine.write_results(args.out, "\n".join(lines) + "\n", echo=True)
     return 0
 
 

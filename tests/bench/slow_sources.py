@@ -241,11 +241,10 @@ class Run:
         src.cold()
         m = bench.Mount(src.dir(), self.root, budget)
         try:
-            s0 = m.stats()
+            r0 = tierfs_reads(m)
             s, d = self.load(src, lp, m.mnt / rel)
-            s1 = m.stats()
-            mode = acceptance.file_modes(s1, rel)
-            d["tierfs_disk"] = s1.get("disk", {}).get("read_bytes", 0) - s0.get("disk", {}).get("read_bytes", 0)
+            mode = acceptance.file_modes(m.stats(), rel)
+            d["tierfs_disk"] = tierfs_reads(m) - r0
             return s, d, {"mode": ",".join(sorted(set(mode)))}
         finally:
             m.close()
@@ -527,8 +526,7 @@ def main() -> int:
             "harness": git[:100], "model_bytes": models["big"].stat().st_size}
     cmd = "sudo .venv/bin/python tests/bench/slow_sources.py " + " ".join(shlex.quote(x) for x in sys.argv[1:])
     text = render(cmd.strip(), info, run.results, args)
-    print("\n" + text)
-    machine.write_results(args.out, text, {"command": cmd.strip(), "info": info, **run.results})
+    machine.write_results(args.out, text, {"command": cmd.strip(), "info": info, **run.results}, echo=True)
     return 0
 
 

@@ -153,9 +153,7 @@ def main() -> int:
                      f"{cell['mount cold']} | {cell['mount store warm']} | "
                      f"{r['store cold'][0] / r['mount cold'][0]:.2f} | "
                      f"{r['store warm'][0] / r['mount store warm'][0]:.2f} |")
-    text = "\n".join(lines) + "\n"
-    print("\n" + text)
-    machine.write_results(args.out, text)
+    machine.write_results(args.out, "\n".join(lines) + "\n", echo=True)
     return 0
 
 

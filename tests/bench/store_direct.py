@@ -119,9 +119,7 @@ def main() -> int:
     for client, request, page, direct in rows:
         lines.append(f"| {client} | {request // MiB} MiB | {page[0]:.2f} s, {page[1]:.2f} | {direct[0]:.2f} s, "
                      f"{direct[1]:.2f} | {direct[0] / page[0]:.2f} |")
-    text = "\n".join(lines) + "\n"
-    print("\n" + text)
-    machine.write_results(args.out, text)
+    machine.write_results(args.out, "\n".join(lines) + "\n", echo=True)
     return 0
 
 

@@ -206,9 +206,7 @@ def main() -> int:
             s, nb, fresh, probe_bytes = mounts[(name, str(b))]
             lines.append(f"| {acceptance.loaders_table()[name][0]} | `{b}` | {s:.2f} | {nb / size:.2f} | {fresh} | "
                          f"{probe_bytes / MiB:.1f} | {s / first:.2f} |")
-    text = "\n".join(lines) + "\n"
-    print("\n" + text)
-    machine.write_results(args.out, text)
+    machine.write_results(args.out, "\n".join(lines) + "\n", echo=True)
     return 0
 
 

@@ -104,22 +104,22 @@ impl Gathered {
         match self.pieces.len() {
             0 => ReadBytes::Owned(Vec::new()),
             1 => self.pieces.pop().unwrap_or(ReadBytes::Owned(Vec::new())),
-            n if n > MAX_PIECES => {
-                self.joined();
-                ReadBytes::Owned(self.joined.take().unwrap_or_default())
-            }
+            n if n > MAX_PIECES => ReadBytes::Owned(self.join()),
             _ => ReadBytes::Gathered(self),
         }
     }
 
+    /// The pieces copied into one buffer.
+    fn join(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.len);
+        for piece in &self.pieces {
+            out.extend_from_slice(piece.single());
+        }
+        out
+    }
+
     fn joined(&self) -> &[u8] {
-        self.joined.get_or_init(|| {
-            let mut out = Vec::with_capacity(self.len);
-            for piece in &self.pieces {
-                out.extend_from_slice(piece.single());
-            }
-            out
-        })
+        self.joined.get_or_init(|| self.join())
     }
 }
 
