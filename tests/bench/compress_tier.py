@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The compressed RAM tier in the cache: what the budget holds, and what it saves, per `--compress` mode.
 
-    sudo .venv/bin/python tests/bench/compress_tier.py [--classes fast,1g,disk] [--model-mib 256]
-        [--turns-budget-mib 448] [--passes-budget-mib 384] [--cycles 4] [--passes 3] [--think-s 1]
+    sudo .venv/bin/python tests/bench/compress_tier.py [--parts held,classes,loaders]
+        [--classes fast,1g,disk] [--model-mib 256] [--turns-budget-mib 448] [--passes-budget-mib 384]
+        [--cycles 4] [--passes 3] [--think-s 1] [--loaders NAMES] [--reps 5] [--loaders-model-mib 1536]
         [--tierfs PATH] [--weights PATH] [--data DIR] [--out FILE]
 
 Models: synthetic bf16 checkpoints whose weights follow a trained model's distribution
@@ -18,7 +19,7 @@ Source classes (blkio cgroup on every process of the run, tests/bench/sources.py
 * **1g**: read-throttled to 1 GB/s;
 * **disk**: 200 MB/s and 200 requests/s, a hard disk's two limits (slow_sources.py's disk class).
 
-Parts:
+Parts (`--parts`: `held` is 1, `classes` 2 and 3, `loaders` 4):
 1. **held** (fast class, `--compress on`, budget twice the model): one load of model A, then
    the compressor left to finish; `cache.used_bytes` (frames, raw chunks and decoded windows:
    what the budget is charged) / the model's size, and the frames' ratio; then a second load,
@@ -34,6 +35,14 @@ Parts:
    (`source.devices[].throughput_bytes_per_second`) and the bytes it compressed.
 3. **passes**, per class: `--passes` passes over a model 1.3 x `--passes-budget-mib`, per mode,
    `--think-s` between passes; source bytes and seconds per pass.
+4. **loaders** (fast class): `auto`, the default, against `off` (tierfs without the tier) for
+   every loader of the acceptance benchmark's part 1 (`--loaders`), on a bf16 model of
+   `--loaders-model-mib`, mounts as a user makes them (model passthrough allowed, only
+   `--compress` differs), budget
+   ≥ the model and budget = model / 4; per case a cold load (caches dropped, fresh mount) and a
+   warm one (the same mount again); `--reps` repetitions, the two modes' order reversed every
+   other one, medians; auto / off as speed (above 1: auto faster) and whether `auto` compressed
+   anything.
 
 Ratios are against runs of the same class in the same process; a benchmark reports, it asserts
 nothing.  Writes tests/bench/results/compress_tier/compress-tier.md and .json (or --out).
@@ -48,6 +57,7 @@ import os
 import shlex
 import signal
 import subprocess
+import statistics
 import sys
 import tempfile
 import time
@@ -67,6 +77,10 @@ CLASSES = {"fast": (0, 0), "1g": (1_000_000_000, 0), "disk": (200_000_000, 200)}
 MODES = ("off", "auto", "on")
 LOADER = "pread"
 EXTRA = ("--no-model-passthrough",)
+# Part 4: the default first, then what tierfs did without the tier.
+LOADER_MODES = ("auto", "off")
+PART1_LOADERS = "safe_open_np,safe_open_pt,load_file,comfy,aimdo,pread,whole_read,np_memmap"
+PARTS = ("held", "classes", "loaders")
 
 
 def fmt(x: float, digits: int = 2) -> str:
@@ -203,9 +217,95 @@ class Run:
         return out
 
 
+def loaders_part(run: "Run") -> dict:
+    """Part 4: the acceptance loaders through `--compress auto` and `--compress off`, fast class."""
+    args = run.args
+    run.set_class("fast")
+    big = run.models["loaders"]
+    size = big.stat().st_size
+    cases = {"fits": size + 64 * MiB, "quarter": size // 4}
+    table = acceptance.loaders_table()
+    out: dict = {"model_bytes": size, "budgets": cases, "loaders": {}}
+    for name in args.loaders:
+        label = table[name][0]
+        rows: dict = {case: {mode: {"cold": [], "warm": [], "encoded": 0, "mode": ""} for mode in LOADER_MODES}
+                      for case in cases}
+        try:
+            with acceptance.LoaderProc(name) as lp:
+                for rep in range(args.reps):
+                    for case, budget in cases.items():
+                        order = LOADER_MODES if rep % 2 == 0 else tuple(reversed(LOADER_MODES))
+                        for mode in order:
+                            sources.drop_caches()
+                            m = bench.Mount(run.src, run.root, budget, extra=("--compress", mode))
+                            try:
+                                cold = lp.load(m.mnt / big.name, timeout=1800)
+                                warm = lp.load(m.mnt / big.name, timeout=1800)
+                                s = m.stats()
+                                r = rows[case][mode]
+                                r["cold"].append(cold)
+                                r["warm"].append(warm)
+                                r["encoded"] += s["cache"]["compress"]["encoded_bytes"]
+                                r["mode"] = "/".join(sorted(set(acceptance.file_modes(s, big.name)))) or r["mode"]
+                            finally:
+                                m.close()
+        except Exception as e:  # noqa: BLE001 - a loader that fails is reported, the others run
+            out["loaders"][name] = {"label": label, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+            print(f"   loaders {name}: failed: {e}", flush=True)
+            for m in list(reversed(bench._MOUNTS)):
+                m.close()
+            continue
+        out["loaders"][name] = {"label": label, "cases": rows}
+        print(f"   loaders {name}: " + "; ".join(
+            f"{case} cold auto/off {fmt(ratio(median(rows[case]['off']['cold']), median(rows[case]['auto']['cold'])))}"
+            f" warm {fmt(ratio(median(rows[case]['off']['warm']), median(rows[case]['auto']['warm'])))}"
+            for case in cases), flush=True)
+    return out
+
+
+def median(xs: list) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def render_loaders(res: dict, args) -> list:
+    lp = res["loaders"]
+    size = lp["model_bytes"]
+    lines = ["## Loaders: `--compress auto` (the default) against `off`, fast source", "",
+             f"The acceptance benchmark's part-1 loaders on the {size / MiB:.0f} MiB bf16 model, ext4 on the "
+             "loop device unthrottled; mounts as a user makes them, only `--compress` differs; budget ≥ model "
+             f"({lp['budgets']['fits'] / MiB:.0f} MiB) and model / 4 ({lp['budgets']['quarter'] / MiB:.0f} MiB); "
+             f"cold: caches dropped, fresh mount; warm: the same mount's second load; median of {args.reps}, the "
+             "modes' order reversed every other repetition. auto/off: off s / auto s (above 1: auto faster), of "
+             "the medians and, in brackets, of each mode's fastest load (the `mmap` loaders through a mount under "
+             "pressure vary by a third from one load to the next). MiB compressed: what `auto` encoded over all "
+             "repetitions.", "",
+             "| loader | budget | mode | off cold s | auto cold s | auto/off cold | off warm s | auto warm s "
+             "| auto/off warm | MiB compressed (auto) |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    worst = []
+    for name, r in lp["loaders"].items():
+        if "error" in r:
+            lines.append(f"| {r['label']} | — | — | failed: `{r['error']}` | | | | | | |")
+            continue
+        for case, rows in r["cases"].items():
+            off, auto = rows["off"], rows["auto"]
+            c = ratio(median(off["cold"]), median(auto["cold"]))
+            w = ratio(median(off["warm"]), median(auto["warm"]))
+            cb = ratio(min(off["cold"], default=0), min(auto["cold"], default=0))
+            wb = ratio(min(off["warm"], default=0), min(auto["warm"], default=0))
+            worst += [c, w]
+            lines.append(f"| {r['label']} | {'≥ model' if case == 'fits' else 'model / 4'} | {auto['mode']} | "
+                         f"{fmt(median(off['cold']))} | {fmt(median(auto['cold']))} | {fmt(c)} ({fmt(cb)}) | "
+                         f"{fmt(median(off['warm']))} | {fmt(median(auto['warm']))} | {fmt(w)} ({fmt(wb)}) | "
+                         f"{auto['encoded'] / MiB:.0f} |")
+    worst = [x for x in worst if x == x]
+    if worst:
+        lines += ["", f"auto/off over every row: lowest {min(worst):.2f}, highest {max(worst):.2f}, "
+                  f"median {statistics.median(worst):.2f}."]
+    return lines + [""]
+
+
 def render(cmd: str, info: dict, res: dict, args) -> str:
-    h = res["held"]
-    size = h["model_bytes"]
     lines = [
         "# The compressed RAM tier in the cache (`tests/bench/compress_tier.py`)",
         "",
@@ -215,23 +315,30 @@ def render(cmd: str, info: dict, res: dict, args) -> str:
         f"- load average (1/5/15 min) at the start {info['load_start']}, at the end {info['load_end']} "
         "(shared machine: compare figures of the same run only)",
         f"- binary: {info['binary']}; harness at {info['harness']}",
-        f"- mounts: `tierfs mount SRC MNT --ram-cache BUDGET {' '.join(bench.mount_extra())} "
+        f"- mounts (held, turns, passes): `tierfs mount SRC MNT --ram-cache BUDGET {' '.join(bench.mount_extra())} "
         f"{' '.join(EXTRA)} --compress MODE`, fresh per mode; loader: 8 x 2 MiB `pread`; "
         f"{args.think_s:g} s pause after each load (not in the times)",
         f"- models: {', '.join(info['models'])}",
         "",
-        "## Held: one bf16 model, `--compress on`, fast source",
-        "",
-        f"- model {size / MiB:.0f} MiB; after one load and the compressor's round: `cache.used_bytes` "
-        f"{h['used_bytes'] / MiB:.1f} MiB = **{h['used_bytes'] / size:.3f} x the model**; frames "
-        f"{h['compress']['frame_bytes'] / MiB:.1f} MiB for {h['compress']['raw_bytes'] / MiB:.1f} MiB of chunks "
-        f"(ratio {h['compress']['ratio']:.3f}); windows {h['compress']['window_bytes'] / MiB:.1f} MiB",
-        f"- first load {fmt(h['first_s'])} s (from the source), second {fmt(h['second_s'])} s (every chunk "
-        f"decoded from its frame); decode {fmt(h['decode_gbs'])} GB/s of output per reader thread "
-        "(`decoded_bytes / decode_seconds`)",
-        "",
     ]
-    for cname, c in res["classes"].items():
+    h = res.get("held")
+    if h:
+        size = h["model_bytes"]
+        lines += [
+            "## Held: one bf16 model, `--compress on`, fast source",
+            "",
+            f"- model {size / MiB:.0f} MiB; after one load and the compressor's round: `cache.used_bytes` "
+            f"{h['used_bytes'] / MiB:.1f} MiB = **{h['used_bytes'] / size:.3f} x the model**; frames "
+            f"{h['compress']['frame_bytes'] / MiB:.1f} MiB for {h['compress']['raw_bytes'] / MiB:.1f} MiB of "
+            f"chunks (ratio {h['compress']['ratio']:.3f}); windows {h['compress']['window_bytes'] / MiB:.1f} MiB",
+            f"- first load {fmt(h['first_s'])} s (from the source), second {fmt(h['second_s'])} s (every chunk "
+            f"decoded from its frame); decode {fmt(h['decode_gbs'])} GB/s of output per reader thread "
+            "(`decoded_bytes / decode_seconds`)",
+            "",
+        ]
+    if res.get("loaders"):
+        lines += render_loaders(res, args)
+    for cname, c in res.get("classes", {}).items():
         if "error" in c:
             lines += [f"## {cname}", "", f"failed: `{c['error']}`", ""]
             continue
@@ -279,7 +386,11 @@ def render(cmd: str, info: dict, res: dict, args) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--parts", default=",".join(PARTS), help="from " + ",".join(PARTS))
     ap.add_argument("--classes", default=",".join(CLASSES))
+    ap.add_argument("--loaders", default=PART1_LOADERS, help="part 4's loaders (acceptance.py's names)")
+    ap.add_argument("--reps", type=int, default=5, help="part 4's repetitions")
+    ap.add_argument("--loaders-model-mib", type=int, default=1536, help="part 4's model")
     ap.add_argument("--model-mib", type=int, default=256)
     ap.add_argument("--turns-budget-mib", type=int, default=448)
     ap.add_argument("--passes-budget-mib", type=int, default=384)
@@ -291,9 +402,15 @@ def main() -> int:
     ap.add_argument("--data", type=Path, default=Path("/var/tmp/tierfs-bench-data/compress_tier"))
     ap.add_argument("--out", type=Path, default=HERE / "results" / "compress_tier" / "compress-tier.md")
     args = ap.parse_args()
-    args.classes = [c for c in args.classes.split(",") if c]
+    args.parts = [p for p in args.parts.split(",") if p]
+    args.classes = [c for c in args.classes.split(",") if c] if "classes" in args.parts else []
+    args.loaders = [n for n in args.loaders.split(",") if n]
+    if set(args.parts) - set(PARTS):
+        raise SystemExit(f"--parts from {list(PARTS)}")
     if set(args.classes) - set(CLASSES):
         raise SystemExit(f"--classes from {list(CLASSES)}")
+    if set(args.loaders) - set(acceptance.loaders_table()):
+        raise SystemExit(f"--loaders from {list(acceptance.loaders_table())}")
     if os.geteuid() != 0:
         raise SystemExit("compress_tier.py needs root (devices, mounts, cgroups, drop_caches)")
     for b in (args.tierfs, args.weights):
@@ -309,6 +426,8 @@ def main() -> int:
     args.data.mkdir(parents=True, exist_ok=True)
     big_mib = args.passes_budget_mib * 13 // 10
     specs = {"a": (args.model_mib, 41), "b": (args.model_mib, 42), "big": (big_mib, 43)}
+    if "loaders" in args.parts:
+        specs["loaders"] = (args.loaders_model_mib, 44)
     models, notes = {}, []
     for key, (mib, seed) in specs.items():
         path = args.data / f"bf16_{key}_{mib}m_s{seed}.safetensors"
@@ -332,8 +451,12 @@ def main() -> int:
                 for p in models.values():
                     disk.put(p, "models/" + p.name)
                 run = Run(args, root, disk, thr, {k: disk.mnt / "models" / p.name for k, p in models.items()})
-                print("== held", flush=True)
-                results["held"] = run.held()
+                if "held" in args.parts:
+                    print("== held", flush=True)
+                    results["held"] = run.held()
+                if "loaders" in args.parts:
+                    print("== loaders, fast source: auto against off", flush=True)
+                    results["loaders"] = loaders_part(run)
                 for cname in args.classes:
                     bps, iops = CLASSES[cname]
                     describe = (f"ext4 on {disk.kind} ({disk.dev}), " + (

@@ -371,6 +371,10 @@ class Mount:
                 subprocess.run(["umount", "-l", str(self.mnt)], capture_output=True)
             if not self.log.closed:
                 self.log.close()
+            keep = os.environ.get("TIERFS_BENCH_KEEP_LOGS")
+            if keep and self.log_path.exists():
+                Path(keep).mkdir(parents=True, exist_ok=True)
+                shutil.copy(self.log_path, Path(keep) / self.log_path.name)
             if self in _MOUNTS:
                 _MOUNTS.remove(self)
 

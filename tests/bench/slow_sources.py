@@ -75,6 +75,7 @@ import machine  # noqa: E402
 import netstore  # noqa: E402
 import read_patterns as bench  # noqa: E402
 import sources  # noqa: E402
+import workflow  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
 CLASSES = ("disk", "seek", "nfs", "object")
@@ -297,10 +298,13 @@ class Run:
             src.cold()
             m = bench.Mount(src.dir(), self.root, budget)
             try:
+                figures = workflow.FileFigures() if a.file_stats else None
                 for _ in range(a.cycles):
                     c0, t, r0 = src.counters(), 0.0, tierfs_reads(m)
                     for rel in rels:
                         t += lp.load(m.mnt / rel, timeout=1800)
+                        if figures:
+                            figures.show(m, rel)
                     out["mount"].append({"s": t, **delta(c0, src.counters()), "tierfs_disk": tierfs_reads(m) - r0})
             finally:
                 m.close()
@@ -448,6 +452,8 @@ def main() -> int:
     ap.add_argument("--data", type=Path, default=Path("/var/tmp/tierfs-bench-data/slow_sources"))
     ap.add_argument("--out", type=Path, default=HERE / "results" / "slow_sources" / "slow-sources.md")
     ap.add_argument("--nice", type=int, help="run the store's processes under this nice value too")
+    ap.add_argument("--file-stats", action="store_true",
+                    help="models taking turns: after each load, print each model's figures from the mount's stats")
     args = ap.parse_args()
     args.classes = [c for c in args.classes.split(",") if c]
     args.loaders = [x for x in args.loaders.split(",") if x]

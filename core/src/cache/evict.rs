@@ -274,6 +274,9 @@ impl ChunkCache {
             let Some(chunk) = state.resident.pop(&key) else {
                 return false;
             };
+            tracing::trace!(target: "tierfs::cache", file = key.file, chunk = key.chunk,
+                turn = ?chunk.turn(&ranking).0, idle = !chunk.may_be_in_use(recent),
+                for_prefetch = needed_in.is_some(), "evict");
             if let Some(owner) = chunk.owner.as_ref().filter(|_| chunk.is_consumed(recent)) {
                 state.consumed.insert(key, owner);
             }

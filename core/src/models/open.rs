@@ -154,7 +154,14 @@ impl ModelStore {
         match successor {
             sequence::Successor::Known(Some(next)) => self.warm_next(&next),
             sequence::Successor::Known(None) => {}
-            sequence::Successor::Unknown => self.warm_saved_next(sequence::key_of(file)),
+            sequence::Successor::Unknown { guess } => {
+                if !self.warm_saved_next(sequence::key_of(file)) {
+                    if let Some(guess) = guess {
+                        tracing::debug!(file = %guess.path.display(), "guessing the next model: the first of the chain that led here");
+                        self.warm_next(&guess);
+                    }
+                }
+            }
         }
     }
 }

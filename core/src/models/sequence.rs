@@ -13,13 +13,22 @@
 //! The warm runs at the close, not earlier
 //! ([measured](../../../docs/PERFORMANCE.md#warming-the-next-model-at-the-close)).
 //!
+//! **A successor not seen yet is guessed**: the first model of the chain of successors that
+//! ends at the closed one (for `A → B`, closing `B` guesses `A`; for `A → B → C`, closing `C`
+//! guesses `A`). Workflows go round their models, so the model that waited longest comes
+//! next; without the guess a cycle's second round opened its first model cold and that
+//! model's first misses, with nothing of its own passed yet, evicted what it needed later
+//! in the same pass ([measured](../../../docs/PERFORMANCE.md#guessing-the-next-model)). A
+//! file's successor is guessed once per mount: a wrong guess reads 1/[`HEAD_SHARE`] of the
+//! budget for nothing, once.
+//!
 //! The sequence is kept with the learned orders ([`crate::prefetch::saved::NextModel`]), so a
 //! workflow's first switch after a remount is warmed too: the successor is then opened by the
 //! path it had, and warmed only if it is still the version that was streamed (same key). In
 //! memory, successors are held weakly: a version pruned or evicted from the table is not
 //! warmed through it. [`MAX_SUCCESSORS`] bounds what a folder of many files can make it hold.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Weak};
 
 use super::ModelFile;
@@ -33,6 +42,10 @@ pub const HEAD_SHARE: u64 = 8;
 /// Successors remembered in memory at most (one per model file opened).
 const MAX_SUCCESSORS: usize = 1024;
 
+/// Models a guess walks back at most: a workflow's round is a few models, and each step scans
+/// the successors.
+const MAX_CHAIN: usize = 16;
+
 /// The learned sequence of model opens of one mount.
 #[derive(Default)]
 pub struct Sequence {
@@ -40,7 +53,28 @@ pub struct Sequence {
     /// another file was streamed since.
     last_closed: Option<(Weak<ModelFile>, String)>,
     /// Successor of each file (by generation): the next different file streamed after it.
-    next: HashMap<u64, Weak<ModelFile>>,
+    next: HashMap<u64, Link>,
+    /// Files (by generation) whose successor was guessed once: not again, so that a model read
+    /// again and again after a one-off other model does not keep that model's head warm.
+    guessed: HashSet<u64>,
+    /// Links made so far: each link's number, so that of several files that led to one the
+    /// latest is taken.
+    links_made: u64,
+}
+
+/// A file and the next different file streamed after it, both held weakly; `made`: its number.
+struct Link {
+    file: Weak<ModelFile>,
+    next: Weak<ModelFile>,
+    made: u64,
+}
+
+impl Link {
+    fn leads_to(&self, generation: u64) -> bool {
+        self.next
+            .upgrade()
+            .is_some_and(|n| n.generation == generation)
+    }
 }
 
 /// The key a file's successor is saved under: the file's own (a shard's, not its model's).
@@ -58,10 +92,16 @@ impl Sequence {
             return None;
         }
         if self.next.len() >= MAX_SUCCESSORS && !self.next.contains_key(&prev.generation) {
-            self.next.retain(|_, w| w.strong_count() > 0);
+            self.next.retain(|_, link| link.next.strong_count() > 0);
         }
         if self.next.len() < MAX_SUCCESSORS || self.next.contains_key(&prev.generation) {
-            self.next.insert(prev.generation, Arc::downgrade(file));
+            self.links_made += 1;
+            let link = Link {
+                file: Arc::downgrade(&prev),
+                next: Arc::downgrade(file),
+                made: self.links_made,
+            };
+            self.next.insert(prev.generation, link);
         }
         let next = NextModel {
             next_path: file.path.clone(),
@@ -72,18 +112,50 @@ impl Sequence {
     }
 
     /// The last handle of `file`, which a reader streamed, closed: what followed it last time
-    /// in this mount, if anything did.
+    /// in this mount, if anything did, else the guess (see the module docs).
     pub fn closed(&mut self, file: &Arc<ModelFile>) -> Successor {
         self.last_closed = Some((Arc::downgrade(file), key_of(file).to_owned()));
-        let Some(next) = self.next.get(&file.generation) else {
-            return Successor::Unknown;
-        };
-        let next = next.upgrade().filter(|next| {
+        let warmable = |next: &Arc<ModelFile>| {
             next.handles.load(std::sync::atomic::Ordering::Acquire) == 0
                 && next.generation != file.generation
                 && !same_model(file, next)
-        });
-        Successor::Known(next)
+        };
+        let Some(next) = self.next.get(&file.generation) else {
+            let guess = if self.guessed.contains(&file.generation)
+                || self.guessed.len() >= MAX_SUCCESSORS
+            {
+                None
+            } else {
+                self.chain_start(file).filter(|g| warmable(g))
+            };
+            if guess.is_some() {
+                self.guessed.insert(file.generation);
+            }
+            return Successor::Unknown { guess };
+        };
+        Successor::Known(next.next.upgrade().filter(|next| warmable(next)))
+    }
+
+    /// The first model of the chain of successors that ends at `file`, if one leads to it.
+    fn chain_start(&self, file: &ModelFile) -> Option<Arc<ModelFile>> {
+        // The file that led to `generation` last.
+        let before = |generation: u64| {
+            self.next
+                .iter()
+                .filter(|(_, link)| link.leads_to(generation))
+                .max_by_key(|(_, link)| link.made)
+                .map(|(&prev, _)| prev)
+        };
+        let mut start = before(file.generation)?;
+        // One model back per step. `file` has no successor, so no cycle runs through it; the
+        // bound stops a walk round a cycle of other models.
+        for _ in 0..MAX_CHAIN {
+            match before(start) {
+                Some(prev) if prev != file.generation && prev != start => start = prev,
+                _ => break,
+            }
+        }
+        self.next.get(&start)?.file.upgrade()
     }
 }
 
@@ -98,8 +170,9 @@ fn same_model(a: &ModelFile, b: &ModelFile) -> bool {
 
 /// What followed a file the last time it closed, as this mount saw it.
 pub enum Successor {
-    /// Nothing seen in this mount (the saved sequence may know).
-    Unknown,
+    /// Nothing seen in this mount (the saved sequence may know); `guess`: the first model of
+    /// the chain that led to the file, if it can be warmed.
+    Unknown { guess: Option<Arc<ModelFile>> },
     /// The file that followed, if it is still known and not open now.
     Known(Option<Arc<ModelFile>>),
 }

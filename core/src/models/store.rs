@@ -261,10 +261,11 @@ impl ModelStore {
     }
 
     /// [`Self::warm_next`] of the successor saved for the file of sequence key `key` (after a
-    /// remount), opened by its path, if it is still the version that followed.
-    pub(super) fn warm_saved_next(&self, key: &str) {
+    /// remount), opened by its path, if it is still the version that followed. Returns whether
+    /// a successor was saved (warmed or not).
+    pub(super) fn warm_saved_next(&self, key: &str) -> bool {
         let Some(saved) = self.saved.next_model(key) else {
-            return;
+            return false;
         };
         // Not as a reader: nothing is discovered beside it (no shard set is formed for a file
         // nobody opened), and it does not count as an open.
@@ -283,6 +284,7 @@ impl ModelStore {
                 tracing::debug!(file = %saved.next_path.display(), error = %e, "the saved next model is gone")
             }
         }
+        true
     }
 
     /// Holds headers and indexes of known files to `cap` bytes (`--index-cache`).

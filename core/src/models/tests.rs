@@ -1035,6 +1035,60 @@ fn the_next_model_is_remembered_across_remounts() {
     store.cache().check_accounting();
 }
 
+/// A model whose successor was never seen guesses the first model of the chain that led to it
+/// (`a → b → c`: closing `c` warms the head of `a`), once per file; a model nothing led to
+/// guesses nothing.
+#[test]
+fn a_model_with_no_known_successor_warms_the_first_of_its_chain_once() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, seed) in [("a", 41), ("b", 42), ("c", 43)] {
+        checkpoint(dir.path(), &format!("{name}.safetensors"), 24 << 20, seed);
+    }
+    let exec = Arc::new(ManualExecutor::new(1024));
+    let store = Arc::new(ModelStore::with_executor(
+        16 << 20,
+        SavedOrders::default(),
+        exec.clone(),
+    ));
+    let mut files = std::collections::HashMap::new();
+    // Streams `name` whole, empties the cache before the close, and returns what the close
+    // warmed of each model.
+    let mut stream = |name: &str| {
+        let path = format!("{name}.safetensors");
+        let handle = store
+            .open_handle(Path::new(&path), &dir.path().join(&path))
+            .unwrap();
+        assert_eq!(store.choose_mode(&handle, false), ServeMode::Cache);
+        read_all(&store, handle.file(), 1 << 20);
+        exec.run_pending();
+        files.insert(name.to_owned(), Arc::clone(handle.file()));
+        store.drop_cached();
+        drop(handle);
+        exec.run_pending();
+        files
+            .iter()
+            .map(|(n, f)| (n.clone(), store.cache().cached_bytes(f.generation)))
+            .filter(|(_, bytes)| *bytes > 0)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(stream("a"), [], "nothing led to a: no guess");
+    let warmed = stream("b");
+    assert_eq!(warmed.len(), 1, "{warmed:?}");
+    assert_eq!(warmed[0].0, "a", "{warmed:?}");
+    assert!(
+        warmed[0].1 <= (16 << 20) / sequence::HEAD_SHARE + (4 << 20),
+        "only the head: {warmed:?}"
+    );
+    assert_eq!(stream("b"), [], "b's successor is guessed once");
+    let warmed = stream("c");
+    assert_eq!(
+        warmed.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+        ["a"],
+        "the chain b → c leads back to a: {warmed:?}"
+    );
+    store.cache().check_accounting();
+}
+
 /// The floor holds for the chunk cache itself: a model open by passthrough that reserves most
 /// of the budget, and then memory pressure shrinking the budget below what it reserves, leave
 /// the chunk cache the floor, not nothing (every request would read a chunk and drop it).
