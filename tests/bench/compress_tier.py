@@ -257,14 +257,19 @@ def loaders_part(run: "Run") -> dict:
             continue
         out["loaders"][name] = {"label": label, "cases": rows}
         print(f"   loaders {name}: " + "; ".join(
-            f"{case} cold auto/off {fmt(ratio(median(rows[case]['off']['cold']), median(rows[case]['auto']['cold'])))}"
-            f" warm {fmt(ratio(median(rows[case]['off']['warm']), median(rows[case]['auto']['warm'])))}"
+            f"{case} cold auto/off {fmt(auto_off(rows[case], 'cold'))} warm {fmt(auto_off(rows[case], 'warm'))}"
             for case in cases), flush=True)
     return out
 
 
 def median(xs: list) -> float:
     return statistics.median(xs) if xs else float("nan")
+
+
+def auto_off(case: dict, load: str, pick=median) -> float:
+    """off s / auto s of one case's `load` ("cold" or "warm") times, each mode's `pick` of them."""
+    return ratio(pick(case["off"][load]) if case["off"][load] else 0,
+                 pick(case["auto"][load]) if case["auto"][load] else 0)
 
 
 def render_loaders(res: dict, args) -> list:
@@ -276,8 +281,8 @@ def render_loaders(res: dict, args) -> list:
              f"({lp['budgets']['fits'] / MiB:.0f} MiB) and model / 4 ({lp['budgets']['quarter'] / MiB:.0f} MiB); "
              f"cold: caches dropped, fresh mount; warm: the same mount's second load; median of {args.reps}, the "
              "modes' order reversed every other repetition. auto/off: off s / auto s (above 1: auto faster), of "
-             "the medians and, in brackets, of each mode's fastest load (the `mmap` loaders through a mount under "
-             "pressure vary by a third from one load to the next). MiB compressed: what `auto` encoded over all "
+             "the medians and, in brackets, of each mode's fastest load (single loads of the `mmap` loaders through "
+             "a mount vary widely from one to the next). MiB compressed: what `auto` encoded over all "
              "repetitions.", "",
              "| loader | budget | mode | off cold s | auto cold s | auto/off cold | off warm s | auto warm s "
              "| auto/off warm | MiB compressed (auto) |",
@@ -289,10 +294,8 @@ def render_loaders(res: dict, args) -> list:
             continue
         for case, rows in r["cases"].items():
             off, auto = rows["off"], rows["auto"]
-            c = ratio(median(off["cold"]), median(auto["cold"]))
-            w = ratio(median(off["warm"]), median(auto["warm"]))
-            cb = ratio(min(off["cold"], default=0), min(auto["cold"], default=0))
-            wb = ratio(min(off["warm"], default=0), min(auto["warm"], default=0))
+            c, w = auto_off(rows, "cold"), auto_off(rows, "warm")
+            cb, wb = auto_off(rows, "cold", min), auto_off(rows, "warm", min)
             worst += [c, w]
             lines.append(f"| {r['label']} | {'≥ model' if case == 'fits' else 'model / 4'} | {auto['mode']} | "
                          f"{fmt(median(off['cold']))} | {fmt(median(auto['cold']))} | {fmt(c)} ({fmt(cb)}) | "

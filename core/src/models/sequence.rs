@@ -56,6 +56,7 @@ pub struct Sequence {
     next: HashMap<u64, Link>,
     /// Files (by generation) whose successor was guessed once: not again, so that a model read
     /// again and again after a one-off other model does not keep that model's head warm.
+    /// Cleared when it holds [`MAX_SUCCESSORS`] (a file forgotten is guessed for once more).
     guessed: HashSet<u64>,
     /// Links made so far: each link's number, so that of several files that led to one the
     /// latest is taken.
@@ -121,14 +122,14 @@ impl Sequence {
                 && !same_model(file, next)
         };
         let Some(next) = self.next.get(&file.generation) else {
-            let guess = if self.guessed.contains(&file.generation)
-                || self.guessed.len() >= MAX_SUCCESSORS
-            {
-                None
-            } else {
-                self.chain_start(file).filter(|g| warmable(g))
-            };
+            if self.guessed.contains(&file.generation) {
+                return Successor::Unknown { guess: None };
+            }
+            let guess = self.chain_start(file).filter(|g| warmable(g));
             if guess.is_some() {
+                if self.guessed.len() >= MAX_SUCCESSORS {
+                    self.guessed.clear();
+                }
                 self.guessed.insert(file.generation);
             }
             return Successor::Unknown { guess };
