@@ -10,6 +10,7 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::cache::CompressMode;
+use crate::disk_tier::DiskTierConfig;
 use crate::prefetch::PacingMode;
 use crate::size::parse_size;
 use crate::source::deadline::SourceIoConfig;
@@ -109,6 +110,27 @@ impl CompressArgs {
             CompressArg::On => CompressMode::On,
             CompressArg::Off => CompressMode::Off,
         }
+    }
+}
+
+/// `--disk-cache DIR --disk-cache-size SIZE`: the local disk tier below the RAM cache.
+#[derive(Args, Debug, Clone, PartialEq, Eq)]
+pub struct DiskCacheArgs {
+    /// Keep the chunks read from SOURCE in DIR too, on a local disk, so that a restart or a
+    /// model that does not fit the RAM budget reads them from there instead of a slow or
+    /// network source (see docs/CONFIGURATION.md). DIR is this mount's alone.
+    #[arg(long, value_name = "DIR", requires = "disk_cache_size")]
+    pub disk_cache: Option<PathBuf>,
+    /// Bytes of chunks DIR may hold: 100GiB, 500G or bytes.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg, requires = "disk_cache")]
+    pub disk_cache_size: Option<u64>,
+}
+
+impl DiskCacheArgs {
+    /// The disk tier asked for, if any.
+    pub fn config(&self) -> Option<DiskTierConfig> {
+        let dir = self.disk_cache.clone()?;
+        Some(DiskTierConfig::new(dir, self.disk_cache_size?))
     }
 }
 

@@ -12,6 +12,7 @@
 //!   cache and prefetch both consult.
 //! - [`prefetch`]: background read-ahead.
 //! - [`models`]: model file versions and the read path that ties the above together.
+//! - [`disk_tier`]: chunks of slow sources kept on a local disk, below the RAM cache.
 //! - [`kernel_cache`]: keeping the mounted files' kernel page cache bounded.
 //! - [`stats`]: the counters behind `.tierfs/stats`.
 //! - [`stats_doc`]: the `.tierfs/stats` document itself.
@@ -38,6 +39,7 @@ pub mod cache;
 pub mod cli;
 pub mod compress;
 pub mod control;
+pub mod disk_tier;
 // Linux and Windows: its OS-facing pieces are in `fs::platform`.
 #[cfg(any(target_os = "linux", windows))]
 pub mod fs;

@@ -49,6 +49,8 @@ pub struct CommonStats {
     pub models: Vec<ModelSnapshot>,
     /// The files a client said it will load next (`plan` on the control file).
     pub plan: PlanSection,
+    /// The local disk tier (`--disk-cache`; `null` without one, [`crate::disk_tier`]).
+    pub disk_tier: Option<crate::disk_tier::DiskTierStats>,
 }
 
 /// `plan` section: the plan's files, as the mount shows them, in order, and the index of the
@@ -144,6 +146,7 @@ impl CommonStats {
                 let (files, current) = store.plan_snapshot();
                 PlanSection { files, current }
             },
+            disk_tier: store.disk_tier().map(|tier| tier.stats()),
         }
     }
 }

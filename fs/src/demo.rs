@@ -68,6 +68,7 @@ pub fn run(size: u64, budget: u64) -> Result<()> {
         source_io: tierfs_core::source::deadline::SourceIoConfig::default(),
         source_pacing: tierfs_core::prefetch::PacingMode::Auto,
         compress: tierfs_core::cache::CompressMode::default(),
+        disk_tier: None,
     };
     let mounted = Mounted::start(&request)?;
     let streamed = stream_twice(&mnt.join(name), &models.join(name));

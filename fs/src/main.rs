@@ -33,7 +33,9 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use tierfs_core::cli::{parse_size_arg, BudgetArgs, CompressArgs, CtlArgs, SourceArgs, StateArgs};
+use tierfs_core::cli::{
+    parse_size_arg, BudgetArgs, CompressArgs, CtlArgs, DiskCacheArgs, SourceArgs, StateArgs,
+};
 use tierfs_core::size::format_size;
 
 #[derive(Parser)]
@@ -47,6 +49,8 @@ struct Cli {
     command: Command,
 }
 
+// The command line is parsed once: a large `Mount` variant costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Mount SOURCE read-only at MOUNTPOINT; stays in the foreground until unmounted.
@@ -100,6 +104,8 @@ enum Command {
         source_io: SourceArgs,
         #[command(flatten)]
         compress: CompressArgs,
+        #[command(flatten)]
+        disk_cache: DiskCacheArgs,
         /// Serve the metrics (as in MOUNTPOINT/.tierfs/metrics) at http://ADDR/metrics for a
         /// Prometheus scraper: PORT (on 127.0.0.1) or HOST:PORT.
         #[arg(long, value_name = "ADDR", value_parser = metrics::server::parse_addr)]
@@ -199,6 +205,7 @@ fn run(command: Command) -> Result<()> {
             state,
             source_io,
             compress,
+            disk_cache,
             metrics_addr,
         } => {
             let budget = ram_cache.unwrap_or_else(|| {
@@ -227,6 +234,7 @@ fn run(command: Command) -> Result<()> {
                 source_io: source_io.config(),
                 source_pacing: source_io.pacing(),
                 compress: compress.mode(),
+                disk_tier: disk_cache.config(),
             };
             if daemon {
                 return daemon::run(&request, log_file.as_deref());

@@ -147,6 +147,7 @@ impl Collector for Scrape {
         self.cache(&mut f)?;
         self.disk_and_prefetch(&mut f)?;
         self.source(&mut f)?;
+        self.disk_tier(&mut f)?;
         self.budget(&mut f)?;
         self.files(&mut f)?;
         self.latency(f)
@@ -154,6 +155,48 @@ impl Collector for Scrape {
 }
 
 impl Scrape {
+    /// The local disk tier's figures (none without `--disk-cache`).
+    fn disk_tier(&self, f: &mut Families) -> fmt::Result {
+        let Some(t) = &self.doc.common.disk_tier else {
+            return Ok(());
+        };
+        f.gauge(
+            "tierfs_disk_tier_capacity_bytes",
+            "Bytes of chunks the local disk tier may hold now.",
+            t.capacity_bytes,
+        )?;
+        f.gauge(
+            "tierfs_disk_tier_used_bytes",
+            "Bytes of chunks the local disk tier holds or is writing.",
+            t.used_bytes,
+        )?;
+        f.counter(
+            "tierfs_disk_tier_hit_bytes",
+            "Bytes of chunks read back from the local disk tier instead of the source.",
+            t.hit_bytes,
+        )?;
+        f.counter(
+            "tierfs_disk_tier_written_bytes",
+            "Bytes of chunks written to the local disk tier.",
+            t.written_bytes,
+        )?;
+        f.counter(
+            "tierfs_disk_tier_evicted_bytes",
+            "Bytes of chunks dropped from the local disk tier to make room.",
+            t.evicted_bytes,
+        )?;
+        f.counter(
+            "tierfs_disk_tier_damaged",
+            "Chunks of the local disk tier that failed their checksum (read from the source).",
+            t.damaged,
+        )?;
+        f.counter(
+            "tierfs_disk_tier_write_errors",
+            "Chunks not written to the local disk tier because of a write error.",
+            t.write_errors,
+        )
+    }
+
     fn cache(&self, f: &mut Families) -> fmt::Result {
         let c = &self.doc.common.cache;
         f.gauge(

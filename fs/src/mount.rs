@@ -69,6 +69,8 @@ pub struct MountRequest {
     pub source_pacing: tierfs_core::prefetch::PacingMode,
     /// `--compress`.
     pub compress: tierfs_core::cache::CompressMode,
+    /// `--disk-cache DIR --disk-cache-size SIZE`.
+    pub disk_tier: Option<tierfs_core::disk_tier::DiskTierConfig>,
 }
 
 /// The default cache budget: a quarter of physical RAM (or of the memory cgroup's limit),
@@ -193,6 +195,58 @@ pub struct Mounted {
     metrics: Option<MetricsServer>,
 }
 
+/// Opens the disk tier of `config`, refusing a folder inside SOURCE (its files would show in
+/// the mount) or inside the mount point (its writes would go through the mount itself).
+fn open_disk_tier(
+    config: &tierfs_core::disk_tier::DiskTierConfig,
+    source: &Path,
+    mountpoint: &Path,
+) -> Result<Arc<tierfs_core::disk_tier::DiskTier>> {
+    let dir = resolve_to_be(&config.dir).with_context(|| {
+        format!(
+            "cannot resolve the disk cache folder {}",
+            config.dir.display()
+        )
+    })?;
+    for (inside, what) in [(source, "SOURCE"), (mountpoint, "the mount point")] {
+        if dir.starts_with(inside) {
+            bail!(
+                "the disk cache folder {} is inside {what} ({}): give it a folder elsewhere",
+                dir.display(),
+                inside.display()
+            );
+        }
+    }
+    let config = tierfs_core::disk_tier::DiskTierConfig {
+        dir,
+        ..config.clone()
+    };
+    Ok(tierfs_core::disk_tier::DiskTier::open(&config)?)
+}
+
+/// `path` with its existing part resolved (symlinks followed) and the rest, still to be
+/// created, appended: where a folder made at `path` would be.
+fn resolve_to_be(path: &Path) -> std::io::Result<PathBuf> {
+    let path = std::path::absolute(path)?;
+    let mut missing = Vec::new();
+    let mut existing = path.as_path();
+    loop {
+        match std::fs::canonicalize(existing) {
+            Ok(resolved) => {
+                return Ok(missing.iter().rev().fold(resolved, |p, part| p.join(part)));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let (Some(parent), Some(name)) = (existing.parent(), existing.file_name()) else {
+                    return Err(e);
+                };
+                missing.push(name.to_owned());
+                existing = parent;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 impl Mounted {
     /// Mounts and starts serving; returns once the mount answers.
     pub fn start(request: &MountRequest) -> Result<Mounted> {
@@ -209,16 +263,22 @@ impl Mounted {
                 "malloc arenas capped for the io_uring transport"
             );
         }
-        let store = Arc::new(
-            ModelStore::new(
-                request.budget,
-                SavedOrders::load(request.state_file.clone()),
-            )
-            .with_index_cap(request.index_cap)
-            .with_source_io(request.source_io)
-            .with_source_pacing(request.source_pacing)
-            .with_compress(request.compress),
-        );
+        let disk_tier = match &request.disk_tier {
+            Some(config) => Some(open_disk_tier(config, &source, &mountpoint)?),
+            None => None,
+        };
+        let mut store = ModelStore::new(
+            request.budget,
+            SavedOrders::load(request.state_file.clone()),
+        )
+        .with_index_cap(request.index_cap)
+        .with_source_io(request.source_io)
+        .with_source_pacing(request.source_pacing)
+        .with_compress(request.compress);
+        if let Some(tier) = disk_tier {
+            store = store.with_disk_tier(tier);
+        }
+        let store = Arc::new(store);
         let governor = start_governor(request, &store);
         let window = Arc::new(KernelCacheWindow::with_headroom(
             window_for_budget(request.budget),

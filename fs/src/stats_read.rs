@@ -32,6 +32,39 @@ pub struct StatsRead {
     pub ops: BTreeMap<String, OpRead>,
     pub files: Vec<FileRead>,
     pub models: Vec<ModelRead>,
+    /// `None` without `--disk-cache`.
+    pub disk_tier: Option<DiskTierRead>,
+}
+
+/// The `disk_tier` section.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct DiskTierRead {
+    pub dir: String,
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+    pub hit_bytes: u64,
+    pub written_bytes: u64,
+    pub evicted_bytes: u64,
+    pub damaged: u64,
+    pub write_errors: u64,
+}
+
+impl DiskTierRead {
+    /// One line of figures, as `tierfs stats` and `tierfs top` show them.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} of {} in {}; read back {}, written {}, evicted {}; {} damaged, {} write errors",
+            tierfs_core::size::format_size(self.used_bytes),
+            tierfs_core::size::format_size(self.capacity_bytes),
+            self.dir,
+            tierfs_core::size::format_size(self.hit_bytes),
+            tierfs_core::size::format_size(self.written_bytes),
+            tierfs_core::size::format_size(self.evicted_bytes),
+            self.damaged,
+            self.write_errors,
+        )
+    }
 }
 
 impl StatsRead {

@@ -375,10 +375,11 @@ impl<'a> View<'a> {
         );
     }
 
-    /// Lines of the summary pane: two, and one per source device (at least one, at most
-    /// [`MAX_SOURCE_LINES`]).
+    /// Lines of the summary pane: two, one for the disk tier if the mount has one, and one per
+    /// source device (at least one, at most [`MAX_SOURCE_LINES`]).
     fn summary_lines(&self) -> u16 {
         2 + self.doc.source.devices.len().clamp(1, MAX_SOURCE_LINES) as u16
+            + u16::from(self.doc.disk_tier.is_some())
     }
 
     fn summary(&self) -> Paragraph<'_> {
@@ -418,6 +419,9 @@ impl<'a> View<'a> {
                 format_size(budget.given_back_bytes),
             )),
         ];
+        if let Some(tier) = &doc.disk_tier {
+            lines.push(Line::from(format!("disk tier {}", tier.summary())));
+        }
         let devices = &doc.source.devices;
         if devices.is_empty() {
             lines.push(Line::from("source no reads yet"));

@@ -26,9 +26,10 @@ use std::sync::Arc;
 
 use super::served::Served;
 use super::{
-    CacheError, Chunk, ChunkCache, ChunkKey, ChunkMarks, ChunkMeta, ChunkOwner, Evicted, Want,
+    CacheError, Chunk, ChunkCache, ChunkKey, ChunkMarks, ChunkMeta, ChunkOwner, Evicted, Loaded,
+    Want,
 };
-use crate::source::{AlignedBytes, SourceError};
+use crate::source::SourceError;
 use crate::stats::Counters;
 use crate::sync::{lock, wait, Condvar, Mutex};
 
@@ -206,21 +207,27 @@ impl ChunkCache {
 
     /// Runs `load` for the read registered as `in_flight` (no lock held) and publishes the
     /// result; if `load` panics, `in_flight`'s drop publishes an error instead.
-    pub(super) fn load(
+    pub(super) fn load<B: Into<Loaded>>(
         &self,
         in_flight: InFlight<'_>,
         (want, owner): (Want, Option<&ChunkOwner>),
-        load: impl FnOnce() -> Result<AlignedBytes, SourceError>,
+        load: impl FnOnce() -> Result<B, SourceError>,
     ) -> Result<Arc<Chunk>, CacheError> {
         let result = load()
-            .map(|bytes| {
-                Counters::add(&self.counters.disk_reads, 1);
+            .map(|loaded| {
+                let Loaded {
+                    bytes,
+                    from_disk_tier,
+                } = loaded.into();
                 let file = owner.map(|owner| &owner.tracker.counters);
-                Counters::add_with_file(
-                    &self.counters.disk_read_bytes,
-                    file.map(|file| &file.disk_read_bytes),
-                    bytes.as_slice().len() as u64,
-                );
+                if !from_disk_tier {
+                    Counters::add(&self.counters.disk_reads, 1);
+                    Counters::add_with_file(
+                        &self.counters.disk_read_bytes,
+                        file.map(|file| &file.disk_read_bytes),
+                        bytes.as_slice().len() as u64,
+                    );
+                }
                 if want == Want::Prefetch {
                     Counters::add_with_file(
                         &self.counters.prefetch_issued_bytes,

@@ -140,6 +140,23 @@ pub enum Want {
     Prefetch,
 }
 
+/// A chunk's bytes as a load returns them, and whether they came from the source or from the
+/// local disk tier ([`crate::disk_tier`]), which the counters of source reads leave out.
+#[derive(Debug)]
+pub struct Loaded {
+    pub bytes: AlignedBytes,
+    pub from_disk_tier: bool,
+}
+
+impl From<AlignedBytes> for Loaded {
+    fn from(bytes: AlignedBytes) -> Loaded {
+        Loaded {
+            bytes,
+            from_disk_tier: false,
+        }
+    }
+}
+
 /// A chunk could not be had.
 #[derive(Debug, Error, Clone)]
 pub enum CacheError {
@@ -358,13 +375,13 @@ impl ChunkCache {
 
     /// Returns the chunk `key`, reading it with `load` on a miss (reserving `footprint` bytes
     /// of budget for it first). `load` runs without any cache lock held.
-    pub fn get_or_load(
+    pub fn get_or_load<B: Into<Loaded>>(
         &self,
         key: ChunkKey,
         footprint: u64,
         want: Want,
         owner: Option<&ChunkOwner>,
-        load: impl FnOnce() -> Result<AlignedBytes, SourceError>,
+        load: impl FnOnce() -> Result<B, SourceError>,
     ) -> Result<(Arc<Chunk>, Outcome), CacheError> {
         let started = Instant::now();
         let (lookup, evicted) = self.lookup(key, footprint, want, owner);

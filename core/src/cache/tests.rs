@@ -112,7 +112,7 @@ fn failed_reads_are_not_cached_and_release_their_reservation() {
     let fx = fixture(2);
     let cache = ChunkCache::new(4 * CHUNK, Arc::new(Counters::default()));
     let failed = cache.get_or_load(key(0), CHUNK, Want::Read, None, || {
-        Err(SourceError::Truncated {
+        Err::<AlignedBytes, _>(SourceError::Truncated {
             path: "x".into(),
             wanted_end: 10,
             got_end: 5,
@@ -312,11 +312,12 @@ fn a_panicking_read_wakes_its_waiters_and_returns_its_reservation() {
     let loader = {
         let (cache, registered, release) = (cache.clone(), registered.clone(), release.clone());
         thread::spawn(move || {
-            let _ = cache.get_or_load(key(0), CHUNK, Want::Read, None, || {
+            let read = || -> Result<AlignedBytes, SourceError> {
                 registered.wait();
                 release.wait();
                 panic!("injected: a read that panics");
-            });
+            };
+            let _ = cache.get_or_load(key(0), CHUNK, Want::Read, None, read);
         })
     };
     registered.wait(); // the read is registered as in flight
@@ -324,9 +325,15 @@ fn a_panicking_read_wakes_its_waiters_and_returns_its_reservation() {
         let cache = cache.clone();
         thread::spawn(move || {
             cache
-                .get_or_load(key(0), CHUNK, Want::Read, None, || {
-                    unreachable!("a waiter must not read: the read is in flight")
-                })
+                .get_or_load(
+                    key(0),
+                    CHUNK,
+                    Want::Read,
+                    None,
+                    || -> Result<AlignedBytes, _> {
+                        unreachable!("a waiter must not read: the read is in flight")
+                    },
+                )
                 .map(|_| ())
         })
     };

@@ -23,8 +23,9 @@ use super::{runs, shards, ModelsConfig};
 use crate::cache::plan::{ChunkPlan, ChunkSpan};
 use crate::cache::run::RunChunk;
 use crate::cache::{
-    CacheError, Chunk, ChunkCache, ChunkKey, ChunkMarks, ChunkOwner, Outcome, Want,
+    CacheError, Chunk, ChunkCache, ChunkKey, ChunkMarks, ChunkOwner, Loaded, Outcome, Want,
 };
+use crate::disk_tier::{DiskTier, TierVersion, VersionInTier};
 use crate::index::{Format, TensorIndex};
 use crate::prefetch::saved::SavedOrders;
 use crate::prefetch::{Pacing, PacingConfig, Pass, PrefetchTarget, SourceSpeed};
@@ -149,6 +150,9 @@ pub struct ModelFile {
     pub(super) standalone_reason: Option<String>,
     /// The source lives on a file system held in RAM ([`SourceFile::is_in_ram`]).
     pub(super) in_ram: bool,
+    /// This version in the mount's local disk tier, if it has one ([`crate::disk_tier`]):
+    /// chunks are read from there before the source, and written there after it.
+    pub(super) disk_tier: Option<VersionInTier>,
 }
 
 impl ModelFile {
@@ -169,6 +173,7 @@ impl ModelFile {
         ),
         membership: shards::Membership,
         (index_cap, config): (u64, &ModelsConfig),
+        tier: Option<&Arc<DiskTier>>,
     ) -> Result<(ModelFile, Arc<SourceFile>), OpenError> {
         let source = Arc::new(match opened {
             Some(file) => {
@@ -183,7 +188,22 @@ impl ModelFile {
         let file_key = SavedOrders::key(&source.canonical_path(), &source.identity());
         let mut order_key = file_key.clone();
         let format = Format::of_path(path).unwrap_or_default();
-        let (header, layout) = match read_header(&source, format, index_cap, config) {
+        let disk_tier =
+            tier.map(|t| VersionInTier::new(t, TierVersion::of_file(&source.identity())));
+        let from_tier = disk_tier
+            .as_ref()
+            .and_then(|t| head_from_tier(t, format, source.identity().size, index_cap));
+        let got = match from_tier {
+            Some(head) => Ok(head),
+            None => read_header(&source, format, index_cap, config).inspect(|(header, index)| {
+                // Kept in the tier without the tail after it, which is the first chunk's.
+                let end = index.header_bytes;
+                if let (Some(tier), Some(bytes)) = (&disk_tier, header.get(..end as usize)) {
+                    tier.offer(0, end, bytes);
+                }
+            }),
+        };
+        let (header, layout) = match got {
             Ok((header, index)) => {
                 let plan = ChunkPlan::for_index(&index);
                 (header, Layout::Indexed { index, plan })
@@ -249,6 +269,7 @@ impl ModelFile {
             shard_of,
             standalone_reason,
             in_ram: source.is_in_ram(),
+            disk_tier,
         };
         Ok((file, source))
     }
@@ -333,13 +354,24 @@ impl ModelFile {
         let footprint = aligned_footprint(span.start, span.end);
         let owner = self.owner(&span);
         let got = cache.get_or_load(self.key(chunk), footprint, want, owner.as_ref(), || {
+            let tier = self.disk_tier.as_ref();
+            if let Some(bytes) = tier.and_then(|t| t.read(span.start, span.end)) {
+                return Ok(Loaded {
+                    bytes,
+                    from_disk_tier: true,
+                });
+            }
             tracing::trace!(
                 start = span.start,
                 len = span.len(),
                 ?want,
                 "source read of one chunk"
             );
-            self.source.read_aligned(span.start, span.end)
+            let bytes = self.source.read_aligned(span.start, span.end)?;
+            if let Some(tier) = tier {
+                tier.offer(span.start, span.end, bytes.as_slice());
+            }
+            Ok(Loaded::from(bytes))
         });
         // A load that was under way when the version was pruned must not leave its chunk in the
         // budget. The flag is set before the pruning forgets the file's chunks, and read after
@@ -368,13 +400,24 @@ impl ModelFile {
         let Some(plan) = self.plan().filter(|_| !self.pruned.load(Ordering::Relaxed)) else {
             return Ok(None); // raw, or nobody can read it any more
         };
+        // Chunks the disk tier holds are read from there one by one; a source read stops
+        // before the first of them.
+        let in_tier = |c: usize| {
+            let tier = self.disk_tier.as_ref();
+            plan.get(c)
+                .is_some_and(|span| tier.is_some_and(|t| t.holds(span.start, span.end)))
+        };
+        if in_tier(chunk) {
+            drop(pass);
+            return self.fetch_chunk(cache, chunk, want);
+        }
         let mut run: Vec<RunChunk> = Vec::new();
         let mut bytes = 0;
         for next in chunk..plan.len() {
             let Some(span) = plan.get(next) else {
                 break;
             };
-            if !run.is_empty() && (bytes + span.len() > max_bytes || !more(next)) {
+            if !run.is_empty() && (bytes + span.len() > max_bytes || in_tier(next) || !more(next)) {
                 break;
             }
             bytes += span.len();
@@ -389,6 +432,13 @@ impl ModelFile {
             tracing::trace!(start, len = end - start, ?want, "source read of a run");
             let read = self.source.read_stream(start, end);
             drop(pass);
+            if let (Ok(bytes), Some(tier)) = (&read, self.disk_tier.as_ref()) {
+                tier.offer_run(
+                    start,
+                    bytes.as_slice(),
+                    run.iter().map(|c| (c.start, c.end)),
+                );
+            }
             read
         });
         // As in `fetch_chunk`: a run read while the version was pruned leaves nothing cached.
@@ -448,6 +498,23 @@ impl ModelFile {
     pub fn chunk_present(&self, cache: &ChunkCache, chunk: usize) -> bool {
         cache.is_present(self.key(chunk))
     }
+}
+
+/// The header of a version from the disk tier, parsed, when the tier holds it whole (a
+/// header larger than the index cap, or one that does not parse alone, is read from the
+/// source as at a first open).
+fn head_from_tier(
+    tier: &VersionInTier,
+    format: Format,
+    size: u64,
+    index_cap: u64,
+) -> Option<(Vec<u8>, TensorIndex)> {
+    let head = tier.read_head()?;
+    let index = format.parse(head.as_slice(), size).ok()?;
+    let header = head
+        .as_slice()
+        .get(..usize::try_from(index.header_bytes).ok()?)?;
+    (index.header_bytes <= index_cap).then(|| (header.to_vec(), index))
 }
 
 impl PrefetchTarget for ModelFile {

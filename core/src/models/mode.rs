@@ -7,7 +7,9 @@
 //! evicts the chunk cache, and a file with bytes in the cache stays served from there. A file
 //! whose source charges per request ([`crate::prefetch::pacing`]) is never passed through: the
 //! cache reads it in large ordered requests, where the kernel's readahead would pay a seek or a
-//! round trip per 128 KiB. A file held in RAM (tmpfs) is passed through outside the budget.
+//! round trip per 128 KiB. Nor is a file of a mount with a local disk tier
+//! ([`crate::disk_tier`]): its chunks are kept there, and read back from there, only through
+//! the cache. A file held in RAM (tmpfs) is passed through outside the budget.
 //! Every admission and release
 //! rebalances the budget between the chunk cache and the passthrough tier
 //! ([`ModelStore::rebalance`]). Mode and reason are stored per version in atomics (no lock).
@@ -52,10 +54,11 @@ pub(super) enum ModeReason {
     IndexCapFull,
     InRam,
     SourceChargesPerRequest,
+    DiskTier,
 }
 
 impl ModeReason {
-    pub(super) const ALL: [ModeReason; 12] = [
+    pub(super) const ALL: [ModeReason; 13] = [
         ModeReason::NotOpened,
         ModeReason::FitsBudget,
         ModeReason::InodeInPassthrough,
@@ -68,6 +71,7 @@ impl ModeReason {
         ModeReason::IndexCapFull,
         ModeReason::InRam,
         ModeReason::SourceChargesPerRequest,
+        ModeReason::DiskTier,
     ];
 
     pub(super) fn text(self) -> Option<&'static str> {
@@ -86,6 +90,7 @@ impl ModeReason {
             ModeReason::SourceChargesPerRequest => {
                 "its source charges per request (a disk or a network): read in large requests"
             }
+            ModeReason::DiskTier => "the mount keeps its chunks in the local disk tier",
         })
     }
 
@@ -151,6 +156,8 @@ impl ModelStore {
             })
         } else if !passthrough_possible {
             Some(ModeReason::PassthroughOff)
+        } else if file.disk_tier.is_some() {
+            Some(ModeReason::DiskTier)
         } else if self.source_charges_per_request(file) {
             Some(ModeReason::SourceChargesPerRequest)
         } else if self.passthrough.refuses_competing(&identity) {

@@ -400,11 +400,33 @@ impl ModelStore {
             Counters::add(&self.counters().hit_bytes, end - offset);
             return Ok(bytes);
         }
+        if let Some(bytes) = self.probe_from_disk_tier(file, offset, end) {
+            return Ok(bytes);
+        }
         tracing::trace!(start = offset, len = end - offset, "source read, uncached");
-        let bytes = file.source.read_aligned(offset, end)?;
         let counters = self.counters();
+        let bytes = match whole_chunks_for_tier(file, offset, end) {
+            // The tier takes whole chunks: the read is widened to them, kept there, and cut.
+            Some((from, to, chunks)) => {
+                let read = file.source.read_aligned(from, to)?;
+                if let (Some(tier), Some(plan)) = (file.disk_tier.as_ref(), file.plan()) {
+                    let spans = chunks.filter_map(|c| plan.get(c)).map(|s| (s.start, s.end));
+                    tier.offer_run(from, read.as_slice(), spans);
+                }
+                Counters::add(&counters.disk_read_bytes, to - from);
+                read.piece(from, offset, end)
+                    .ok_or(ReadError::NoChunk)?
+                    .map_err(|source| SourceError::Alloc {
+                        len: (end - offset) as usize,
+                        source,
+                    })?
+            }
+            None => {
+                Counters::add(&counters.disk_read_bytes, end - offset);
+                file.source.read_aligned(offset, end)?
+            }
+        };
         Counters::add(&counters.disk_reads, 1);
-        Counters::add(&counters.disk_read_bytes, end - offset);
         Counters::add(&counters.uncached_bytes, end - offset);
         Counters::add(kind, end - offset);
         Ok(ReadBytes::Source(bytes))
@@ -469,6 +491,37 @@ impl ModelStore {
             let range = (pos - span.start) as usize..(stop - span.start) as usize;
             bytes.as_slice().get(range.clone())?;
             out.push(ReadBytes::Chunk { bytes, range });
+            pos = stop;
+        }
+        Some(out.finish())
+    }
+
+    /// Exactly `[offset, end)` from the header and the chunks the disk tier holds, when they
+    /// hold all of it (each chunk read back whole: its checksum covers the whole chunk).
+    fn probe_from_disk_tier(&self, file: &ModelFile, offset: u64, end: u64) -> Option<ReadBytes> {
+        let tier = file.disk_tier.as_ref()?;
+        let plan = file.plan()?;
+        let header_end = file.header_end()?;
+        let mut out = Gathered::new();
+        let mut pos = offset;
+        while pos < end {
+            if pos < header_end {
+                let stop = end.min(header_end);
+                out.push_copy(file.header.get(pos as usize..stop as usize)?);
+                pos = stop;
+                continue;
+            }
+            let span = plan.get(plan.chunk_at(pos)?)?;
+            if !tier.holds(span.start, span.end) {
+                return None;
+            }
+            let bytes = tier.read(span.start, span.end)?;
+            let stop = end.min(span.end);
+            out.push_copy(
+                bytes
+                    .as_slice()
+                    .get((pos - span.start) as usize..(stop - span.start) as usize)?,
+            );
             pos = stop;
         }
         Some(out.finish())
@@ -600,4 +653,24 @@ impl ModelStore {
             }
         }
     }
+}
+
+/// With a disk tier, the range a read of `[offset, end)` from the source widens to so that it
+/// covers whole chunks (which the tier keeps), and those chunks; `None` without a tier, or
+/// where the range holds no chunk's bytes.
+fn whole_chunks_for_tier(
+    file: &ModelFile,
+    offset: u64,
+    end: u64,
+) -> Option<(u64, u64, std::ops::RangeInclusive<usize>)> {
+    file.disk_tier.as_ref()?;
+    let plan = file.plan()?;
+    let data_from = offset.max(file.header_end()?);
+    if data_from >= end {
+        return None;
+    }
+    let (first, last) = (plan.chunk_at(data_from)?, plan.chunk_at(end - 1)?);
+    let from = offset.min(plan.get(first)?.start);
+    let to = end.max(plan.get(last)?.end);
+    Some((from, to, first..=last))
 }

@@ -23,6 +23,7 @@ use super::mode::ServeMode;
 use super::table::ModelTable;
 use super::{plan, sequence, shards, Layout, ModelFile, ModelsConfig, OpenError, RawReason};
 use crate::cache::{ChunkCache, CompressMode};
+use crate::disk_tier::DiskTier;
 use crate::passthrough::PassthroughTier;
 use crate::prefetch::saved::SavedOrders;
 use crate::prefetch::{Executor, PacingMode, Prefetcher};
@@ -79,6 +80,8 @@ pub struct ModelStore {
     pub(super) meters: Arc<SourceMeters>,
     /// Source reads: deadline, retries and their I/O threads ([`Self::with_source_io`]).
     pub(super) source_io: Arc<SourceIo>,
+    /// The local disk tier below the chunk cache ([`Self::with_disk_tier`]).
+    pub(super) disk_tier: Option<Arc<DiskTier>>,
 }
 
 /// Who opens a file version ([`ModelStore::open_version`]).
@@ -143,6 +146,7 @@ impl ModelStore {
             config: ModelsConfig::default(),
             meters: Arc::new(SourceMeters::default()),
             source_io: Arc::new(SourceIo::default()),
+            disk_tier: None,
         }
     }
 
@@ -296,6 +300,17 @@ impl ModelStore {
 
     /// Tunes the store with `config` (its index cap included): for files opened from now on,
     /// and for every read.
+    /// Keeps the chunks of files opened from now on in `tier` too ([`crate::disk_tier`]).
+    pub fn with_disk_tier(mut self, tier: Arc<DiskTier>) -> ModelStore {
+        self.disk_tier = Some(tier);
+        self
+    }
+
+    /// The mount's local disk tier, if it has one.
+    pub fn disk_tier(&self) -> Option<&Arc<DiskTier>> {
+        self.disk_tier.as_ref()
+    }
+
     pub fn with_config(mut self, config: ModelsConfig) -> ModelStore {
         let mut files = self.lock();
         files.set_cap(config.index_cap);
@@ -463,6 +478,7 @@ impl ModelStore {
             ),
             membership,
             (index_cap, &self.config),
+            self.disk_tier.as_ref(),
         )?;
         let mut files = self.lock();
         // Several readers may open a file at once: the first version indexed wins, the others

@@ -161,6 +161,34 @@ impl AlignedBytes {
         })
     }
 
+    /// A buffer for file bytes `[start, end)` laid out as
+    /// [`super::SourceFile::read_aligned`] of that range has them (its whole pages from
+    /// `start` rounded down), to be filled through [`Self::whole_pages_mut`]. Its old bytes are
+    /// not cleared. What the disk tier reads a chunk back into.
+    pub fn for_range(start: u64, end: u64) -> io::Result<AlignedBytes> {
+        let too_large = || io::Error::from(io::ErrorKind::InvalidInput);
+        let map_len = usize::try_from(aligned_footprint(start, end)).map_err(|_| too_large())?;
+        let len = usize::try_from(end.saturating_sub(start)).map_err(|_| too_large())?;
+        Ok(AlignedBytes {
+            map: Some(map_buffer(map_len.max(1))?),
+            skip: (start - align_down(start)) as usize,
+            len,
+        })
+    }
+
+    /// Every page of the buffer, from the page its bytes start in: what an aligned read of the
+    /// buffer's range fills.
+    pub fn whole_pages_mut(&mut self) -> &mut [u8] {
+        let pages = align_up((self.skip + self.len).max(1) as u64) as usize;
+        match self.map.as_deref_mut() {
+            Some(map) => {
+                let n = pages.min(map.len());
+                &mut map[..n]
+            }
+            None => &mut [],
+        }
+    }
+
     /// The bytes, to write.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         let (skip, len) = (self.skip, self.len);

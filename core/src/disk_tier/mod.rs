@@ -1,0 +1,704 @@
+//! The local disk tier: chunks read from a slow source kept on a local disk, below the RAM
+//! cache, across restarts.
+//!
+//! **Contract.** With `--disk-cache DIR --disk-cache-size SIZE`, every chunk the RAM cache
+//! loads from the source is also written to DIR (in the background, never delaying the reader
+//! who asked for it), and a chunk the RAM cache misses is read from DIR instead of the source
+//! when DIR holds it. DIR never holds more than SIZE bytes of chunks; room is made by the rule
+//! in [`index`] (the chunks needed soonest stay). A chunk comes back from DIR only if its bytes
+//! match the checksum recorded when it was written: a damaged, truncated or missing cache file
+//! is detected, dropped and read from the source again, never served. A crash or power loss
+//! loses at most the chunks being written ([`log`]). DIR belongs to one mount at a time: a
+//! second mount naming it is refused with the process holding it. Writing never makes a read
+//! fail: a full disk shrinks the tier to what it holds, other write errors skip the chunk, and
+//! both are counted.
+//!
+//! **Layout.** `DIR/tierfs-disk-tier-v1/` holds a lock file and, per source version, a sparse
+//! data file at the source's own offsets (`NAME.data`) and its chunk log (`NAME.log`). NAME is
+//! a hash of what identifies the version ([`TierVersion`]): a replaced file is a new version,
+//! whose chunks never mix with the old one's. Writes go through the page cache and are
+//! written back and dropped from it at once; reads use `O_DIRECT` where DIR's file system takes
+//! it: the tier's bytes are never a second copy in RAM.
+//!
+//! **What it costs.** Chunks waiting to be written are copies, bounded by
+//! [`DiskTierConfig::max_pending_bytes`] (outside the RAM budget); a chunk offered while that
+//! is full is not written (`skipped_busy`).
+
+mod index;
+mod io;
+mod log;
+mod writer;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+
+use crate::source::{AlignedBytes, SourceIdentity};
+use crate::sync::{lock, Mutex};
+use index::TierIndex;
+use log::{chunk_hash, replay, Held, Record, RECORD_BYTES};
+use writer::Job;
+
+/// Name of the tier's folder inside DIR (the format's version is in it: a later format starts
+/// a folder of its own rather than misread this one).
+const TIER_FOLDER: &str = "tierfs-disk-tier-v1";
+
+/// Tuning of the disk tier.
+#[derive(Debug, Clone)]
+pub struct DiskTierConfig {
+    /// The folder the tier lives in (created if missing).
+    pub dir: PathBuf,
+    /// Bytes of chunks the tier may hold.
+    pub capacity: u64,
+    /// Bytes of chunks waiting to be written at most: the copies' RAM, outside the budget.
+    /// 64 MiB holds a few chunks of the largest blocks while a local disk writes at hundreds
+    /// of MB/s, far faster than the slow sources the tier is for.
+    pub max_pending_bytes: u64,
+}
+
+impl DiskTierConfig {
+    /// A tier in `dir` of `capacity` bytes, tuned by default.
+    pub fn new(dir: PathBuf, capacity: u64) -> DiskTierConfig {
+        DiskTierConfig {
+            dir,
+            capacity,
+            max_pending_bytes: 64 << 20,
+        }
+    }
+}
+
+/// Why the disk tier cannot be opened.
+#[derive(Debug, Error)]
+pub enum DiskTierError {
+    #[error("cannot create the disk cache folder {dir}: {source}")]
+    Create {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot lock the disk cache {path}: {source}")]
+    Lock {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "the disk cache {dir} is in use by another tierfs mount ({holder}); give each mount \
+         a folder of its own"
+    )]
+    InUse { dir: PathBuf, holder: String },
+    #[error("cannot read the disk cache folder {dir}: {source}")]
+    List {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Which source version chunks belong to: a name that changes whenever the version does.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TierVersion {
+    name: String,
+    size: u64,
+}
+
+impl TierVersion {
+    /// The version of a local file: its inode, size, modification and change times. The
+    /// device number is left out: a network file system's changes with each mount, and a file
+    /// restored elsewhere has a new inode anyway.
+    pub fn of_file(identity: &SourceIdentity) -> TierVersion {
+        TierVersion::named(
+            &format!(
+                "file\0{}\0{}\0{}\0{}",
+                identity.ino, identity.size, identity.mtime_ns, identity.ctime_ns
+            ),
+            identity.size,
+        )
+    }
+
+    /// A version identified by `id` (e.g. an object's key and ETag), of `size` bytes.
+    pub fn named(id: &str, size: u64) -> TierVersion {
+        TierVersion {
+            name: format!("{:032x}", xxhash_rust::xxh3::xxh3_128(id.as_bytes())),
+            size,
+        }
+    }
+}
+
+/// The tier's counters, since the mount started.
+#[derive(Debug, Default)]
+struct TierCounters {
+    hits: AtomicU64,
+    hit_bytes: AtomicU64,
+    written: AtomicU64,
+    written_bytes: AtomicU64,
+    evicted: AtomicU64,
+    evicted_bytes: AtomicU64,
+    damaged: AtomicU64,
+    write_errors: AtomicU64,
+    skipped_busy: AtomicU64,
+    not_kept: AtomicU64,
+}
+
+/// What `.tierfs/stats` shows of the tier.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DiskTierStats {
+    /// The folder given.
+    pub dir: String,
+    /// Bytes of chunks the tier may hold now (less than asked after a full disk).
+    pub capacity_bytes: u64,
+    /// Bytes of chunks held or being written.
+    pub used_bytes: u64,
+    /// Source versions with chunks held.
+    pub versions: u64,
+    /// Chunks (and their bytes) read back instead of from the source.
+    pub hits: u64,
+    pub hit_bytes: u64,
+    /// Chunks (and bytes) written.
+    pub written: u64,
+    pub written_bytes: u64,
+    /// Chunks (and bytes) dropped to make room.
+    pub evicted: u64,
+    pub evicted_bytes: u64,
+    /// Chunks whose bytes did not match their checksum, or could not be read back: dropped
+    /// and read from the source.
+    pub damaged: u64,
+    /// Chunks not written because of a write error (a full disk included).
+    pub write_errors: u64,
+    /// Chunks not written because [`DiskTierConfig::max_pending_bytes`] were waiting.
+    pub skipped_busy: u64,
+    /// Chunks not written because only chunks needed sooner were held.
+    pub not_kept: u64,
+}
+
+/// The open files of one cached version.
+struct VersionFiles {
+    data_path: PathBuf,
+    data: File,
+    direct: Option<File>,
+    direct_works: AtomicBool,
+    log: Mutex<File>,
+}
+
+/// What the writer thread and the readers share.
+struct Shared {
+    dir: PathBuf,
+    given_dir: PathBuf,
+    index: Mutex<TierIndex>,
+    files: Mutex<HashMap<String, Arc<VersionFiles>>>,
+    counters: TierCounters,
+    /// Bytes of chunks offered and not yet written or refused.
+    pending: AtomicU64,
+    max_pending: u64,
+    /// Whether a full disk was already reported.
+    full_reported: AtomicBool,
+    /// The tier is being dropped: queued chunks are not written.
+    stopping: AtomicBool,
+    /// Held locked for the tier's life: DIR is this mount's.
+    _lock: File,
+}
+
+/// The local disk tier of a mount ([module docs](self)).
+pub struct DiskTier {
+    shared: Arc<Shared>,
+    /// `None` once dropped (which ends the writer).
+    jobs: Option<crossbeam::channel::Sender<Job>>,
+    writer: Option<std::thread::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for DiskTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiskTier")
+            .field("dir", &self.shared.dir)
+            .finish()
+    }
+}
+
+impl DiskTier {
+    /// Opens (or creates) the tier in `config.dir`: locks it, takes in what an earlier mount
+    /// left (dropping what its logs do not vouch for), trims it to the capacity, and starts
+    /// its writer.
+    pub fn open(config: &DiskTierConfig) -> Result<Arc<DiskTier>, DiskTierError> {
+        let dir = config.dir.join(TIER_FOLDER);
+        std::fs::create_dir_all(&dir).map_err(|source| DiskTierError::Create {
+            dir: dir.clone(),
+            source,
+        })?;
+        let lock_file = take_lock(&config.dir, &dir.join("lock"))?;
+        let mut index = TierIndex::new(config.capacity);
+        let files = take_in(&dir, &mut index)?;
+        let (jobs, queue) = crossbeam::channel::unbounded();
+        let shared = Arc::new(Shared {
+            dir,
+            given_dir: config.dir.clone(),
+            index: Mutex::new(index),
+            files: Mutex::new(files),
+            counters: TierCounters::default(),
+            pending: AtomicU64::new(0),
+            max_pending: config.max_pending_bytes,
+            full_reported: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
+            _lock: lock_file,
+        });
+        let victims = lock(&shared.index).trim();
+        for victim in victims {
+            shared.drop_range(&victim.name, victim.start, victim.end);
+        }
+        let writer =
+            writer::start(Arc::clone(&shared), queue).map_err(|source| DiskTierError::Create {
+                dir: shared.dir.clone(),
+                source,
+            })?;
+        tracing::info!(dir = %shared.dir.display(), capacity = config.capacity, held = lock(&shared.index).used, "disk tier open");
+        Ok(Arc::new(DiskTier {
+            shared,
+            jobs: Some(jobs),
+            writer: Some(writer),
+        }))
+    }
+
+    /// Whether the tier holds `[start, end)` of `version` (as one chunk).
+    pub fn holds(&self, version: &TierVersion, start: u64, end: u64) -> bool {
+        lock(&self.shared.index)
+            .get(&version.name, start, end)
+            .is_some()
+    }
+
+    /// `[start, end)` of `version`, if the tier holds it as one chunk and its bytes match their
+    /// checksum; a chunk that does not is dropped (and counted) and `None` returned.
+    pub fn read(&self, version: &TierVersion, start: u64, end: u64) -> Option<AlignedBytes> {
+        let held = {
+            let mut index = lock(&self.shared.index);
+            let held = index.get(&version.name, start, end)?;
+            index.touch(&version.name);
+            held
+        };
+        let shared = &self.shared;
+        let got = shared
+            .files_of(&version.name, None)
+            .and_then(|files| {
+                io::read_chunk(
+                    (&files.data, files.direct.as_ref(), &files.direct_works),
+                    &files.data_path,
+                    start,
+                    end,
+                )
+            })
+            .map_err(|e| e.to_string())
+            .and_then(|bytes| {
+                if chunk_hash(bytes.as_slice()) == held.hash {
+                    Ok(bytes)
+                } else {
+                    Err("its bytes do not match their checksum".to_owned())
+                }
+            });
+        match got {
+            Ok(bytes) => {
+                add(&shared.counters.hits, 1);
+                add(&shared.counters.hit_bytes, end - start);
+                Some(bytes)
+            }
+            Err(why) => {
+                // Dropped only if still held as read: an eviction meanwhile is no damage.
+                if lock(&shared.index)
+                    .forget(&version.name, start, held.hash)
+                    .is_some()
+                {
+                    add(&shared.counters.damaged, 1);
+                    tracing::warn!(dir = %shared.dir.display(), start, end, %why, "a chunk of the disk tier is damaged: dropped, read from the source");
+                    self.send(Job::Drop {
+                        name: version.name.clone(),
+                        start,
+                        end,
+                    });
+                }
+                None
+            }
+        }
+    }
+
+    /// Offers `[start, end)` of `version`, just read from the source, to be written in the
+    /// background (a copy is queued; nothing is written when too much waits already).
+    pub fn offer(&self, version: &TierVersion, start: u64, end: u64, bytes: &[u8]) {
+        let len = end - start;
+        if bytes.len() as u64 != len || self.holds(version, start, end) {
+            return;
+        }
+        let shared = &self.shared;
+        if shared
+            .pending
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| {
+                (p + len <= shared.max_pending).then_some(p + len)
+            })
+            .is_err()
+        {
+            add(&shared.counters.skipped_busy, 1);
+            return;
+        }
+        match AlignedBytes::copy_of(bytes) {
+            Ok(copy) => self.send(Job::Put {
+                version: version.clone(),
+                start,
+                bytes: copy,
+            }),
+            Err(e) => {
+                shared.pending.fetch_sub(len, Ordering::AcqRel);
+                tracing::debug!(error = %e, "no memory to queue a chunk for the disk tier");
+                add(&shared.counters.skipped_busy, 1);
+            }
+        }
+    }
+
+    /// Waits up to `timeout` for the chunks offered so far to be written (or refused); whether
+    /// they were.
+    pub fn settle(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while self.shared.pending.load(Ordering::Acquire) > 0 {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        true
+    }
+
+    /// The tier's figures now.
+    pub fn stats(&self) -> DiskTierStats {
+        let (capacity, used, versions) = {
+            let index = lock(&self.shared.index);
+            let versions = index
+                .entries
+                .values()
+                .filter(|e| !e.held.is_empty())
+                .count() as u64;
+            (index.capacity, index.used, versions)
+        };
+        let c = &self.shared.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        DiskTierStats {
+            dir: self.shared.given_dir.display().to_string(),
+            capacity_bytes: capacity,
+            used_bytes: used,
+            versions,
+            hits: get(&c.hits),
+            hit_bytes: get(&c.hit_bytes),
+            written: get(&c.written),
+            written_bytes: get(&c.written_bytes),
+            evicted: get(&c.evicted),
+            evicted_bytes: get(&c.evicted_bytes),
+            damaged: get(&c.damaged),
+            write_errors: get(&c.write_errors),
+            skipped_busy: get(&c.skipped_busy),
+            not_kept: get(&c.not_kept),
+        }
+    }
+
+    /// Bytes of `version` the tier holds.
+    pub fn held_bytes(&self, version: &TierVersion) -> u64 {
+        lock(&self.shared.index).held_bytes(&version.name)
+    }
+
+    fn send(&self, job: Job) {
+        let Some(jobs) = self.jobs.as_ref() else {
+            return;
+        };
+        if let Err(e) = jobs.send(job) {
+            // The writer is gone (it only ends with the tier): nothing is written any more.
+            if let Job::Put { bytes, .. } = e.into_inner() {
+                self.shared
+                    .pending
+                    .fetch_sub(bytes.as_slice().len() as u64, Ordering::AcqRel);
+            }
+        }
+    }
+}
+
+impl Drop for DiskTier {
+    /// Ends the writer: the chunks still waiting are not written, the one being written is
+    /// finished; then the folder's lock is released.
+    fn drop(&mut self) {
+        self.shared.stopping.store(true, Ordering::Release);
+        self.jobs = None;
+        if let Some(writer) = self.writer.take() {
+            if writer.join().is_err() {
+                tracing::warn!(dir = %self.shared.dir.display(), "the disk tier's writer panicked");
+            }
+        }
+    }
+}
+
+impl Shared {
+    /// The open files of version `name`; created (sized `create`) when missing and `create`
+    /// is given.
+    fn files_of(&self, name: &str, create: Option<u64>) -> std::io::Result<Arc<VersionFiles>> {
+        if let Some(files) = lock(&self.files).get(name) {
+            return Ok(Arc::clone(files));
+        }
+        let data_path = self.dir.join(format!("{name}.data"));
+        let log_path = self.dir.join(format!("{name}.log"));
+        let files = match create {
+            Some(size) if !data_path.exists() => {
+                let data = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .open(&data_path)?;
+                data.set_len(size)?;
+                let mut log = OpenOptions::new()
+                    .create(true)
+                    .write(true)
+                    .truncate(true)
+                    .open(&log_path)?;
+                log.write_all(&Record::Header { size }.encode())?;
+                VersionFiles::new(data_path, data, log)
+            }
+            _ => {
+                let data = OpenOptions::new().read(true).write(true).open(&data_path)?;
+                let log = OpenOptions::new().append(true).open(&log_path)?;
+                VersionFiles::new(data_path, data, log)
+            }
+        };
+        let files = Arc::new(files);
+        lock(&self.files).insert(name.to_owned(), Arc::clone(&files));
+        Ok(files)
+    }
+
+    /// Frees `[start, end)` of version `name` on disk and records that it is gone.
+    fn drop_range(&self, name: &str, start: u64, end: u64) {
+        match self.files_of(name, None) {
+            Ok(files) => {
+                io::punch(&files.data, start, end);
+                if let Err(e) = lock(&files.log).write_all(&Record::Drop { start, end }.encode()) {
+                    tracing::debug!(error = %e, "cannot record a dropped chunk; its checksum will catch it");
+                }
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, name, "cannot open a cached version to drop a chunk")
+            }
+        }
+    }
+}
+
+impl VersionFiles {
+    fn new(data_path: PathBuf, data: File, log: File) -> VersionFiles {
+        VersionFiles {
+            direct: io::open_direct(&data_path),
+            data_path,
+            data,
+            direct_works: AtomicBool::new(true),
+            log: Mutex::new(log),
+        }
+    }
+}
+
+fn add(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Locks DIR for this process, or says who holds it.
+fn take_lock(given: &Path, path: &Path) -> Result<File, DiskTierError> {
+    let lock_err = |source| DiskTierError::Lock {
+        path: path.to_owned(),
+        source,
+    };
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(lock_err)?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            let holder = match holder.trim() {
+                "" => "a process that did not say which".to_owned(),
+                pid => format!("process {pid}"),
+            };
+            return Err(DiskTierError::InUse {
+                dir: given.to_owned(),
+                holder,
+            });
+        }
+        Err(std::fs::TryLockError::Error(e)) => return Err(lock_err(e)),
+    }
+    file.set_len(0).map_err(lock_err)?;
+    file.write_all(std::process::id().to_string().as_bytes())
+        .map_err(lock_err)?;
+    Ok(file)
+}
+
+/// Takes in the versions an earlier mount left in `dir`, oldest first: each log replayed (and
+/// rewritten when it has records to shed), the data file's unrecorded pages freed; a log
+/// without its data file (or of another size), or a data file without its log, is deleted.
+fn take_in(
+    dir: &Path,
+    index: &mut TierIndex,
+) -> Result<HashMap<String, Arc<VersionFiles>>, DiskTierError> {
+    let listing = std::fs::read_dir(dir).map_err(|source| DiskTierError::List {
+        dir: dir.to_owned(),
+        source,
+    })?;
+    let mut logs = Vec::new();
+    let mut datas = Vec::new();
+    for entry in listing.flatten() {
+        let path = entry.path();
+        let (Some(stem), Some(ext)) = (
+            path.file_stem().and_then(|s| s.to_str()).map(str::to_owned),
+            path.extension().and_then(|s| s.to_str()),
+        ) else {
+            continue;
+        };
+        match ext {
+            "log" => {
+                let modified = entry
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .unwrap_or(std::time::UNIX_EPOCH);
+                logs.push((modified, stem));
+            }
+            "data" => datas.push(stem),
+            "tmp" => remove(&path),
+            _ => {}
+        }
+    }
+    logs.sort();
+    let mut files = HashMap::new();
+    for (_, name) in logs {
+        if let Some(opened) = take_in_version(dir, &name, index) {
+            files.insert(name, Arc::new(opened));
+        }
+    }
+    for name in datas {
+        if !files.contains_key(&name) {
+            remove(&dir.join(format!("{name}.data")));
+        }
+    }
+    Ok(files)
+}
+
+/// One version of [`take_in`]: its files, opened, or `None` (and both deleted).
+fn take_in_version(dir: &Path, name: &str, index: &mut TierIndex) -> Option<VersionFiles> {
+    let data_path = dir.join(format!("{name}.data"));
+    let log_path = dir.join(format!("{name}.log"));
+    let forget = || {
+        remove(&data_path);
+        remove(&log_path);
+    };
+    let Ok(bytes) = std::fs::read(&log_path) else {
+        forget();
+        return None;
+    };
+    let replayed = replay(&bytes);
+    let data = OpenOptions::new().read(true).write(true).open(&data_path);
+    let (Some(size), Ok(data)) = (replayed.size, data) else {
+        forget();
+        return None;
+    };
+    if replayed.held.is_empty() || data.metadata().map(|m| m.len()).ok() != Some(size) {
+        forget();
+        return None;
+    }
+    // Pages no record vouches for (a chunk written when the mount stopped) are freed.
+    let mut at = 0;
+    for (&start, held) in &replayed.held {
+        io::punch(&data, at, start);
+        at = held.end;
+    }
+    io::punch(&data, at, size);
+    if replayed.superseded > 0 || replayed.valid_len < bytes.len() {
+        let mut fresh = Vec::with_capacity((replayed.held.len() + 1) * RECORD_BYTES);
+        fresh.extend_from_slice(&Record::Header { size }.encode());
+        for (&start, &Held { end, hash }) in &replayed.held {
+            fresh.extend_from_slice(&Record::Add { start, end, hash }.encode());
+        }
+        if let Err(e) = rewrite(&log_path, &fresh) {
+            tracing::warn!(log = %log_path.display(), error = %e, "cannot rewrite a disk tier log: dropping its version");
+            forget();
+            return None;
+        }
+    }
+    let log = OpenOptions::new().append(true).open(&log_path).ok()?;
+    index.adopt(name.to_owned(), size, replayed.held);
+    Some(VersionFiles::new(data_path, data, log))
+}
+
+/// Replaces `path` with `bytes` whole (a crash leaves the old file or the new one).
+fn rewrite(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    let mut file = File::create(&tmp)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+fn remove(path: &Path) {
+    if let Err(e) = std::fs::remove_file(path) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            tracing::debug!(path = %path.display(), error = %e, "cannot remove a disk tier file");
+        }
+    }
+}
+
+/// One source version's view of the tier: what a model file reads and offers its chunks
+/// through.
+#[derive(Debug, Clone)]
+pub struct VersionInTier {
+    tier: Arc<DiskTier>,
+    version: TierVersion,
+}
+
+impl VersionInTier {
+    pub fn new(tier: &Arc<DiskTier>, version: TierVersion) -> VersionInTier {
+        VersionInTier {
+            tier: Arc::clone(tier),
+            version,
+        }
+    }
+
+    /// [`DiskTier::read`] of this version.
+    pub fn read(&self, start: u64, end: u64) -> Option<AlignedBytes> {
+        self.tier.read(&self.version, start, end)
+    }
+
+    /// The first bytes of the file as one chunk, `[0, end)`, if the tier holds them (a model
+    /// file's header, [`Self::offer`]ed at its first open).
+    pub fn read_head(&self) -> Option<AlignedBytes> {
+        let end = lock(&self.tier.shared.index).head(&self.version.name)?.end;
+        self.read(0, end)
+    }
+
+    /// [`DiskTier::holds`] of this version.
+    pub fn holds(&self, start: u64, end: u64) -> bool {
+        self.tier.holds(&self.version, start, end)
+    }
+
+    /// [`DiskTier::offer`] of this version.
+    pub fn offer(&self, start: u64, end: u64, bytes: &[u8]) {
+        self.tier.offer(&self.version, start, end, bytes);
+    }
+
+    /// Offers each chunk of `spans` (ranges of the file, within `[at, at + bytes.len())`) cut
+    /// from `bytes`, one read of adjacent chunks.
+    pub fn offer_run(&self, at: u64, bytes: &[u8], spans: impl Iterator<Item = (u64, u64)>) {
+        for (start, end) in spans {
+            let piece = start
+                .checked_sub(at)
+                .and_then(|from| usize::try_from(from).ok())
+                .zip(usize::try_from(end - start).ok())
+                .and_then(|(from, len)| bytes.get(from..from.checked_add(len)?));
+            if let Some(piece) = piece {
+                self.offer(start, end, piece);
+            }
+        }
+    }
+}

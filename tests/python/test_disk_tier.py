@@ -1,0 +1,207 @@
+"""The local disk tier through real mounts (`--disk-cache DIR --disk-cache-size SIZE`).
+
+A model larger than the RAM budget is read through a mount whose disk tier takes its chunks;
+the mount is stopped and started again on the same folder: every byte must be the source's,
+and the chunks must come from the tier, not the source (the stats' source reads, and the
+source device's own read counter where the source is a loop device). A damaged tier file is
+never served; a full disk shrinks the tier and reads go on; a second mount naming the same
+folder is refused with the process holding it; a folder inside SOURCE is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+import gen
+from conftest import MiB, TIERFS_BIN, FaultFs, drop_caches, fresh_dir
+
+# Served through the chunk cache whatever the budget: the tier is filled by the cache.
+BUDGET = "8MiB"
+TIER = "tierfs-disk-tier-v1"
+
+
+def _model(src: Path, name: str = "m.safetensors", blocks: int = 12, seed: int = 3) -> Path:
+    path = src / name
+    gen.write_small(path, gen.dit_specs(512, 1024, blocks), seed=seed)
+    return path
+
+
+def _sha(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 * MiB + 4093):  # odd reads: chunk edges fall mid-request
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _settled_tier(m, timeout: float = 30) -> dict:
+    """The disk tier's figures once nothing is waiting to be written."""
+    deadline, last = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        t = m.stats()["disk_tier"]
+        now = (t["used_bytes"], t["written"], t["not_kept"], t["skipped_busy"], t["write_errors"])
+        if now == last:
+            return t
+        last = now
+        time.sleep(0.3)
+    raise AssertionError(f"the disk tier did not settle: {last}")
+
+
+def _args(tier_dir: Path, size: str = "256MiB") -> tuple[str, ...]:
+    return ("--disk-cache", str(tier_dir), "--disk-cache-size", size)
+
+
+def _source_reads(stats_path: Path) -> int:
+    """Bytes the test source filesystem served so far (its `--disk-stats` file)."""
+    for _ in range(100):
+        try:
+            return int(json.loads(stats_path.read_text())["bytes"])
+        except (OSError, ValueError, KeyError):
+            time.sleep(0.02)
+    raise AssertionError(f"no source counters in {stats_path}")
+
+
+def test_a_restart_reads_the_model_from_the_disk_tier_not_the_source(mount, faultfs_bin):
+    src = fresh_dir("tier-src")
+    path = _model(src)
+    want = _sha(path)
+    tier_dir = fresh_dir("tier-dir")
+    # The source is seen through the test source filesystem, which counts what it serves.
+    counted = fresh_dir("tier-counted")
+    fs = FaultFs(src, ("--disk", "--seek-ms", "0", "--disk-mbps", "100000", "--disk-stats",
+                       str(counted / "stats.json")))
+    try:
+        m = mount(fs.mnt, BUDGET, _args(tier_dir))
+        assert _sha(m.mnt / path.name) == want
+        first = m.stats()
+        tier = _settled_tier(m)
+        data_bytes = path.stat().st_size
+        assert tier["written_bytes"] >= 0.9 * data_bytes, tier
+        assert tier["used_bytes"] == tier["written_bytes"], tier
+        assert first["files"][0]["mode_reason"] == "the mount keeps its chunks in the local disk tier"
+        m.close()
+        assert _source_reads(counted / "stats.json") >= data_bytes
+
+        drop_caches()
+        before = _source_reads(counted / "stats.json")
+        m = mount(fs.mnt, BUDGET, _args(tier_dir))
+        assert _sha(m.mnt / path.name) == want
+        assert _sha(m.mnt / path.name) == want
+        again = m.stats()
+        tier = again["disk_tier"]
+        # Every byte of both passes, the header included, came from the tier.
+        assert _source_reads(counted / "stats.json") == before
+        assert again["disk"]["read_bytes"] == 0, again["disk"]
+        assert tier["hit_bytes"] >= 2 * 0.9 * data_bytes, tier
+        assert tier["damaged"] == 0 and tier["write_errors"] == 0, tier
+        m.close()
+    finally:
+        fs.close()
+
+
+def test_a_damaged_or_truncated_tier_file_is_never_served(mount):
+    src = fresh_dir("tier-src")
+    a, b = _model(src, "a.safetensors", seed=4), _model(src, "b.safetensors", seed=5)
+    want = {p.name: _sha(p) for p in (a, b)}
+    tier_dir = fresh_dir("tier-dir")
+    m = mount(src, BUDGET, _args(tier_dir))
+    for p in (a, b):
+        assert _sha(m.mnt / p.name) == want[p.name]
+    _settled_tier(m)
+    m.close()
+    datas = sorted((tier_dir / TIER).glob("*.data"))
+    assert len(datas) == 2
+    # One version's file gets bytes flipped every 3 MiB; the other is cut short.
+    with open(datas[0], "r+b") as f:
+        size = datas[0].stat().st_size
+        for at in range(4096, size, 3 * MiB):
+            f.seek(at)
+            byte = f.read(1)
+            f.seek(at)
+            f.write(bytes([byte[0] ^ 0xFF]))
+    with open(datas[1], "r+b") as f:
+        f.truncate(datas[1].stat().st_size // 2)
+
+    m = mount(src, BUDGET, _args(tier_dir))
+    for p in (a, b):
+        assert _sha(m.mnt / p.name) == want[p.name]
+    s = m.stats()
+    assert s["disk_tier"]["damaged"] >= 1, s["disk_tier"]
+    assert s["disk"]["read_bytes"] > 0
+    # What was read from the source again was written again: a third mount reads none.
+    _settled_tier(m)
+    m.close()
+    m = mount(src, BUDGET, _args(tier_dir))
+    for p in (a, b):
+        assert _sha(m.mnt / p.name) == want[p.name]
+    assert m.stats()["disk"]["read_bytes"] == 0
+
+
+def test_a_full_disk_shrinks_the_tier_and_reads_go_on(mount):
+    src = fresh_dir("tier-src")
+    path = _model(src)
+    want = _sha(path)
+    tier_dir = fresh_dir("tier-dir")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tierfs-test-full", str(tier_dir)], check=True)
+    try:
+        m = mount(src, BUDGET, _args(tier_dir, "1GiB"))
+        assert _sha(m.mnt / path.name) == want
+        tier = _settled_tier(m)
+        assert tier["write_errors"] >= 1, tier
+        assert tier["capacity_bytes"] < 6 * MiB, tier
+        assert tier["used_bytes"] <= tier["capacity_bytes"], tier
+        assert _sha(m.mnt / path.name) == want
+        assert m.stats()["disk_tier"]["hit_bytes"] > 0
+        m.close()
+    finally:
+        subprocess.run(["umount", "-l", str(tier_dir)], check=False)
+
+
+def test_repeated_passes_larger_than_the_budget_read_the_source_once(mount):
+    src = fresh_dir("tier-src")
+    path = _model(src, blocks=16)
+    want = _sha(path)
+    m = mount(src, BUDGET, _args(fresh_dir("tier-dir")))
+    assert _sha(m.mnt / path.name) == want
+    _settled_tier(m)
+    after_first = m.stats()["disk"]["read_bytes"]
+    assert after_first >= 0.9 * path.stat().st_size
+    for _ in range(3):
+        assert _sha(m.mnt / path.name) == want
+    assert m.stats()["disk"]["read_bytes"] == after_first
+
+
+def test_a_second_mount_on_the_same_folder_is_refused(mount):
+    src = fresh_dir("tier-src")
+    _model(src, blocks=2)
+    tier_dir = fresh_dir("tier-dir")
+    m = mount(src, BUDGET, _args(tier_dir))
+    second = subprocess.run(
+        [str(TIERFS_BIN), "mount", str(src), str(fresh_dir("mnt")), "--ram-cache", BUDGET,
+         "--no-state", *_args(tier_dir)],
+        capture_output=True, text=True, timeout=60)
+    assert second.returncode != 0
+    assert "in use by another tierfs mount" in second.stderr, second.stderr
+    assert f"process {m.pid}" in second.stderr, second.stderr
+
+
+@pytest.mark.parametrize("where", ["source", "size"])
+def test_bad_disk_cache_options_are_clear_errors(where):
+    src = fresh_dir("tier-src")
+    _model(src, blocks=2)
+    args = (["--disk-cache", str(src / "cache"), "--disk-cache-size", "1GiB"] if where == "source"
+            else ["--disk-cache", str(fresh_dir("tier-dir"))])
+    got = subprocess.run(
+        [str(TIERFS_BIN), "mount", str(src), str(fresh_dir("mnt")), "--ram-cache", BUDGET,
+         "--no-state", *args],
+        capture_output=True, text=True, timeout=60)
+    assert got.returncode != 0
+    expected = "is inside SOURCE" if where == "source" else "--disk-cache-size"
+    assert expected in got.stderr, got.stderr
+    assert not (src / "cache").exists(), "nothing is created in SOURCE"
