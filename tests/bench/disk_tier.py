@@ -83,6 +83,11 @@ class Local:
         d.mkdir(parents=True)
         return d
 
+    def drop_tiers(self) -> None:
+        """Removes every tier folder: each case starts empty, and the device never fills."""
+        shutil.rmtree(self.disk.mnt / "tiers", ignore_errors=True)
+        os.sync()
+
     def read_bytes(self) -> int:
         return sources.parse_service_bytes(
             (self.thr.path / "blkio.throttle.io_service_bytes").read_text(), self.disk.majmin)
@@ -149,6 +154,7 @@ class Run:
                         if case == "restart_fits":  # filled by a first mount, not measured
                             self.mounted(src, lp, rel, b, tier_args(tier, 2 * size))
                     row[case] = self.mounted(src, lp, rel, b, tier_args(tier, 2 * size))
+                self.local.drop_tiers()
                 sources.drop_caches()
                 row["local"] = {"s": lp.load(self.local.copy, timeout=1800)}
                 out["loaders"][name] = row
@@ -178,6 +184,7 @@ class Run:
                 out["tier"] = m.stats()["disk_tier"]
             finally:
                 m.close()
+                self.local.drop_tiers()
         print("   passes: source bytes per pass / model: "
               + ", ".join(slow.fmt(p["bytes"] / size) for p in out["mount"])
               + "; s " + ", ".join(slow.fmt(p["s"]) for p in out["mount"]), flush=True)
@@ -208,8 +215,9 @@ def render(cmd: str, info: dict, res: dict, args) -> str:
                   f"source limit (dd) {limit:.2f} s.", "",
                   "| loader | plain s | off s | first s | restart s | restart fits s | local s | "
                   "first / off | restart / local | restart fits / local | restart source bytes | "
-                  "restart fits source bytes | restart / limit |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "restart fits source bytes | restart / limit | tier written, first (MiB) | "
+                  "tier read back, restart (MiB) | tier write errors |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for name, r in c["loaders"].items():
             lines.append(
                 f"| {name} | {f(r['plain']['s'])} | {f(r['off']['s'])} | {f(r['first']['s'])} | "
@@ -217,7 +225,9 @@ def render(cmd: str, info: dict, res: dict, args) -> str:
                 f"{f(slow.ratio(r['off']['s'], r['first']['s']))} | "
                 f"{f(slow.ratio(r['local']['s'], r['restart']['s']))} | "
                 f"{f(slow.ratio(r['local']['s'], r['restart_fits']['s']))} | {r['restart']['bytes']} | "
-                f"{r['restart_fits']['bytes']} | {f(slow.ratio(limit, r['restart']['s']))} |")
+                f"{r['restart_fits']['bytes']} | {f(slow.ratio(limit, r['restart']['s']))} | "
+                f"{r['first']['tier']['written_bytes'] / MiB:.0f} | {r['restart']['tier']['hit_bytes'] / MiB:.0f} | "
+                f"{sum(r[k]['tier']['write_errors'] for k in ('first', 'restart', 'restart_fits'))} |")
         p = c["passes"]
         lines += ["", f"Passes through one mount with an empty tier ({args.loaders[0]}): source bytes per pass / "
                   "model: " + ", ".join(f(x["bytes"] / size) for x in p["mount"])
@@ -268,8 +278,8 @@ def main() -> int:
     need = model.stat().st_size + 256 * MiB
     try:
         with sources.RamDisk(need // MiB * MiB + MiB, root, prefer_loop=True) as disk, \
-                sources.RamDisk((6 * model.stat().st_size * max(1, len(args.loaders)) + 512 * MiB) // MiB * MiB,
-                                root, prefer_loop=True) as local_disk:
+                sources.RamDisk((4 * model.stat().st_size + 512 * MiB) // MiB * MiB, root,
+                                prefer_loop=True) as local_disk:
             thr = sources.Throttle(disk.majmin)
             local = Local(local_disk, thr, args.local_mbps, model)
             run = Run(args, root, local)

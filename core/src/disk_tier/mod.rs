@@ -52,6 +52,11 @@ use writer::Job;
 /// a folder of its own rather than misread this one).
 const TIER_FOLDER: &str = "tierfs-disk-tier-v1";
 
+/// How long a stopping mount waits for the chunks waiting to be written: at most
+/// [`DiskTierConfig::max_pending_bytes`] (64 MiB by default), which a disk writing 10 MB/s, the
+/// slowest worth a tier, writes in this time.
+const DRAIN_AT_STOP: Duration = Duration::from_secs(7);
+
 /// Tuning of the disk tier.
 #[derive(Debug, Clone)]
 pub struct DiskTierConfig {
@@ -420,9 +425,13 @@ impl DiskTier {
 }
 
 impl Drop for DiskTier {
-    /// Ends the writer: the chunks still waiting are not written, the one being written is
-    /// finished; then the folder's lock is released.
+    /// Ends the writer once the chunks waiting are written, or after [`DRAIN_AT_STOP`] (then
+    /// the rest is not written, the one being written is finished); then the folder's lock is
+    /// released.
     fn drop(&mut self) {
+        if !self.settle(DRAIN_AT_STOP) {
+            tracing::info!(dir = %self.shared.dir.display(), "the mount stops: chunks still waiting are not written to the disk tier");
+        }
         self.shared.stopping.store(true, Ordering::Release);
         self.jobs = None;
         if let Some(writer) = self.writer.take() {

@@ -74,6 +74,10 @@ mod tests;
 mod config_tests;
 
 #[cfg(test)]
+#[cfg(target_os = "linux")]
+mod disk_tier_tests;
+
+#[cfg(test)]
 mod fault_tests;
 
 #[cfg(test)]

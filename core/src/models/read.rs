@@ -497,7 +497,9 @@ impl ModelStore {
     }
 
     /// Exactly `[offset, end)` from the header and the chunks the disk tier holds, when they
-    /// hold all of it (each chunk read back whole: its checksum covers the whole chunk).
+    /// hold all of it. Each chunk is read back whole (its checksum covers the whole chunk) into
+    /// the chunk cache, as a reader's miss is: a loader's next touches of the same chunk (a
+    /// mapping faults 128 KiB at a time) are hits instead of reading it back again.
     fn probe_from_disk_tier(&self, file: &ModelFile, offset: u64, end: u64) -> Option<ReadBytes> {
         let tier = file.disk_tier.as_ref()?;
         let plan = file.plan()?;
@@ -511,17 +513,21 @@ impl ModelStore {
                 pos = stop;
                 continue;
             }
-            let span = plan.get(plan.chunk_at(pos)?)?;
-            if !tier.holds(span.start, span.end) {
+            let chunk = plan.chunk_at(pos)?;
+            let span = plan.get(chunk)?;
+            if !tier.holds(span.start, span.end) && !file.chunk_present(&self.cache, chunk) {
                 return None;
             }
-            let bytes = tier.read(span.start, span.end)?;
             let stop = end.min(span.end);
-            out.push_copy(
-                bytes
-                    .as_slice()
-                    .get((pos - span.start) as usize..(stop - span.start) as usize)?,
-            );
+            let range = (pos - span.start) as usize..(stop - span.start) as usize;
+            match file.fetch_chunk(&self.cache, chunk, Want::Read) {
+                Ok(Some((bytes, _))) => {
+                    bytes.as_slice().get(range.clone())?;
+                    out.push(ReadBytes::Chunk { bytes, range });
+                }
+                // No room in the cache now: read back for this read alone.
+                _ => out.push_copy(tier.read(span.start, span.end)?.as_slice().get(range)?),
+            }
             pos = stop;
         }
         Some(out.finish())

@@ -1,0 +1,124 @@
+//! The disk tier under the model store: what a load offers it is served back to the next
+//! store on the same folder (a restart) without one byte from the source, the header included;
+//! a source file replaced since is read from the source, never from the old version's chunks.
+
+use std::fs::File;
+use std::io;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::disk_tier::{DiskTier, DiskTierConfig};
+use crate::prefetch::saved::SavedOrders;
+use crate::source::ReadAt;
+use crate::synth::{write_checkpoint, Layout as SynthLayout, SynthDtype, SynthSpec};
+
+const BUDGET: u64 = 4 << 20;
+
+/// A source descriptor that counts the bytes it reads.
+struct Counted {
+    file: File,
+    bytes: Arc<AtomicU64>,
+}
+
+impl ReadAt for Counted {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let n = ReadAt::read_at(&self.file, buf, offset)?;
+        self.bytes.fetch_add(n as u64, Ordering::SeqCst);
+        Ok(n)
+    }
+}
+
+fn checkpoint(path: &Path, seed: u64) -> Vec<u8> {
+    let spec = SynthSpec {
+        layout: SynthLayout::Dit,
+        target_bytes: 12 << 20,
+        dtype: SynthDtype::BF16,
+        seed,
+    };
+    write_checkpoint(path, &spec).unwrap();
+    std::fs::read(path).unwrap()
+}
+
+/// Opens the tier in `dir`, waiting for the last store's tier to let go of the folder.
+fn tier(dir: &Path) -> Arc<DiskTier> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match DiskTier::open(&DiskTierConfig::new(dir.to_owned(), 64 << 20)) {
+            Ok(tier) => return tier,
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("the tier does not open: {e}"),
+        }
+    }
+}
+
+/// Reads the whole file through a store on `tier` in 1 MiB reads, checked against `want`;
+/// returns the source bytes read (by every descriptor of the store).
+fn load(source: &Path, tier: Arc<DiskTier>, want: &[u8]) -> u64 {
+    let counted = Arc::new(AtomicU64::new(0));
+    let shared = Arc::clone(&counted);
+    let store = Arc::new(
+        ModelStore::new(BUDGET, SavedOrders::default())
+            .with_read_wrapper(Arc::new(move |file| {
+                Arc::new(Counted {
+                    file,
+                    bytes: Arc::clone(&shared),
+                }) as Arc<dyn ReadAt>
+            }))
+            .with_disk_tier(Arc::clone(&tier)),
+    );
+    {
+        let handle = store
+            .open_handle(Path::new("m.safetensors"), source)
+            .unwrap();
+        let mut offset = 0u64;
+        while (offset as usize) < want.len() {
+            let got = store.read(handle.file(), offset, 1 << 20).unwrap();
+            let end = offset as usize + got.len();
+            assert_eq!(
+                &got[..],
+                &want[offset as usize..end],
+                "wrong bytes at {offset}"
+            );
+            offset = end as u64;
+        }
+    }
+    assert!(tier.settle(Duration::from_secs(20)));
+    counted.load(Ordering::SeqCst)
+}
+
+#[test]
+fn a_restarted_store_reads_nothing_from_the_source_and_a_replaced_file_is_read_again() {
+    let src = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let path = src.path().join("m.safetensors");
+    let first = checkpoint(&path, 7);
+
+    let read = load(&path, tier(cache.path()), &first);
+    assert!(
+        read >= first.len() as u64 * 9 / 10,
+        "the first load reads the source: {read}"
+    );
+
+    // A restart: a new tier on the same folder, a new store.
+    assert_eq!(
+        load(&path, tier(cache.path()), &first),
+        0,
+        "nothing from the source"
+    );
+
+    // The file is replaced: the old version's chunks are never served for it.
+    std::thread::sleep(Duration::from_millis(20));
+    let second = checkpoint(&path, 8);
+    assert_ne!(first, second);
+    let read = load(&path, tier(cache.path()), &second);
+    assert!(
+        read >= second.len() as u64 * 9 / 10,
+        "a new version is read: {read}"
+    );
+}
