@@ -608,12 +608,16 @@ fn take_in_version(dir: &Path, name: &str, index: &mut TierIndex) -> Option<Vers
         return None;
     };
     let replayed = replay(&bytes);
-    let data = OpenOptions::new().read(true).write(true).open(&data_path);
-    let (Some(size), Ok(data)) = (replayed.size, data) else {
+    let Some(size) = replayed.size else {
+        forget();
+        return None;
+    };
+    let Ok(data) = OpenOptions::new().read(true).write(true).open(&data_path) else {
         forget();
         return None;
     };
     if replayed.held.is_empty() || data.metadata().map(|m| m.len()).ok() != Some(size) {
+        drop(data); // Windows deletes no file that is open
         forget();
         return None;
     }
@@ -632,6 +636,7 @@ fn take_in_version(dir: &Path, name: &str, index: &mut TierIndex) -> Option<Vers
         }
         if let Err(e) = rewrite(&log_path, &fresh) {
             tracing::warn!(log = %log_path.display(), error = %e, "cannot rewrite a disk tier log: dropping its version");
+            drop(data);
             forget();
             return None;
         }
