@@ -3,7 +3,8 @@
 
     sudo .venv/bin/python tests/bench/disk_tier.py [--classes disk,seek,nfs,object]
         [--loaders safe_open_np,comfy] [--model-mib 600] [--budget-mib 256]
-        [--fits-budget-mib 1024] [--passes 3] [--local-mbps 0] [--tierfs PATH] [--out FILE]
+        [--fits-budget-mib 1024] [--passes 3] [--parts loaders,passes] [--local-mbps 0]
+        [--tierfs PATH] [--out FILE]
 
 The source classes are those of tests/bench/slow_sources.py (a blkio-throttled disk, a seeking
 disk through faultfs, SeaweedFS through `weed mount` at 1 ms and at 20 ms per request over a
@@ -142,7 +143,7 @@ class Run:
         out: dict = {"describe": src.describe, "model_bytes": size, "loaders": {}}
         print(f"== {src.name}: {src.describe}", flush=True)
         out["limit"] = [dict(zip(("s", "d"), slow.Run.limit(self, src, src.dir() / rel)))]
-        for name in a.loaders:
+        for name in a.loaders if "loaders" in a.parts else ():
             with acceptance.LoaderProc(name) as lp:
                 row: dict = {}
                 src.cold()
@@ -164,7 +165,8 @@ class Run:
                       f"{row['restart']['bytes']}), restart fits {row['restart_fits']['s']:.2f} s (source bytes "
                       f"{row['restart_fits']['bytes']}), local {row['local']['s']:.2f} s", flush=True)
         out["limit"].append(dict(zip(("s", "d"), slow.Run.limit(self, src, src.dir() / rel))))
-        out["passes"] = self.passes(src, rel, size)
+        if "passes" in a.parts:
+            out["passes"] = self.passes(src, rel, size)
         return out
 
     def passes(self, src: slow.Source, rel: str, size: int) -> dict:
@@ -221,12 +223,13 @@ def render(cmd: str, info: dict, res: dict, args) -> str:
         limit = statistics.median(x["s"] for x in c["limit"])
         lines += [f"## {cname}: {c['describe']}", "",
                   f"Model {size / MiB:.0f} MiB, budget {args.budget_mib} MiB (fits: {args.fits_budget_mib} MiB); "
-                  f"source limit (dd) {limit:.2f} s.", "",
-                  "| loader | plain s | off s | first s | restart s | restart fits s | local s | "
-                  "first / off | restart / local | restart fits / local | restart source bytes | "
-                  "restart fits source bytes | restart / limit | tier written, first (MiB) | "
-                  "tier read back, restart (MiB) | tier write errors |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  f"source limit (dd) {limit:.2f} s.", ""]
+        if c["loaders"]:
+            lines += ["| loader | plain s | off s | first s | restart s | restart fits s | local s | "
+                      "first / off | restart / local | restart fits / local | restart source bytes | "
+                      "restart fits source bytes | restart / limit | tier written, first (MiB) | "
+                      "tier read back, restart (MiB) | tier write errors |",
+                      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for name, r in c["loaders"].items():
             lines.append(
                 f"| {name} | {f(r['plain']['s'])} | {f(r['off']['s'])} | {f(r['first']['s'])} | "
@@ -237,18 +240,24 @@ def render(cmd: str, info: dict, res: dict, args) -> str:
                 f"{r['restart_fits']['bytes']} | {f(slow.ratio(limit, r['restart']['s']))} | "
                 f"{r['first']['tier']['written_bytes'] / MiB:.0f} | {r['restart']['tier']['hit_bytes'] / MiB:.0f} | "
                 f"{sum(r[k]['tier']['write_errors'] for k in ('first', 'restart', 'restart_fits'))} |")
-        p = c["passes"]
-        lines += ["", f"Passes through one mount with an empty tier ({args.loaders[0]}): source bytes per pass / "
+        if c["loaders"]:
+            lines.append("")
+        p = c.get("passes")
+        if p is None:
+            continue
+        lines += [f"Passes through one mount with an empty tier ({args.loaders[0]}): source bytes per pass / "
                   "model: " + ", ".join(f(x["bytes"] / size) for x in p["mount"])
                   + "; tierfs's own source reads / model: " + ", ".join(f(x["tierfs_disk"] / size) for x in p["mount"])
                   + "; seconds: " + ", ".join(f(x["s"]) for x in p["mount"])
                   + f"; tier at the end: {json.dumps({k: p['tier'][k] for k in ('used_bytes', 'written', 'hits', 'evicted', 'not_kept', 'skipped_busy')})}.",
                   ""]
         if "small_tier" in p:
-            over = size - p["budget"] - p["small_tier_bytes"]
-            lines += [f"The same with a tier of {p['small_tier_bytes'] / MiB:.0f} MiB (the model larger than budget + "
+            over = size - p["budget"] - p["small_tier_tier_bytes"]
+            lines += [f"The same with a tier of {p['small_tier_tier_bytes'] / MiB:.0f} MiB (the model larger than budget + "
                       f"tier by {over / MiB:.0f} MiB): tierfs's source reads per pass / (model - budget - tier): "
                       + ", ".join(f(x["tierfs_disk"] / over) for x in p["small_tier"])
+                      + "; the same / (model - budget), what a mount without a tier reads: "
+                      + ", ".join(f(x["tierfs_disk"] / (size - p["budget"])) for x in p["small_tier"])
                       + "; source bytes per pass / model: " + ", ".join(f(x["bytes"] / size) for x in p["small_tier"])
                       + "; seconds: " + ", ".join(f(x["s"]) for x in p["small_tier"])
                       + f"; tier at the end: {json.dumps({k: p['small_tier_tier_stats'][k] for k in ('used_bytes', 'written', 'hits', 'evicted', 'not_kept')})}.",
@@ -264,6 +273,7 @@ def main() -> int:
     ap.add_argument("--budget-mib", type=int, default=256)
     ap.add_argument("--fits-budget-mib", type=int, default=1024)
     ap.add_argument("--passes", type=int, default=3)
+    ap.add_argument("--parts", default="loaders,passes", help="loaders (the per-loader cases), passes")
     ap.add_argument("--local-mbps", type=int, default=0)
     ap.add_argument("--tierfs", type=Path, default=REPO / "target" / "release" / "tierfs")
     ap.add_argument("--faultfs", type=Path, default=REPO / "target" / "release" / "faultfs")
@@ -272,6 +282,9 @@ def main() -> int:
     args = ap.parse_args()
     args.classes = [c for c in args.classes.split(",") if c]
     args.loaders = [x for x in args.loaders.split(",") if x]
+    args.parts = [x for x in args.parts.split(",") if x]
+    if set(args.parts) - {"loaders", "passes"}:
+        raise SystemExit("--parts from loaders, passes")
     if set(args.classes) - set(CLASSES) or not args.loaders or set(args.loaders) - set(acceptance.loaders_table()):
         raise SystemExit(f"--classes from {CLASSES}; --loaders from {sorted(acceptance.loaders_table())}")
     if os.geteuid() != 0:

@@ -331,8 +331,10 @@ impl DiskTier {
     /// Offers `[start, end)` of `version`, just read from the source, to be written in the
     /// background (a copy is queued; nothing is written when too much waits already).
     pub fn offer(&self, version: &TierVersion, start: u64, end: u64, bytes: &[u8]) {
-        let len = end - start;
-        if bytes.len() as u64 != len || self.holds(version, start, end) {
+        let Some(len) = end.checked_sub(start).filter(|&len| len > 0) else {
+            return; // nothing to keep (a log records no empty range)
+        };
+        if bytes.len() as u64 != len || end > version.size || self.holds(version, start, end) {
             return;
         }
         let shared = &self.shared;

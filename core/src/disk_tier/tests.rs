@@ -257,3 +257,18 @@ fn versions_of_one_file_never_mix() {
     assert_eq!(read(&tier, &old, 0, MIB), Some(bytes(9, 0, MIB)));
     assert_eq!(read(&tier, &new, 0, MIB), Some(bytes(10, 0, MIB)));
 }
+
+#[test]
+fn empty_or_out_of_bounds_ranges_are_not_kept_and_the_log_stays_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = version(11, 2 * MIB);
+    {
+        let tier = tier(dir.path(), 64 * MIB);
+        tier.offer(&v, 100, 100, &[]);
+        tier.offer(&v, MIB, 3 * MIB, &bytes(11, MIB, 3 * MIB));
+        put(&tier, &v, 11, 0, MIB);
+        assert_eq!(tier.stats().written, 1);
+    }
+    let tier = tier(dir.path(), 64 * MIB);
+    assert_eq!(read(&tier, &v, 0, MIB), Some(bytes(11, 0, MIB)));
+}
