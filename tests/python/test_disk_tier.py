@@ -100,6 +100,14 @@ def test_a_restart_reads_the_model_from_the_disk_tier_not_the_source(mount, faul
         assert again["disk"]["read_bytes"] == 0, again["disk"]
         assert tier["hit_bytes"] >= 2 * 0.9 * data_bytes, tier
         assert tier["damaged"] == 0 and tier["write_errors"] == 0, tier
+        # The views say the same: `tierfs stats` and the metrics.
+        shown = subprocess.run([str(TIERFS_BIN), "stats", str(m.mnt)], capture_output=True, text=True,
+                               timeout=30, check=True).stdout
+        line = next((x for x in shown.splitlines() if x.startswith("disk tier ")), "")
+        assert f"in {tier_dir}" in line and "0 damaged, 0 write errors" in line, shown
+        metrics = (m.mnt / ".tierfs" / "metrics").read_text()
+        hit = next(x for x in metrics.splitlines() if x.startswith("tierfs_disk_tier_hit_bytes_total "))
+        assert float(hit.split()[1]) >= 2 * 0.9 * data_bytes, hit
         m.close()
     finally:
         fs.close()
