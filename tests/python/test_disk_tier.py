@@ -213,3 +213,51 @@ def test_bad_disk_cache_options_are_clear_errors(where):
     expected = "is inside SOURCE" if where == "source" else "--disk-cache-size"
     assert expected in got.stderr, got.stderr
     assert not (src / "cache").exists(), "nothing is created in SOURCE"
+
+
+def test_concurrent_readers_through_a_full_tier_get_the_source_bytes(mount):
+    """Readers at random offsets in two models at once, through a RAM budget and a tier both
+    smaller than the models (the tier evicting as it writes), then again after a restart: every
+    byte is the source's."""
+    import random
+    import threading
+
+    src = fresh_dir("tier-src")
+    paths = [_model(src, f"m{i}.safetensors", blocks=10, seed=20 + i) for i in range(2)]
+    want = {p.name: p.read_bytes() for p in paths}
+    tier_dir = fresh_dir("tier-dir")
+    for round_ in range(2):
+        m = mount(src, BUDGET, _args(tier_dir, "12MiB"))
+        errors: list[str] = []
+
+        def reader(seed: int) -> None:
+            rng = random.Random(seed)
+            deadline = time.monotonic() + 60
+            for _ in range(150):
+                if time.monotonic() > deadline:
+                    break
+                name = rng.choice(sorted(want))
+                data = want[name]
+                off = rng.randrange(0, len(data))
+                n = rng.choice((1, 4093, 128 << 10, 1 << 20, 3 << 20))
+                with open(m.mnt / name, "rb", buffering=0) as f:
+                    f.seek(off)
+                    got = f.read(n)
+                if got != data[off:off + n]:
+                    errors.append(f"{name} at {off} (+{n}): wrong bytes")
+                    return
+
+        threads = [threading.Thread(target=reader, args=(round_ * 100 + i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not any(t.is_alive() for t in threads), "a reader hung"
+        assert not errors, errors
+        tier = _settled_tier(m)
+        assert tier["used_bytes"] <= tier["capacity_bytes"] == 12 * MiB, tier
+        assert tier["damaged"] == 0 and tier["write_errors"] == 0, tier
+        assert tier["evicted"] + tier["not_kept"] > 0, f"the tier never filled: {tier}"
+        if round_ == 1:
+            assert tier["hits"] > 0, tier
+        m.close()
