@@ -27,25 +27,29 @@
 mod index;
 mod io;
 mod log;
+mod recover;
+mod version;
 mod writer;
+
+pub use version::{TierVersion, VersionInTier};
 
 #[cfg(test)]
 mod tests;
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::io::Write;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
-use crate::source::{AlignedBytes, SourceIdentity};
+use crate::source::AlignedBytes;
 use crate::sync::{lock, Mutex};
 use index::TierIndex;
-use log::{chunk_hash, replay, Held, Record, RECORD_BYTES};
+use log::{chunk_hash, Record};
 use writer::Job;
 
 /// Name of the tier's folder inside DIR (the format's version is in it: a later format starts
@@ -104,36 +108,6 @@ pub enum DiskTierError {
         dir: PathBuf,
         source: std::io::Error,
     },
-}
-
-/// Which source version chunks belong to: a name that changes whenever the version does.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct TierVersion {
-    name: String,
-    size: u64,
-}
-
-impl TierVersion {
-    /// The version of a local file: its inode, size, modification and change times. The
-    /// device number is left out: a network file system's changes with each mount, and a file
-    /// restored elsewhere has a new inode anyway.
-    pub fn of_file(identity: &SourceIdentity) -> TierVersion {
-        TierVersion::named(
-            &format!(
-                "file\0{}\0{}\0{}\0{}",
-                identity.ino, identity.size, identity.mtime_ns, identity.ctime_ns
-            ),
-            identity.size,
-        )
-    }
-
-    /// A version identified by `id` (e.g. an object's key and ETag), of `size` bytes.
-    pub fn named(id: &str, size: u64) -> TierVersion {
-        TierVersion {
-            name: format!("{:032x}", xxhash_rust::xxh3::xxh3_128(id.as_bytes())),
-            size,
-        }
-    }
 }
 
 /// The tier's counters, since the mount started.
@@ -235,9 +209,9 @@ impl DiskTier {
             dir: dir.clone(),
             source,
         })?;
-        let lock_file = take_lock(&config.dir, &dir.join("lock"))?;
+        let lock_file = recover::take_lock(&config.dir, &dir.join("lock"))?;
         let mut index = TierIndex::new(config.capacity);
-        let files = take_in(&dir, &mut index)?;
+        let files = recover::take_in(&dir, &mut index)?;
         let (jobs, queue) = crossbeam::channel::unbounded();
         let shared = Arc::new(Shared {
             dir,
@@ -511,210 +485,4 @@ impl VersionFiles {
 
 fn add(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Ordering::Relaxed);
-}
-
-/// Locks DIR for this process, or says who holds it.
-fn take_lock(given: &Path, path: &Path) -> Result<File, DiskTierError> {
-    let lock_err = |source| DiskTierError::Lock {
-        path: path.to_owned(),
-        source,
-    };
-    let mut file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .map_err(lock_err)?;
-    match file.try_lock() {
-        Ok(()) => {}
-        Err(std::fs::TryLockError::WouldBlock) => {
-            let mut holder = String::new();
-            let _ = file.read_to_string(&mut holder);
-            let holder = match holder.trim() {
-                "" => "a process that did not say which".to_owned(),
-                pid => format!("process {pid}"),
-            };
-            return Err(DiskTierError::InUse {
-                dir: given.to_owned(),
-                holder,
-            });
-        }
-        Err(std::fs::TryLockError::Error(e)) => return Err(lock_err(e)),
-    }
-    file.set_len(0).map_err(lock_err)?;
-    file.write_all(std::process::id().to_string().as_bytes())
-        .map_err(lock_err)?;
-    Ok(file)
-}
-
-/// Takes in the versions an earlier mount left in `dir`, oldest first: each log replayed (and
-/// rewritten when it has records to shed), the data file's unrecorded pages freed; a log
-/// without its data file (or of another size), or a data file without its log, is deleted.
-fn take_in(
-    dir: &Path,
-    index: &mut TierIndex,
-) -> Result<HashMap<String, Arc<VersionFiles>>, DiskTierError> {
-    let listing = std::fs::read_dir(dir).map_err(|source| DiskTierError::List {
-        dir: dir.to_owned(),
-        source,
-    })?;
-    let mut logs = Vec::new();
-    let mut datas = Vec::new();
-    for entry in listing.flatten() {
-        let path = entry.path();
-        let (Some(stem), Some(ext)) = (
-            path.file_stem().and_then(|s| s.to_str()).map(str::to_owned),
-            path.extension().and_then(|s| s.to_str()),
-        ) else {
-            continue;
-        };
-        match ext {
-            "log" => {
-                let modified = entry
-                    .metadata()
-                    .and_then(|m| m.modified())
-                    .unwrap_or(std::time::UNIX_EPOCH);
-                logs.push((modified, stem));
-            }
-            "data" => datas.push(stem),
-            "tmp" => remove(&path),
-            _ => {}
-        }
-    }
-    logs.sort();
-    let mut files = HashMap::new();
-    for (_, name) in logs {
-        if let Some(opened) = take_in_version(dir, &name, index) {
-            files.insert(name, Arc::new(opened));
-        }
-    }
-    for name in datas {
-        if !files.contains_key(&name) {
-            remove(&dir.join(format!("{name}.data")));
-        }
-    }
-    Ok(files)
-}
-
-/// One version of [`take_in`]: its files, opened, or `None` (and both deleted).
-fn take_in_version(dir: &Path, name: &str, index: &mut TierIndex) -> Option<VersionFiles> {
-    let data_path = dir.join(format!("{name}.data"));
-    let log_path = dir.join(format!("{name}.log"));
-    let forget = || {
-        remove(&data_path);
-        remove(&log_path);
-    };
-    let Ok(bytes) = std::fs::read(&log_path) else {
-        forget();
-        return None;
-    };
-    let replayed = replay(&bytes);
-    let Some(size) = replayed.size else {
-        forget();
-        return None;
-    };
-    let Ok(data) = OpenOptions::new().read(true).write(true).open(&data_path) else {
-        forget();
-        return None;
-    };
-    if replayed.held.is_empty() || data.metadata().map(|m| m.len()).ok() != Some(size) {
-        drop(data); // Windows deletes no file that is open
-        forget();
-        return None;
-    }
-    // Pages no record vouches for (a chunk written when the mount stopped) are freed.
-    let mut at = 0;
-    for (&start, held) in &replayed.held {
-        io::punch(&data, at, start);
-        at = held.end;
-    }
-    io::punch(&data, at, size);
-    if replayed.superseded > 0 || replayed.valid_len < bytes.len() {
-        let mut fresh = Vec::with_capacity((replayed.held.len() + 1) * RECORD_BYTES);
-        fresh.extend_from_slice(&Record::Header { size }.encode());
-        for (&start, &Held { end, hash }) in &replayed.held {
-            fresh.extend_from_slice(&Record::Add { start, end, hash }.encode());
-        }
-        if let Err(e) = rewrite(&log_path, &fresh) {
-            tracing::warn!(log = %log_path.display(), error = %e, "cannot rewrite a disk tier log: dropping its version");
-            drop(data);
-            forget();
-            return None;
-        }
-    }
-    let log = OpenOptions::new().append(true).open(&log_path).ok()?;
-    index.adopt(name.to_owned(), size, replayed.held);
-    Some(VersionFiles::new(data_path, data, log))
-}
-
-/// Replaces `path` with `bytes` whole (a crash leaves the old file or the new one).
-fn rewrite(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    let mut file = File::create(&tmp)?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, path)
-}
-
-fn remove(path: &Path) {
-    if let Err(e) = std::fs::remove_file(path) {
-        if e.kind() != std::io::ErrorKind::NotFound {
-            tracing::debug!(path = %path.display(), error = %e, "cannot remove a disk tier file");
-        }
-    }
-}
-
-/// One source version's view of the tier: what a model file reads and offers its chunks
-/// through.
-#[derive(Debug, Clone)]
-pub struct VersionInTier {
-    tier: Arc<DiskTier>,
-    version: TierVersion,
-}
-
-impl VersionInTier {
-    pub fn new(tier: &Arc<DiskTier>, version: TierVersion) -> VersionInTier {
-        VersionInTier {
-            tier: Arc::clone(tier),
-            version,
-        }
-    }
-
-    /// [`DiskTier::read`] of this version.
-    pub fn read(&self, start: u64, end: u64) -> Option<AlignedBytes> {
-        self.tier.read(&self.version, start, end)
-    }
-
-    /// The first bytes of the file as one chunk, `[0, end)`, if the tier holds them (a model
-    /// file's header, [`Self::offer`]ed at its first open).
-    pub fn read_head(&self) -> Option<AlignedBytes> {
-        let end = lock(&self.tier.shared.index).head(&self.version.name)?.end;
-        self.read(0, end)
-    }
-
-    /// [`DiskTier::holds`] of this version.
-    pub fn holds(&self, start: u64, end: u64) -> bool {
-        self.tier.holds(&self.version, start, end)
-    }
-
-    /// [`DiskTier::offer`] of this version.
-    pub fn offer(&self, start: u64, end: u64, bytes: &[u8]) {
-        self.tier.offer(&self.version, start, end, bytes);
-    }
-
-    /// Offers each chunk of `spans` (ranges of the file, within `[at, at + bytes.len())`) cut
-    /// from `bytes`, one read of adjacent chunks.
-    pub fn offer_run(&self, at: u64, bytes: &[u8], spans: impl Iterator<Item = (u64, u64)>) {
-        for (start, end) in spans {
-            let piece = start
-                .checked_sub(at)
-                .and_then(|from| usize::try_from(from).ok())
-                .zip(usize::try_from(end - start).ok())
-                .and_then(|(from, len)| bytes.get(from..from.checked_add(len)?));
-            if let Some(piece) = piece {
-                self.offer(start, end, piece);
-            }
-        }
-    }
 }

@@ -1,4 +1,5 @@
 use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::Path;
 use std::time::Duration;
 
 use super::*;
