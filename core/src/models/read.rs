@@ -35,6 +35,7 @@ use super::store::OpenedBy;
 #[cfg(doc)]
 use super::ModelsConfig;
 use super::{ModelFile, ModelStore};
+use crate::cache::plan::ChunkSpan;
 use crate::cache::{CacheError, Chunk, Outcome, Want};
 use crate::prefetch::{Pacing, PrefetchTarget};
 use crate::reader::Step;
@@ -473,27 +474,11 @@ impl ModelStore {
     /// and a multi-threaded reader's requests start new runs often (8 threads × 2 MiB `pread`s:
     /// each thread's first request after a jump).
     fn probe_from_cache(&self, file: &ModelFile, offset: u64, end: u64) -> Option<ReadBytes> {
-        let plan = file.plan()?;
-        let header_end = file.header_end()?;
-        let mut out = Gathered::new();
-        let mut pos = offset;
-        while pos < end {
-            if pos < header_end {
-                let stop = end.min(header_end);
-                out.push_copy(file.header.get(pos as usize..stop as usize)?);
-                pos = stop;
-                continue;
-            }
-            let chunk = plan.chunk_at(pos)?;
-            let span = plan.get(chunk)?;
+        gather_probe(file, offset, end, |chunk, _, range| {
             let bytes = self.cache.peek(file.key(chunk))?;
-            let stop = end.min(span.end);
-            let range = (pos - span.start) as usize..(stop - span.start) as usize;
             bytes.as_slice().get(range.clone())?;
-            out.push(ReadBytes::Chunk { bytes, range });
-            pos = stop;
-        }
-        Some(out.finish())
+            Some(ReadBytes::Chunk { bytes, range })
+        })
     }
 
     /// Exactly `[offset, end)` from the header and the chunks the disk tier holds, when they
@@ -502,35 +487,22 @@ impl ModelStore {
     /// mapping faults 128 KiB at a time) are hits instead of reading it back again.
     fn probe_from_disk_tier(&self, file: &ModelFile, offset: u64, end: u64) -> Option<ReadBytes> {
         let tier = file.disk_tier.as_ref()?;
-        let plan = file.plan()?;
-        let header_end = file.header_end()?;
-        let mut out = Gathered::new();
-        let mut pos = offset;
-        while pos < end {
-            if pos < header_end {
-                let stop = end.min(header_end);
-                out.push_copy(file.header.get(pos as usize..stop as usize)?);
-                pos = stop;
-                continue;
-            }
-            let chunk = plan.chunk_at(pos)?;
-            let span = plan.get(chunk)?;
+        gather_probe(file, offset, end, |chunk, span, range| {
             if !tier.holds(span.start, span.end) && !file.chunk_present(&self.cache, chunk) {
                 return None;
             }
-            let stop = end.min(span.end);
-            let range = (pos - span.start) as usize..(stop - span.start) as usize;
             match file.fetch_chunk(&self.cache, chunk, Want::Read) {
                 Ok(Some((bytes, _))) => {
                     bytes.as_slice().get(range.clone())?;
-                    out.push(ReadBytes::Chunk { bytes, range });
+                    Some(ReadBytes::Chunk { bytes, range })
                 }
                 // No room in the cache now: read back for this read alone.
-                _ => out.push_copy(tier.read(span.start, span.end)?.as_slice().get(range)?),
+                _ => {
+                    let back = tier.read(span.start, span.end)?;
+                    Some(ReadBytes::Owned(back.as_slice().get(range)?.to_vec()))
+                }
             }
-            pos = stop;
-        }
-        Some(out.finish())
+        })
     }
 
     /// Serves `[pos, stop)` straight from the source, where `stop` is `end` or the start of the
@@ -679,4 +651,37 @@ fn whole_chunks_for_tier(
     let from = offset.min(plan.get(first)?.start);
     let to = end.max(plan.get(last)?.end);
     Some((from, to, first..=last))
+}
+
+/// `[offset, end)` gathered from the file's in-memory header and, chunk by chunk, from what
+/// `piece(chunk, span, range)` gives for `range` of each chunk; `None` where a piece is `None`
+/// or the range leaves the header and the chunks.
+fn gather_probe(
+    file: &ModelFile,
+    offset: u64,
+    end: u64,
+    mut piece: impl FnMut(usize, &ChunkSpan, std::ops::Range<usize>) -> Option<ReadBytes>,
+) -> Option<ReadBytes> {
+    let plan = file.plan()?;
+    let header_end = file.header_end()?;
+    let mut out = Gathered::new();
+    let mut pos = offset;
+    while pos < end {
+        if pos < header_end {
+            let stop = end.min(header_end);
+            out.push_copy(file.header.get(pos as usize..stop as usize)?);
+            pos = stop;
+            continue;
+        }
+        let chunk = plan.chunk_at(pos)?;
+        let span = plan.get(chunk)?;
+        let stop = end.min(span.end);
+        out.push(piece(
+            chunk,
+            span,
+            (pos - span.start) as usize..(stop - span.start) as usize,
+        )?);
+        pos = stop;
+    }
+    Some(out.finish())
 }
