@@ -316,34 +316,9 @@ def main() -> int:
             run = Run(args, root, local)
             try:
                 disk.put(model, "models/big/" + model.name)
-                store = None
-                try:
-                    for cname in args.classes:
-                        src = None
-                        try:
-                            if cname == "disk":
-                                src = slow.DiskSource(disk, thr)
-                            elif cname == "seek":
-                                src = slow.SeekSource(disk, root, args.faultfs)
-                            else:
-                                if store is None:
-                                    store = netstore.WeedStore(root, slow.NFS_DELAY_MS, slow.NET_BPS)
-                                    store.put(model, "models/big/" + model.name)
-                                delay = slow.NFS_DELAY_MS if cname == "nfs" else slow.OBJECT_DELAY_MS
-                                src = slow.NetSource(store, cname, delay)
-                            run.results["classes"][cname] = run.one_class(src, model)
-                        except Exception as e:  # noqa: BLE001 - a failed class is reported, the others run
-                            import traceback
-                            traceback.print_exc()
-                            run.results["classes"][cname] = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
-                            for m in list(reversed(bench._MOUNTS)):
-                                m.close()
-                        finally:
-                            if src is not None:
-                                src.close()
-                finally:
-                    if store is not None:
-                        store.close()
+                slow.run_classes(args.classes, (disk, thr, root, args.faultfs),
+                                 lambda store: store.put(model, "models/big/" + model.name),
+                                 lambda src: run.one_class(src, model), run.results["classes"])
             finally:
                 bench.cleanup(None)
                 local.close()

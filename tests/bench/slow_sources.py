@@ -427,6 +427,43 @@ def render(cmd: str, info: dict, res: dict, args) -> str:
 
 # ----------------------------------------------------------------------------- main
 
+def run_classes(classes: list[str], where: tuple, store_models, measure, results: dict,
+                nice: int | None = None) -> None:
+    """Measures each source class in turn: `results[class] = measure(source)`, or the error of a
+    class that failed (the others still run). `where` is (the RAM disk holding the models, its
+    blkio throttle, the run's root, the faultfs binary); `store_models(store)` puts the models
+    in the network store, started once for the network classes. Every source, mount and the
+    store are closed, whatever fails."""
+    disk, thr, root, faultfs = where
+    store = None
+    try:
+        for cname in classes:
+            src: Source | None = None
+            try:
+                if cname == "disk":
+                    src = DiskSource(disk, thr)
+                elif cname == "seek":
+                    src = SeekSource(disk, root, faultfs)
+                else:
+                    if store is None:
+                        store = netstore.WeedStore(root, NFS_DELAY_MS, NET_BPS, nice=nice)
+                        store_models(store)
+                    src = NetSource(store, cname, NFS_DELAY_MS if cname == "nfs" else OBJECT_DELAY_MS)
+                results[cname] = measure(src)
+            except Exception as e:  # noqa: BLE001 - a failed class is reported, the others run
+                import traceback
+                traceback.print_exc()
+                results[cname] = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
+                for m in list(reversed(bench._MOUNTS)):
+                    m.close()
+            finally:
+                if src is not None:
+                    src.close()
+    finally:
+        if store is not None:
+            store.close()
+
+
 def make_models(data: Path, model_bytes: int, wf_bytes: int) -> dict[str, Path]:
     data.mkdir(parents=True, exist_ok=True)
     return {
@@ -484,40 +521,17 @@ def main() -> int:
     t0 = time.monotonic()
     run = Run(args, root)
     need = sum(p.stat().st_size for p in models.values()) + 512 * MiB
+
+    def put_models(place) -> None:  # the RAM disk or the network store: `put(file, rel)`
+        for key, p in models.items():
+            place.put(p, "models/" + ("big/" if key == "big" else "wf/") + p.name)
     try:
         with sources.RamDisk((need + MiB - 1) // MiB * MiB, root, prefer_loop=True) as disk:
             thr = sources.Throttle(disk.majmin)
             try:
-                for key, p in models.items():
-                    disk.put(p, "models/" + ("big/" if key == "big" else "wf/") + p.name)
-                store = None
-                try:
-                    for cname in args.classes:
-                        src: Source | None = None
-                        try:
-                            if cname == "disk":
-                                src = DiskSource(disk, thr)
-                            elif cname == "seek":
-                                src = SeekSource(disk, root, args.faultfs)
-                            else:
-                                if store is None:
-                                    store = netstore.WeedStore(root, NFS_DELAY_MS, NET_BPS, nice=args.nice)
-                                    for key, p in models.items():
-                                        store.put(p, "models/" + ("big/" if key == "big" else "wf/") + p.name)
-                                src = NetSource(store, cname, NFS_DELAY_MS if cname == "nfs" else OBJECT_DELAY_MS)
-                            run.results["classes"][cname] = run.one_class(src, models)
-                        except Exception as e:  # noqa: BLE001 - a failed class is reported, the others run
-                            import traceback
-                            traceback.print_exc()
-                            run.results["classes"][cname] = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
-                            for m in list(reversed(bench._MOUNTS)):
-                                m.close()
-                        finally:
-                            if src is not None:
-                                src.close()
-                finally:
-                    if store is not None:
-                        store.close()
+                put_models(disk)
+                run_classes(args.classes, (disk, thr, root, args.faultfs), put_models,
+                            lambda src: run.one_class(src, models), run.results["classes"], nice=args.nice)
             finally:
                 bench.cleanup(None)
                 thr.close()
