@@ -89,6 +89,7 @@ fn fill(cache: &ChunkCache, marks: &[Arc<ChunkMarks>], touched: u64) -> std::io:
                 block,
                 marks: Arc::clone(marks),
                 codec: Default::default(),
+                lower: None,
             };
             for c in 0..CHUNKS_PER_BLOCK {
                 let key = ChunkKey {

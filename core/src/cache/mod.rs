@@ -31,7 +31,8 @@
 //! 1. `ChunkCache::state`: budget, `used`/`in_flight` accounting, the resident set and the
 //!    single-flight table. Held only for bookkeeping: never during a disk read, a wait for a
 //!    read, or an unmap. `ChunkCache::room` waits on it.
-//! 2. Under it, read locks of [`ReaderTracker`] (its block positions, for eviction distance).
+//! 2. Under it, read locks of [`ReaderTracker`] (its block positions, for eviction distance),
+//!    and the leaf locks of the tier below RAM ([`lower::LowerTier::holds`]).
 //!
 //! `Loading::result` (one per read in flight) is never taken with `state` held: a waiter takes
 //! it after releasing `state`, and the loader publishes its result after releasing `state`. The
@@ -45,8 +46,8 @@
 //! business ([`crate::models`]), which keeps this module testable without files. It reads how
 //! each file is being read from [`crate::reader`] and knows nothing of prefetch.
 //!
-//! Files: `evict.rs` (which chunk goes), `inflight.rs` (reads in flight), [`run`] (one read
-//! for several adjacent chunks), `resident` (the
+//! Files: `evict.rs` (which chunk goes), [`lower`] (what the tier below RAM holds),
+//! `inflight.rs` (reads in flight), [`run`] (one read for several adjacent chunks), `resident` (the
 //! resident chunks grouped by block), `served` (which bytes of a chunk readers were served),
 //! [`marks`] (chunk states for the stats), [`plan`] (how a file is cut into chunks).
 
@@ -54,6 +55,7 @@ mod body;
 mod compressor;
 mod evict;
 mod inflight;
+pub mod lower;
 pub mod marks;
 pub mod plan;
 mod resident;
@@ -197,6 +199,8 @@ pub struct ChunkOwner {
     pub marks: Arc<ChunkMarks>,
     /// How the compressed tier splits the chunk's bytes (its dtype and phase).
     pub codec: ChunkCodec,
+    /// Where the tier below RAM may hold the chunk (`lower.rs`); `None`: no tier below.
+    pub lower: Option<lower::LowerCopy>,
 }
 
 /// A chunk in memory: its bytes (raw, or a compressed frame of them: `body.rs`) and its

@@ -166,9 +166,9 @@ impl Resident {
     }
 }
 
-/// (idle, turn, when a waiting file was read, distance, older first): the highest is evicted
-/// first.
-pub(super) type Rank = (bool, Turn, u64, usize, Reverse<u64>);
+/// (idle, turn, when a waiting file was read, held by the tier below, distance, older first):
+/// the highest is evicted first.
+pub(super) type Rank = (bool, Turn, u64, bool, usize, Reverse<u64>);
 
 /// What the eviction queue ranks: a group by its least recently used chunk, or (in a block a
 /// reader is in) one chunk.
@@ -181,8 +181,11 @@ enum Candidate {
 /// Groups by the rank of their least recently used chunk ([`Resident::victims`]).
 ///
 /// The victim is, among the least recently used chunk of each group, the one ranked highest by
-/// `(idle, turn, distance, older)`, where `idle` is `!may_be_in_use(recent)` and `turn` (with
-/// when a waiting file was read) is [`Turn`]. Every chunk of a block
+/// `(idle, turn, held below, distance, older)`, where `idle` is `!may_be_in_use(recent)`,
+/// `turn` (with when a waiting file was read) is [`Turn`] and `held below` whether the disk
+/// tier holds the chunk (a group is ranked by its oldest chunk's: the disk tier keeps whole
+/// runs of a file, so a block's chunks are held or not together but at a run's edge, where
+/// a held chunk may wait behind its group's oldest). Every chunk of a block
 /// the reader is not in is needed at the same distance; only a group's oldest chunk is asked
 /// whether it may still be in use: in the block a reader just left, the oldest chunk is the one
 /// its stragglers finished with first, so if it is busy the group waits its turn (at worst a
@@ -198,10 +201,10 @@ impl VictimQueue {
     /// removes it from `resident` before asking for the next one.
     pub(super) fn next(&mut self, resident: &Resident) -> Option<(ChunkKey, bool, Needed)> {
         while let Some((rank, candidate)) = self.heap.pop() {
-            let (idle, turn, read_at, distance, Reverse(stamp)) = rank;
+            let (idle, turn, read_at, held, distance, Reverse(stamp)) = rank;
             let group = match candidate {
                 Candidate::Chunk(key) if resident.contains(&key) => {
-                    return Some((key, idle, (turn, read_at, distance)));
+                    return Some((key, idle, (turn, read_at, held, distance)));
                 }
                 Candidate::Chunk(_) => continue,
                 Candidate::Group(group) => group,
@@ -221,13 +224,14 @@ impl VictimQueue {
                 // group's distance).
                 let idle = !entry.chunk.may_be_in_use(self.ranking.recent);
                 let (turn, read_at) = entry.chunk.turn(&self.ranking);
-                let rank = (idle, turn, read_at, distance, Reverse(oldest));
+                let held = entry.chunk.held_below();
+                let rank = (idle, turn, read_at, held, distance, Reverse(oldest));
                 self.heap.push((rank, Candidate::Group(group)));
                 continue;
             }
             // Back in the queue: once `key` is evicted, the group's next chunk is ranked.
             self.heap.push((rank, Candidate::Group(group)));
-            return Some((key, idle, (turn, read_at, distance)));
+            return Some((key, idle, (turn, read_at, held, distance)));
         }
         None
     }

@@ -370,6 +370,7 @@ fn owned_by(tracker: &Arc<ReaderTracker>, block: usize) -> ChunkOwner {
         block,
         marks: Arc::new(ChunkMarks::new(64)),
         codec: ChunkCodec::default(),
+        lower: None,
     }
 }
 
@@ -387,6 +388,7 @@ fn chunk_marks_follow_the_cache_without_its_lock() {
         block: 0,
         marks: Arc::clone(&marks),
         codec: ChunkCodec::default(),
+        lower: None,
     };
     let (started_tx, started_rx) = std::sync::mpsc::channel();
     let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
@@ -734,5 +736,91 @@ fn the_read_in_flight_share_is_configurable() {
         t.join().unwrap();
     }
     assert_eq!(peak.load(Ordering::SeqCst), 1);
+    cache.check_accounting();
+}
+
+/// A tier below RAM that holds the chunks whose first byte is in `held`.
+#[derive(Debug, Default)]
+struct HeldBelow(crate::sync::Mutex<Vec<u64>>);
+
+impl lower::LowerTier for HeldBelow {
+    fn holds(&self, start: u64, _end: u64) -> bool {
+        crate::sync::lock(&self.0).contains(&start)
+    }
+}
+
+/// The owner of chunk `chunk` (of block `block`), whose copy below RAM is in `below`.
+fn owned_above(
+    tracker: &Arc<ReaderTracker>,
+    block: usize,
+    chunk: u32,
+    below: &Arc<HeldBelow>,
+) -> ChunkOwner {
+    ChunkOwner {
+        lower: Some(lower::LowerCopy {
+            tier: Arc::clone(below) as Arc<dyn lower::LowerTier>,
+            start: u64::from(chunk) * CHUNK,
+            end: u64::from(chunk + 1) * CHUNK,
+        }),
+        ..owned_by(tracker, block)
+    }
+}
+
+/// Of the chunks a reader has passed, one the tier below holds goes first, though it is needed
+/// sooner than the others: bringing it back is a local read. Without a copy below, the block
+/// needed furthest ahead goes (the one just left).
+#[test]
+fn a_chunk_the_tier_below_holds_goes_before_those_it_lacks() {
+    for held_below in [false, true] {
+        let fx = fixture(4);
+        let cache = ChunkCache::new(3 * CHUNK, Arc::new(Counters::default()));
+        let tracker = Arc::new(ReaderTracker::new(4, None));
+        let below = Arc::new(HeldBelow::default());
+        if held_below {
+            crate::sync::lock(&below.0).push(0);
+        }
+        let owner = |chunk: u32| owned_above(&tracker, chunk as usize, chunk, &below);
+        for chunk in 0..3 {
+            tracker.touch(chunk as usize);
+            get_owned(&cache, &fx, chunk, Want::Read, &owner(chunk)).unwrap();
+        }
+        tracker.touch(3);
+        thread::sleep(CacheConfig::default().recently_read + Duration::from_millis(20));
+        get_owned(&cache, &fx, 3, Want::Read, &owner(3)).unwrap();
+        let gone = (0..3)
+            .filter(|&c| !cache.is_present(key(c)))
+            .collect::<Vec<_>>();
+        let want = if held_below { [0] } else { [2] };
+        assert_eq!(gone, want, "held below: {held_below}");
+        cache.check_accounting();
+    }
+}
+
+/// A prefetch of a chunk the tier below holds never pushes out one of the same turn that it
+/// lacks, even one needed later: the prefetch would save a local read and cost a source one.
+#[test]
+fn a_prefetch_from_below_does_not_evict_what_only_the_source_has() {
+    let fx = fixture(4);
+    let cache = ChunkCache::new(2 * CHUNK, Arc::new(Counters::default()));
+    let tracker = Arc::new(ReaderTracker::new(4, None));
+    let below = Arc::new(HeldBelow::default());
+    crate::sync::lock(&below.0).push(CHUNK);
+    let owner = |chunk: u32| owned_above(&tracker, chunk as usize, chunk, &below);
+    tracker.touch(0);
+    get_owned(&cache, &fx, 2, Want::Prefetch, &owner(2)).unwrap(); // two blocks ahead
+    get_owned(&cache, &fx, 3, Want::Prefetch, &owner(3)).unwrap(); // three blocks ahead
+    thread::sleep(CacheConfig::default().recently_read + Duration::from_millis(20));
+    assert!(matches!(
+        get_owned(&cache, &fx, 1, Want::Prefetch, &owner(1)),
+        Err(CacheError::NoRoom)
+    ));
+    assert!(
+        cache.is_present(key(3)),
+        "the chunk only the source has stays"
+    );
+    // Without a copy below, the block needed sooner takes the room of the one needed later.
+    crate::sync::lock(&below.0).clear();
+    get_owned(&cache, &fx, 1, Want::Prefetch, &owner(1)).unwrap();
+    assert!(!cache.is_present(key(3)) && cache.is_present(key(2)));
     cache.check_accounting();
 }

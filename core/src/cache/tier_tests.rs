@@ -71,6 +71,7 @@ impl Weights {
             block: 0,
             marks: Arc::clone(&self.marks),
             codec,
+            lower: None,
         };
         cache.get_or_load(
             ChunkKey {

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use super::DiskTier;
+use crate::cache::lower::LowerTier;
 use crate::source::{AlignedBytes, SourceIdentity};
 use crate::sync::lock;
 
@@ -91,5 +92,13 @@ impl VersionInTier {
                 self.offer(start, end, piece);
             }
         }
+    }
+}
+
+/// RAM's eviction asks whether a chunk is held here ([`crate::cache::lower`]): the index's
+/// lock is a leaf.
+impl LowerTier for VersionInTier {
+    fn holds(&self, start: u64, end: u64) -> bool {
+        VersionInTier::holds(self, start, end)
     }
 }

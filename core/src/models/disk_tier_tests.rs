@@ -1,6 +1,8 @@
 //! The disk tier under the model store: what a load offers it is served back to the next
 //! store on the same folder (a restart) without one byte from the source, the header included;
-//! a source file replaced since is read from the source, never from the old version's chunks.
+//! a source file replaced since is read from the source, never from the old version's chunks;
+//! RAM and the tier keep different chunks, so passes over a model they hold together between
+//! them read nothing from the source.
 
 use std::fs::File;
 use std::io;
@@ -32,9 +34,13 @@ impl ReadAt for Counted {
 }
 
 fn checkpoint(path: &Path, seed: u64) -> Vec<u8> {
+    checkpoint_of(path, seed, 12 << 20)
+}
+
+fn checkpoint_of(path: &Path, seed: u64, size: u64) -> Vec<u8> {
     let spec = SynthSpec {
         layout: SynthLayout::Dit,
-        target_bytes: 12 << 20,
+        target_bytes: size,
         dtype: SynthDtype::BF16,
         seed,
     };
@@ -44,9 +50,14 @@ fn checkpoint(path: &Path, seed: u64) -> Vec<u8> {
 
 /// Opens the tier in `dir`, waiting for the last store's tier to let go of the folder.
 fn tier(dir: &Path) -> Arc<DiskTier> {
+    tier_of(dir, 64 << 20)
+}
+
+/// [`tier`] of `capacity` bytes.
+fn tier_of(dir: &Path, capacity: u64) -> Arc<DiskTier> {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        match DiskTier::open(&DiskTierConfig::new(dir.to_owned(), 64 << 20)) {
+        match DiskTier::open(&DiskTierConfig::new(dir.to_owned(), capacity)) {
             Ok(tier) => return tier,
             Err(e) if Instant::now() < deadline => {
                 let _ = e;
@@ -57,9 +68,9 @@ fn tier(dir: &Path) -> Arc<DiskTier> {
     }
 }
 
-/// Reads the whole file through a store on `tier` in 1 MiB reads, checked against `want`;
-/// returns the source bytes read (by every descriptor of the store).
-fn load(source: &Path, tier: Arc<DiskTier>, want: &[u8]) -> u64 {
+/// A store of budget [`BUDGET`] on `tier` whose source reads are counted in the returned
+/// counter (by every descriptor of the store).
+fn counted_store(tier: &Arc<DiskTier>) -> (Arc<ModelStore>, Arc<AtomicU64>) {
     let counted = Arc::new(AtomicU64::new(0));
     let shared = Arc::clone(&counted);
     let store = Arc::new(
@@ -70,26 +81,74 @@ fn load(source: &Path, tier: Arc<DiskTier>, want: &[u8]) -> u64 {
                     bytes: Arc::clone(&shared),
                 }) as Arc<dyn ReadAt>
             }))
-            .with_disk_tier(Arc::clone(&tier)),
+            .with_disk_tier(Arc::clone(tier)),
     );
-    {
-        let handle = store
-            .open_handle(Path::new("m.safetensors"), source)
-            .unwrap();
-        let mut offset = 0u64;
-        while (offset as usize) < want.len() {
-            let got = store.read(handle.file(), offset, 1 << 20).unwrap();
-            let end = offset as usize + got.len();
-            assert_eq!(
-                &got[..],
-                &want[offset as usize..end],
-                "wrong bytes at {offset}"
-            );
-            offset = end as u64;
-        }
+    (store, counted)
+}
+
+/// Reads the whole file through `store` in 1 MiB reads, checked against `want`.
+fn pass(store: &Arc<ModelStore>, source: &Path, want: &[u8]) {
+    let handle = store
+        .open_handle(Path::new("m.safetensors"), source)
+        .unwrap();
+    let mut offset = 0u64;
+    while (offset as usize) < want.len() {
+        let got = store.read(handle.file(), offset, 1 << 20).unwrap();
+        let end = offset as usize + got.len();
+        assert_eq!(
+            &got[..],
+            &want[offset as usize..end],
+            "wrong bytes at {offset}"
+        );
+        offset = end as u64;
     }
+}
+
+/// Reads the whole file through a new store on `tier` in 1 MiB reads, checked against
+/// `want`; returns the source bytes read.
+fn load(source: &Path, tier: Arc<DiskTier>, want: &[u8]) -> u64 {
+    let (store, counted) = counted_store(&tier);
+    pass(&store, source, want);
     assert!(tier.settle(Duration::from_secs(20)));
     counted.load(Ordering::SeqCst)
+}
+
+/// Passes over a model larger than the budget, with a disk tier that holds what the budget
+/// does not (and a chunk more): from the third pass on, nothing is read from the source (the
+/// second still finds the few chunks RAM gave up before the tier had written them), since RAM
+/// gives up the chunks the tier holds first and keeps those it lacks. Were both to keep the
+/// model's head, each pass would read the model's tail from the source again.
+#[test]
+fn ram_keeps_what_the_disk_tier_lacks_so_later_passes_read_nothing_from_the_source() {
+    let src = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let path = src.path().join("m.safetensors");
+    let want = checkpoint_of(&path, 11, 32 << 20);
+    let model = want.len() as u64;
+    // The tier holds the model but the budget, and 2 MiB of slack for chunk edges.
+    let tier = tier_of(cache.path(), model - BUDGET + (2 << 20));
+    let (store, counted) = counted_store(&tier);
+    let mut read = Vec::new();
+    for _ in 0..4 {
+        let before = counted.load(Ordering::SeqCst);
+        pass(&store, &path, &want);
+        assert!(tier.settle(Duration::from_secs(20)));
+        read.push(counted.load(Ordering::SeqCst) - before);
+    }
+    assert!(
+        read[0] >= model * 9 / 10,
+        "the first pass reads the source: {read:?}"
+    );
+    assert!(
+        read[1] <= model / 16,
+        "the second pass reads little: {read:?} of {model}"
+    );
+    for later in &read[2..] {
+        assert!(
+            *later <= 1 << 20,
+            "later passes read at most a chunk from the source: {read:?} of {model}"
+        );
+    }
 }
 
 #[test]

@@ -20,6 +20,7 @@ use thiserror::Error;
 use super::header::{read_header, HeaderError};
 use super::mode::{ModeReason, ServeMode};
 use super::{runs, shards, ModelsConfig};
+use crate::cache::lower::{LowerCopy, LowerTier};
 use crate::cache::plan::{ChunkPlan, ChunkSpan};
 use crate::cache::run::RunChunk;
 use crate::cache::{
@@ -152,7 +153,7 @@ pub struct ModelFile {
     pub(super) in_ram: bool,
     /// This version in the mount's local disk tier, if it has one ([`crate::disk_tier`]):
     /// chunks are read from there before the source, and written there after it.
-    pub(super) disk_tier: Option<VersionInTier>,
+    pub(super) disk_tier: Option<Arc<VersionInTier>>,
 }
 
 impl ModelFile {
@@ -188,8 +189,12 @@ impl ModelFile {
         let file_key = SavedOrders::key(&source.canonical_path(), &source.identity());
         let mut order_key = file_key.clone();
         let format = Format::of_path(path).unwrap_or_default();
-        let disk_tier =
-            tier.map(|t| VersionInTier::new(t, TierVersion::of_file(&source.identity())));
+        let disk_tier = tier.map(|t| {
+            Arc::new(VersionInTier::new(
+                t,
+                TierVersion::of_file(&source.identity()),
+            ))
+        });
         let from_tier = disk_tier
             .as_ref()
             .and_then(|t| head_from_tier(t, format, source.identity().size, index_cap));
@@ -491,6 +496,11 @@ impl ModelFile {
             block: span.block,
             marks: Arc::clone(&self.marks),
             codec: span.codec,
+            lower: self.disk_tier.as_ref().map(|tier| LowerCopy {
+                tier: Arc::clone(tier) as Arc<dyn LowerTier>,
+                start: span.start,
+                end: span.end,
+            }),
         })
     }
 
