@@ -194,6 +194,11 @@ impl Scrape {
             "tierfs_disk_tier_write_errors",
             "Chunks not written to the local disk tier because of a write error.",
             t.write_errors,
+        )?;
+        f.counter(
+            "tierfs_disk_tier_whole_copies",
+            "Model files handed to the kernel by passthrough from their whole copy in the local disk tier.",
+            t.whole_copies,
         )
     }
 

@@ -48,19 +48,21 @@ pub struct DiskTierRead {
     pub evicted_bytes: u64,
     pub damaged: u64,
     pub write_errors: u64,
+    pub whole_copies: u64,
 }
 
 impl DiskTierRead {
     /// One line of figures, as `tierfs stats` and `tierfs top` show them.
     pub fn summary(&self) -> String {
         format!(
-            "{} of {} in {}; read back {}, written {}, evicted {}; {} damaged, {} write errors",
+            "{} of {} in {}; read back {}, written {}, evicted {}; {} whole copies passed through; {} damaged, {} write errors",
             tierfs_core::size::format_size(self.used_bytes),
             tierfs_core::size::format_size(self.capacity_bytes),
             self.dir,
             tierfs_core::size::format_size(self.hit_bytes),
             tierfs_core::size::format_size(self.written_bytes),
             tierfs_core::size::format_size(self.evicted_bytes),
+            self.whole_copies,
             self.damaged,
             self.write_errors,
         )

@@ -5,13 +5,15 @@ the mount is stopped and started again on the same folder: every byte must be th
 and the chunks must come from the tier, not the source (the stats' source reads, and the
 source device's own read counter where the source is a loop device). A damaged tier file is
 never served; a full disk shrinks the tier and reads go on; a second mount naming the same
-folder is refused with the process holding it; a folder inside SOURCE is refused.
+folder is refused with the process holding it; a folder inside SOURCE is refused. A model that
+fits the budget is passed through from its whole copy in the tier after a restart.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import subprocess
 import time
 from pathlib import Path
@@ -21,9 +23,11 @@ import pytest
 import gen
 from conftest import MiB, TIERFS_BIN, FaultFs, drop_caches, fresh_dir
 
-# Served through the chunk cache whatever the budget: the tier is filled by the cache.
+# Smaller than the models: served through the chunk cache, which fills the tier.
 BUDGET = "8MiB"
 TIER = "tierfs-disk-tier-v1"
+WHOLE_YET = "the local disk tier does not hold it whole yet: read through the cache, which keeps its chunks there"
+FROM_COPY = "fits what the budget has left: read from its whole copy in the local disk tier"
 
 
 def _model(src: Path, name: str = "m.safetensors", blocks: int = 12, seed: int = 3) -> Path:
@@ -84,7 +88,7 @@ def test_a_restart_reads_the_model_from_the_disk_tier_not_the_source(mount, faul
         data_bytes = path.stat().st_size
         assert tier["written_bytes"] >= 0.9 * data_bytes, tier
         assert tier["used_bytes"] == tier["written_bytes"], tier
-        assert first["files"][0]["mode_reason"] == "the mount keeps its chunks in the local disk tier"
+        assert first["files"][0]["mode_reason"] == "larger than what the budget had left", first["files"][0]
         m.close()
         assert _source_reads(counted / "stats.json") >= data_bytes
 
@@ -108,6 +112,48 @@ def test_a_restart_reads_the_model_from_the_disk_tier_not_the_source(mount, faul
         metrics = (m.mnt / ".tierfs" / "metrics").read_text()
         hit = next(x for x in metrics.splitlines() if x.startswith("tierfs_disk_tier_hit_bytes_total "))
         assert float(hit.split()[1]) >= 2 * 0.9 * data_bytes, hit
+        m.close()
+    finally:
+        fs.close()
+
+
+def test_a_model_that_fits_is_passed_through_from_its_copy_in_the_tier_after_a_restart(mount, faultfs_bin):
+    """The first mount serves the model through the cache (the tier does not hold it whole
+    yet) and fills the tier; after a restart the kernel reads it by passthrough from the
+    tier's copy: every byte the source's, through `read()` and a mapping, nothing from the
+    source."""
+    src = fresh_dir("tier-src")
+    path = _model(src)
+    want = _sha(path)
+    tier_dir = fresh_dir("tier-dir")
+    counted = fresh_dir("tier-counted")
+    fs = FaultFs(src, ("--disk", "--seek-ms", "0", "--disk-mbps", "100000", "--disk-stats",
+                       str(counted / "stats.json")))
+    fits = "256MiB"
+    try:
+        m = mount(fs.mnt, fits, _args(tier_dir))
+        if not m.stats()["passthrough"]["available"]:
+            m.close()
+            pytest.skip("FUSE passthrough unavailable (needs Linux >= 6.9 and root)")
+        assert _sha(m.mnt / path.name) == want
+        f = m.stats()["files"][0]
+        assert (f["mode"], f["mode_reason"]) == ("cache", WHOLE_YET), f
+        _settled_tier(m)
+        m.close()
+
+        drop_caches()
+        before = _source_reads(counted / "stats.json")
+        m = mount(fs.mnt, fits, _args(tier_dir))
+        with open(m.mnt / path.name, "rb") as fh, mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ) as mm:
+            assert hashlib.sha256(mm[:]).hexdigest() == want
+        assert _sha(m.mnt / path.name) == want
+        stats = m.stats()
+        f = stats["files"][0]
+        assert (f["mode"], f["mode_reason"]) == ("passthrough", FROM_COPY), f
+        assert _source_reads(counted / "stats.json") == before, "nothing from the source"
+        assert stats["disk"]["read_bytes"] == 0, stats["disk"]
+        assert stats["disk_tier"]["whole_copies"] >= 1, stats["disk_tier"]
+        assert stats["disk_tier"]["damaged"] == 0, stats["disk_tier"]
         m.close()
     finally:
         fs.close()

@@ -7,7 +7,7 @@
 //! gives way only for a chunk that comes before its own last one, so a pass over a model larger
 //! than the tier keeps the model's head rather than cycling every chunk through the tier.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::log::{overlaps, Held};
 
@@ -20,6 +20,15 @@ pub(super) struct TierEntry {
     pub held: BTreeMap<u64, Held>,
     /// When a chunk of it was last read or written ([`TierIndex::tick`]).
     pub last_use: u64,
+    /// The starts of held chunks taken in at the tier's open whose bytes were not checked
+    /// against their checksum since (a chunk written by this tier, or read back, was).
+    pub unverified: BTreeSet<u64>,
+    /// Whole copies of it in use ([`super::copy`]): while any is, none of its chunks gives way.
+    pub pins: usize,
+    /// It was handed to the kernel whole: a mapping may still read its data file after the
+    /// last handle closed, so no hole is ever punched in it; it gives way whole
+    /// ([`Victim::whole`]).
+    pub sealed: bool,
 }
 
 /// A chunk to drop to make room: its version's name and range.
@@ -28,6 +37,11 @@ pub(super) struct Victim {
     pub name: String,
     pub start: u64,
     pub end: u64,
+    /// Every chunk of the version goes at once, its files deleted rather than punched: it was
+    /// handed to the kernel whole, which may still map it ([`TierEntry::sealed`]).
+    pub whole: bool,
+    /// The bytes it frees.
+    pub bytes: u64,
 }
 
 /// What [`TierIndex::reserve`] decided.
@@ -81,12 +95,16 @@ impl TierIndex {
             .map(|(h, s)| h.end - s)
             .sum::<u64>();
         let last_use = self.tick();
+        let unverified = held.keys().copied().collect();
         self.entries.insert(
             name,
             TierEntry {
                 size,
                 held,
                 last_use,
+                unverified,
+                pins: 0,
+                sealed: false,
             },
         );
     }
@@ -129,7 +147,7 @@ impl TierIndex {
         while self.used + len > self.capacity {
             match self.victim(name, start) {
                 Some(v) => {
-                    self.used -= v.end - v.start;
+                    self.used -= v.bytes;
                     room.victims.push(v);
                 }
                 None => {
@@ -149,7 +167,7 @@ impl TierIndex {
         while self.used > self.capacity {
             match self.victim("", u64::MAX) {
                 Some(v) => {
-                    self.used -= v.end - v.start;
+                    self.used -= v.bytes;
                     victims.push(v);
                 }
                 None => break,
@@ -158,18 +176,19 @@ impl TierIndex {
         victims
     }
 
-    /// The next chunk to drop for a chunk of `name` at `start`, removed from the index.
+    /// The next chunk to drop for a chunk of `name` at `start`, removed from the index. A
+    /// version whose whole copy is in use gives nothing.
     fn victim(&mut self, name: &str, start: u64) -> Option<Victim> {
         let other = self
             .entries
             .iter()
-            .filter(|(n, e)| n.as_str() != name && !e.held.is_empty())
+            .filter(|(n, e)| n.as_str() != name && !e.held.is_empty() && e.pins == 0)
             .min_by_key(|(_, e)| e.last_use)
             .map(|(n, _)| n.clone());
         let from = match other {
             Some(n) => n,
             None => {
-                let own = self.entries.get(name)?;
+                let own = self.entries.get(name).filter(|e| e.pins == 0)?;
                 let (&last, _) = own.held.last_key_value()?;
                 if last < start {
                     return None;
@@ -177,13 +196,47 @@ impl TierIndex {
                 name.to_owned()
             }
         };
+        if self.entries.get(&from).is_some_and(|e| e.sealed) {
+            return self.take_whole(&from);
+        }
         let entry = self.entries.get_mut(&from)?;
         let (s, held) = entry.held.pop_last()?;
+        entry.unverified.remove(&s);
         Some(Victim {
             name: from,
             start: s,
             end: held.end,
+            whole: false,
+            bytes: held.end - s,
         })
+    }
+
+    /// Removes version `name` whole from the index (its bytes still counted in `used`: the
+    /// caller takes [`Victim::bytes`] off).
+    fn take_whole(&mut self, name: &str) -> Option<Victim> {
+        let entry = self.entries.remove(name)?;
+        let bytes = entry.held.iter().map(|(s, h)| h.end - s).sum();
+        Some(Victim {
+            name: name.to_owned(),
+            start: 0,
+            end: entry.size,
+            whole: true,
+            bytes,
+        })
+    }
+
+    /// Whether version `name` is sealed ([`TierEntry::sealed`]).
+    pub fn sealed(&self, name: &str) -> bool {
+        self.entries.get(name).is_some_and(|e| e.sealed)
+    }
+
+    /// Drops sealed version `name` whole unless a copy of it is in use (a damaged chunk found
+    /// in it): its bytes are no longer counted.
+    pub fn drop_sealed(&mut self, name: &str) -> Option<Victim> {
+        self.entries.get(name).filter(|e| e.sealed && e.pins == 0)?;
+        let victim = self.take_whole(name)?;
+        self.used = self.used.saturating_sub(victim.bytes);
+        Some(victim)
     }
 
     /// Records the write reserved for `[start, end)` of `name` (size `size`) as done.
@@ -206,8 +259,54 @@ impl TierIndex {
         let entry = self.entries.get_mut(name)?;
         let held = entry.held.get(&start).filter(|h| h.hash == hash)?.end;
         entry.held.remove(&start);
+        entry.unverified.remove(&start);
         self.used = self.used.saturating_sub(held - start);
         Some(held)
+    }
+
+    /// Notes that the chunk of `name` at `start` matched its checksum.
+    pub fn verified(&mut self, name: &str, start: u64) {
+        if let Some(entry) = self.entries.get_mut(name) {
+            entry.unverified.remove(&start);
+        }
+    }
+
+    /// Every chunk of version `name` of `size` bytes, in order, when they cover it from its
+    /// first byte to its last with nothing missing, each with whether it is yet to be checked.
+    pub fn whole(&self, name: &str, size: u64) -> Option<Vec<(u64, Held, bool)>> {
+        let entry = self.entries.get(name).filter(|e| e.size == size)?;
+        let mut next = 0;
+        let mut chunks = Vec::with_capacity(entry.held.len());
+        for (&start, &held) in &entry.held {
+            if start != next {
+                return None;
+            }
+            chunks.push((start, held, entry.unverified.contains(&start)));
+            next = held.end;
+        }
+        (next == size && size > 0).then_some(chunks)
+    }
+
+    /// One more whole copy of `name` in use: none of its chunks gives way until
+    /// [`Self::unpin`].
+    pub fn pin(&mut self, name: &str) {
+        if let Some(entry) = self.entries.get_mut(name) {
+            entry.pins += 1;
+        }
+    }
+
+    /// Version `name` was handed to the kernel whole ([`TierEntry::sealed`]).
+    pub fn seal(&mut self, name: &str) {
+        if let Some(entry) = self.entries.get_mut(name) {
+            entry.sealed = true;
+        }
+    }
+
+    /// A whole copy of `name` no longer in use.
+    pub fn unpin(&mut self, name: &str) {
+        if let Some(entry) = self.entries.get_mut(name) {
+            entry.pins = entry.pins.saturating_sub(1);
+        }
     }
 
     /// Notes a read of version `name`.

@@ -11,19 +11,22 @@
 //! loses at most the chunks being written ([`log`]). DIR belongs to one mount at a time: a
 //! second mount naming it is refused with the process holding it. Writing never makes a read
 //! fail: a full disk shrinks the tier to what it holds, other write errors skip the chunk, and
-//! both are counted.
+//! both are counted. A version held whole may be handed to the kernel for passthrough
+//! ([`copy`]: checked first, kept while in use, then given way whole, never punched).
 //!
 //! **Layout.** `DIR/tierfs-disk-tier-v1/` holds a lock file and, per source version, a sparse
 //! data file at the source's own offsets (`NAME.data`) and its chunk log (`NAME.log`). NAME is
 //! a hash of what identifies the version ([`TierVersion`]): a replaced file is a new version,
 //! whose chunks never mix with the old one's. Writes go through the page cache and are
 //! written back and dropped from it at once; reads use `O_DIRECT` where DIR's file system takes
-//! it: the tier's bytes are never a second copy in RAM.
+//! it: the tier's bytes are never a second copy in RAM (a whole copy handed to the kernel is
+//! read through the page cache, as the one copy the kernel serves).
 //!
 //! **What it costs.** Chunks waiting to be written are copies, bounded by
 //! [`DiskTierConfig::max_pending_bytes`] (outside the RAM budget); a chunk offered while that
 //! is full is not written (`skipped_busy`).
 
+mod copy;
 mod index;
 mod io;
 mod log;
@@ -31,6 +34,7 @@ mod recover;
 mod version;
 mod writer;
 
+pub use copy::WholeCopy;
 pub use version::{TierVersion, VersionInTier};
 
 #[cfg(test)]
@@ -123,6 +127,7 @@ struct TierCounters {
     write_errors: AtomicU64,
     skipped_busy: AtomicU64,
     not_kept: AtomicU64,
+    whole_copies: AtomicU64,
 }
 
 /// What `.tierfs/stats` shows of the tier.
@@ -154,6 +159,9 @@ pub struct DiskTierStats {
     pub skipped_busy: u64,
     /// Chunks not written because only chunks needed sooner were held.
     pub not_kept: u64,
+    /// Opens of a model file handed to the kernel by passthrough from its whole copy in the
+    /// tier ([`WholeCopy`]).
+    pub whole_copies: u64,
 }
 
 /// The open files of one cached version.
@@ -227,7 +235,7 @@ impl DiskTier {
         });
         let victims = lock(&shared.index).trim();
         for victim in victims {
-            shared.drop_range(&victim.name, victim.start, victim.end);
+            shared.drop_victim(&victim);
         }
         let writer =
             writer::start(Arc::clone(&shared), queue).map_err(|source| DiskTierError::Create {
@@ -279,26 +287,44 @@ impl DiskTier {
             });
         match got {
             Ok(bytes) => {
+                lock(&shared.index).verified(&version.name, start);
                 add(&shared.counters.hits, 1);
                 add(&shared.counters.hit_bytes, end - start);
                 Some(bytes)
             }
             Err(why) => {
-                // Dropped only if still held as read: an eviction meanwhile is no damage.
-                if lock(&shared.index)
-                    .forget(&version.name, start, held.hash)
-                    .is_some()
-                {
-                    add(&shared.counters.damaged, 1);
-                    tracing::warn!(dir = %shared.dir.display(), start, end, %why, "a chunk of the disk tier is damaged: dropped, read from the source");
-                    self.send(Job::Drop {
-                        name: version.name.clone(),
-                        start,
-                        end,
-                    });
-                }
+                self.damaged(&version.name, start, end, held.hash, &why);
                 None
             }
+        }
+    }
+
+    /// Drops `[start, end)` of version `name`, found damaged (`why`), if it is still held as
+    /// checked (checksum `hash`): an eviction meanwhile is no damage.
+    fn damaged(&self, name: &str, start: u64, end: u64, hash: u64, why: &str) {
+        let shared = &self.shared;
+        let sealed = {
+            let mut index = lock(&shared.index);
+            index.sealed(name).then(|| index.drop_sealed(name))
+        };
+        if let Some(victim) = sealed {
+            // No hole is punched in a file the kernel may map: the version goes whole, or,
+            // while the kernel reads it, stays (its bytes were checked when it was handed over).
+            add(&shared.counters.damaged, 1);
+            tracing::warn!(dir = %shared.dir.display(), start, end, %why, "a chunk of the disk tier is damaged: its version is dropped whole, read from the source");
+            if let Some(victim) = victim {
+                self.send(Job::DropVersion { name: victim.name });
+            }
+            return;
+        }
+        if lock(&shared.index).forget(name, start, hash).is_some() {
+            add(&shared.counters.damaged, 1);
+            tracing::warn!(dir = %shared.dir.display(), start, end, %why, "a chunk of the disk tier is damaged: dropped, read from the source");
+            self.send(Job::Drop {
+                name: name.to_owned(),
+                start,
+                end,
+            });
         }
     }
 
@@ -377,6 +403,7 @@ impl DiskTier {
             write_errors: get(&c.write_errors),
             skipped_busy: get(&c.skipped_busy),
             not_kept: get(&c.not_kept),
+            whole_copies: get(&c.whole_copies),
         }
     }
 
@@ -453,6 +480,30 @@ impl Shared {
         let files = Arc::new(files);
         lock(&self.files).insert(name.to_owned(), Arc::clone(&files));
         Ok(files)
+    }
+
+    /// Frees what `victim` names on disk: its range, or its whole version.
+    fn drop_victim(&self, victim: &index::Victim) {
+        if victim.whole {
+            self.drop_version(&victim.name);
+        } else {
+            self.drop_range(&victim.name, victim.start, victim.end);
+        }
+    }
+
+    /// Deletes version `name`'s files: descriptors still open on its data file (a whole copy
+    /// the kernel may still map) keep reading its bytes, and its space is freed when they
+    /// close.
+    fn drop_version(&self, name: &str) {
+        lock(&self.files).remove(name);
+        for ext in ["log", "data"] {
+            let path = self.dir.join(format!("{name}.{ext}"));
+            if let Err(e) = std::fs::remove_file(&path) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::debug!(file = %path.display(), error = %e, "cannot delete a version of the disk tier");
+                }
+            }
+        }
     }
 
     /// Frees `[start, end)` of version `name` on disk and records that it is gone.

@@ -273,3 +273,113 @@ fn empty_or_out_of_bounds_ranges_are_not_kept_and_the_log_stays_whole() {
     let tier = tier(dir.path(), 64 * MIB);
     assert_eq!(read(&tier, &v, 0, MIB), Some(bytes(11, 0, MIB)));
 }
+
+/// The bytes of `file` from its start.
+fn read_all(mut file: &File, len: u64) -> Vec<u8> {
+    let mut got = vec![0u8; len as usize];
+    file.seek(SeekFrom::Start(0)).unwrap();
+    file.read_exact(&mut got).unwrap();
+    got
+}
+
+#[test]
+fn a_whole_copy_is_given_only_for_a_version_held_whole_and_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let size = 3 * MIB + 12_345;
+    let v = version(8, size);
+    {
+        let tier = tier(dir.path(), 64 * MIB);
+        put(&tier, &v, 8, 0, 100);
+        put(&tier, &v, 8, 100, MIB);
+        put(&tier, &v, 8, 2 * MIB, size);
+        assert!(tier.whole_copy(&v).is_none(), "a hole in the middle");
+        put(&tier, &v, 8, MIB, 2 * MIB);
+        let copy = tier.whole_copy(&v).expect("held whole");
+        assert_eq!(read_all(copy.file(), size), bytes(8, 0, size));
+        assert_eq!(tier.stats().whole_copies, 1);
+    }
+    // After a restart its chunks are checked first: a flipped byte gives no copy, drops the
+    // chunk, and the version is no longer whole.
+    {
+        let mut data = OpenOptions::new()
+            .write(true)
+            .open(data_file(dir.path(), &v))
+            .unwrap();
+        data.seek(SeekFrom::Start(MIB + 7)).unwrap();
+        data.write_all(&[!bytes(8, MIB + 7, MIB + 8)[0]]).unwrap();
+    }
+    let tier = tier(dir.path(), 64 * MIB);
+    assert!(tier.whole_copy(&v).is_none(), "a damaged byte");
+    let stats = tier.stats();
+    assert_eq!((stats.damaged, stats.whole_copies), (1, 0));
+    assert!(!tier.holds(&v, MIB, 2 * MIB));
+    put(&tier, &v, 8, MIB, 2 * MIB);
+    let copy = tier.whole_copy(&v).expect("whole again");
+    assert_eq!(read_all(copy.file(), size), bytes(8, 0, size));
+}
+
+#[test]
+fn a_truncated_copy_is_not_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = version(9, 2 * MIB);
+    {
+        let tier = tier(dir.path(), 64 * MIB);
+        put(&tier, &v, 9, 0, MIB);
+        put(&tier, &v, 9, MIB, 2 * MIB);
+    }
+    OpenOptions::new()
+        .write(true)
+        .open(data_file(dir.path(), &v))
+        .unwrap()
+        .set_len(2 * MIB - 1)
+        .unwrap();
+    let tier = tier(dir.path(), 64 * MIB);
+    assert!(tier.whole_copy(&v).is_none(), "cut at the next open");
+    assert!(!tier.holds(&v, MIB, 2 * MIB));
+    // Cut while the tier holds it whole.
+    put(&tier, &v, 9, 0, MIB);
+    put(&tier, &v, 9, MIB, 2 * MIB);
+    assert!(tier.holds(&v, 0, MIB) && tier.holds(&v, MIB, 2 * MIB));
+    OpenOptions::new()
+        .write(true)
+        .open(data_file(dir.path(), &v))
+        .unwrap()
+        .set_len(2 * MIB - 1)
+        .unwrap();
+    assert!(tier.whole_copy(&v).is_none(), "cut while held");
+    assert_eq!(tier.stats().damaged, 1);
+}
+
+/// While a copy is in use none of its chunks gives way; once it was handed over, it gives way
+/// whole, its files deleted, and a descriptor the kernel (here: the test) still holds reads
+/// every byte as it was, never a punched hole.
+#[test]
+fn a_copy_in_use_keeps_its_chunks_and_a_handed_over_copy_goes_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let tier = tier(dir.path(), 4 * MIB);
+    let (a, b) = (version(10, 2 * MIB), version(11, 8 * MIB));
+    put(&tier, &a, 10, 0, MIB);
+    put(&tier, &a, 10, MIB, 2 * MIB);
+    let copy = tier.whole_copy(&a).expect("held whole");
+    for i in 0..4 {
+        put(&tier, &b, 11, i * MIB, (i + 1) * MIB);
+    }
+    assert!(
+        tier.holds(&a, 0, MIB) && tier.holds(&a, MIB, 2 * MIB),
+        "pinned"
+    );
+    assert!(!tier.holds(&b, 2 * MIB, 3 * MIB), "no room for B's third");
+    let kept = copy.file().try_clone().unwrap();
+    drop(copy);
+    put(&tier, &b, 11, 2 * MIB, 3 * MIB);
+    assert!(
+        !tier.holds(&a, 0, MIB) && !tier.holds(&a, MIB, 2 * MIB),
+        "A went whole for B's third"
+    );
+    assert!(!data_file(dir.path(), &a).exists());
+    assert_eq!(read_all(&kept, 2 * MIB), bytes(10, 0, 2 * MIB));
+    assert_eq!(tier.stats().used_bytes, 3 * MIB);
+    // A version kept again after going whole starts a file of its own.
+    put(&tier, &a, 10, 0, MIB);
+    assert_eq!(read(&tier, &a, 0, MIB), Some(bytes(10, 0, MIB)));
+}

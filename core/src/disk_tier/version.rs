@@ -69,6 +69,11 @@ impl VersionInTier {
         self.read(0, end)
     }
 
+    /// [`DiskTier::whole_copy`] of this version.
+    pub fn whole_copy(&self) -> Option<super::WholeCopy> {
+        self.tier.whole_copy(&self.version)
+    }
+
     /// [`DiskTier::holds`] of this version.
     pub fn holds(&self, start: u64, end: u64) -> bool {
         self.tier.holds(&self.version, start, end)

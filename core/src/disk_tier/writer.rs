@@ -27,6 +27,8 @@ pub(super) enum Job {
     },
     /// Free a damaged chunk's range and record that it is gone.
     Drop { name: String, start: u64, end: u64 },
+    /// Delete a damaged version that was handed to the kernel whole.
+    DropVersion { name: String },
 }
 
 pub(super) fn start(
@@ -50,6 +52,7 @@ pub(super) fn start(
                         shared.pending.fetch_sub(len, Ordering::AcqRel);
                     }
                     Job::Drop { name, start, end } => shared.drop_range(&name, start, end),
+                    Job::DropVersion { name } => shared.drop_version(&name),
                 }
             }
         })
@@ -66,7 +69,7 @@ fn put(shared: &Shared, version: &TierVersion, start: u64, bytes: &[u8]) {
         index.reserve(&version.name, start, end)
     };
     for victim in &room.victims {
-        shared.drop_range(&victim.name, victim.start, victim.end);
+        shared.drop_victim(victim);
         add(&shared.counters.evicted, 1);
         add(&shared.counters.evicted_bytes, victim.end - victim.start);
     }

@@ -209,7 +209,10 @@ impl<B: Send + Sync> TierFs<B> {
         let current = lock(&self.open_modes).get(&ino).map(|(mode, _)| *mode);
         let mode = match current {
             Some(ServeMode::Passthrough) => {
-                self.store.force_passthrough(&model);
+                if !self.store.force_passthrough(&model) {
+                    // Its other handles read another version's copy in the disk tier.
+                    return Err(FsError::ModeConflict);
+                }
                 ServeMode::Passthrough
             }
             // A raw version still says why (its reason is its own, not the inode's).
@@ -221,7 +224,13 @@ impl<B: Send + Sync> TierFs<B> {
             ),
         };
         if mode == ServeMode::Passthrough {
-            match self.backing(ino, || open_backing(platform::reopen(model.source())?)) {
+            // The version's whole copy in the disk tier where it is read from there
+            // (`ModelStore::choose_mode`), else the source file.
+            let backing_file = || match model.tier_copy_file() {
+                Some(copy) => copy,
+                None => platform::reopen(model.source()),
+            };
+            match self.backing(ino, || open_backing(backing_file()?)) {
                 Ok(backing) => {
                     lock(&self.open_modes).entry(ino).or_insert((mode, 0)).1 += 1;
                     let handle = Handle::ModelPassthrough(model, Arc::clone(&backing));

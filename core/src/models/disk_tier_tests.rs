@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::mode::ModeReason;
 use super::*;
 use crate::disk_tier::{DiskTier, DiskTierConfig};
 use crate::prefetch::saved::SavedOrders;
@@ -71,10 +72,15 @@ fn tier_of(dir: &Path, capacity: u64) -> Arc<DiskTier> {
 /// A store of budget [`BUDGET`] on `tier` whose source reads are counted in the returned
 /// counter (by every descriptor of the store).
 fn counted_store(tier: &Arc<DiskTier>) -> (Arc<ModelStore>, Arc<AtomicU64>) {
+    counted_store_of(tier, BUDGET)
+}
+
+/// [`counted_store`] of budget `budget`.
+fn counted_store_of(tier: &Arc<DiskTier>, budget: u64) -> (Arc<ModelStore>, Arc<AtomicU64>) {
     let counted = Arc::new(AtomicU64::new(0));
     let shared = Arc::clone(&counted);
     let store = Arc::new(
-        ModelStore::new(BUDGET, SavedOrders::default())
+        ModelStore::new(budget, SavedOrders::default())
             .with_read_wrapper(Arc::new(move |file| {
                 Arc::new(Counted {
                     file,
@@ -180,4 +186,57 @@ fn a_restarted_store_reads_nothing_from_the_source_and_a_replaced_file_is_read_a
         read >= second.len() as u64 * 9 / 10,
         "a new version is read: {read}"
     );
+}
+
+/// A model that fits the budget is passed through from its whole copy in the tier, never from
+/// the source: at the first mount the tier does not hold it yet (served by the cache, which
+/// fills the tier); after a restart the copy is checked and handed over, every byte the
+/// source's, with nothing read from the source; the copy is shared by the version's
+/// passthrough handles and released with the last.
+#[test]
+fn a_model_that_fits_is_passed_through_from_its_whole_copy_after_a_restart() {
+    let src = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let path = src.path().join("m.safetensors");
+    let want = checkpoint(&path, 21);
+    let fits = 64 << 20;
+    {
+        let tier = tier(cache.path());
+        let (store, _) = counted_store_of(&tier, fits);
+        let handle = store
+            .open_handle(Path::new("m.safetensors"), &path)
+            .unwrap();
+        assert_eq!(store.choose_mode(&handle, true), ServeMode::Cache);
+        assert_eq!(ModeReason::load(&handle.mode_reason), ModeReason::DiskTier);
+        drop(handle);
+        pass(&store, &path, &want);
+        assert!(tier.settle(Duration::from_secs(20)));
+    }
+    let tier = tier(cache.path());
+    let (store, counted) = counted_store_of(&tier, fits);
+    let handle = store
+        .open_handle(Path::new("m.safetensors"), &path)
+        .unwrap();
+    assert_eq!(store.choose_mode(&handle, true), ServeMode::Passthrough);
+    assert_eq!(
+        ModeReason::load(&handle.mode_reason),
+        ModeReason::FromDiskTier
+    );
+    let mut copy = handle.tier_copy_file().unwrap().unwrap();
+    let mut got = Vec::new();
+    std::io::Read::read_to_end(&mut copy, &mut got).unwrap();
+    assert!(got == want, "the copy is the source's bytes");
+    assert_eq!(counted.load(Ordering::SeqCst), 0, "nothing from the source");
+    assert!(
+        store.force_passthrough(&handle),
+        "a second handle shares it"
+    );
+    store.close_passthrough(&handle);
+    assert!(
+        handle.tier_copy_file().is_some(),
+        "held by the other handle"
+    );
+    store.close_passthrough(&handle);
+    assert!(handle.tier_copy_file().is_none(), "released with the last");
+    assert_eq!(tier.stats().whole_copies, 1);
 }

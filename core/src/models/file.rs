@@ -154,6 +154,8 @@ pub struct ModelFile {
     /// This version in the mount's local disk tier, if it has one ([`crate::disk_tier`]):
     /// chunks are read from there before the source, and written there after it.
     pub(super) disk_tier: Option<Arc<VersionInTier>>,
+    /// The whole copy in the disk tier its passthrough handles read (`tier_copy.rs`).
+    pub(super) tier_copy: crate::sync::Mutex<Option<super::tier_copy::CopyInUse>>,
 }
 
 impl ModelFile {
@@ -275,6 +277,7 @@ impl ModelFile {
             standalone_reason,
             in_ram: source.is_in_ram(),
             disk_tier,
+            tier_copy: crate::sync::Mutex::new(None),
         };
         Ok((file, source))
     }

@@ -56,6 +56,7 @@ pub mod shards;
 mod snapshot;
 mod store;
 pub mod table;
+mod tier_copy;
 
 pub use config::ModelsConfig;
 pub use file::{is_model_path, Layout, ModelFile, OpenError, RawReason};

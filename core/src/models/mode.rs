@@ -7,9 +7,10 @@
 //! evicts the chunk cache, and a file with bytes in the cache stays served from there. A file
 //! whose source charges per request ([`crate::prefetch::pacing`]) is never passed through: the
 //! cache reads it in large ordered requests, where the kernel's readahead would pay a seek or a
-//! round trip per 128 KiB. Nor is a file of a mount with a local disk tier
-//! ([`crate::disk_tier`]): its chunks are kept there, and read back from there, only through
-//! the cache. A file held in RAM (tmpfs) is passed through outside the budget.
+//! round trip per 128 KiB. On a mount with a local disk tier ([`crate::disk_tier`]) a file is
+//! passed through only from its whole, checked copy in the tier, never from the source
+//! (`tier_copy.rs`); until the tier holds it whole it is served through the cache, which
+//! keeps its chunks there. A file held in RAM (tmpfs) is passed through outside the budget.
 //! Every admission and release
 //! rebalances the budget between the chunk cache and the passthrough tier
 //! ([`ModelStore::rebalance`]). Mode and reason are stored per version in atomics (no lock).
@@ -55,10 +56,11 @@ pub(super) enum ModeReason {
     InRam,
     SourceChargesPerRequest,
     DiskTier,
+    FromDiskTier,
 }
 
 impl ModeReason {
-    pub(super) const ALL: [ModeReason; 13] = [
+    pub(super) const ALL: [ModeReason; 14] = [
         ModeReason::NotOpened,
         ModeReason::FitsBudget,
         ModeReason::InodeInPassthrough,
@@ -72,6 +74,7 @@ impl ModeReason {
         ModeReason::InRam,
         ModeReason::SourceChargesPerRequest,
         ModeReason::DiskTier,
+        ModeReason::FromDiskTier,
     ];
 
     pub(super) fn text(self) -> Option<&'static str> {
@@ -90,7 +93,12 @@ impl ModeReason {
             ModeReason::SourceChargesPerRequest => {
                 "its source charges per request (a disk or a network): read in large requests"
             }
-            ModeReason::DiskTier => "the mount keeps its chunks in the local disk tier",
+            ModeReason::DiskTier => {
+                "the local disk tier does not hold it whole yet: read through the cache, which keeps its chunks there"
+            }
+            ModeReason::FromDiskTier => {
+                "fits what the budget has left: read from its whole copy in the local disk tier"
+            }
         })
     }
 
@@ -148,34 +156,16 @@ impl ModelStore {
         } else {
             room
         };
-        let identity = file.source.identity();
-        let refused = if let Layout::Raw { why } = &file.layout {
-            Some(match why {
-                RawReason::Malformed(_) => ModeReason::Malformed,
-                RawReason::IndexCapFull { .. } => ModeReason::IndexCapFull,
-            })
-        } else if !passthrough_possible {
-            Some(ModeReason::PassthroughOff)
-        } else if file.disk_tier.is_some() {
-            Some(ModeReason::DiskTier)
-        } else if self.source_charges_per_request(file) {
-            Some(ModeReason::SourceChargesPerRequest)
-        } else if self.passthrough.refuses_competing(&identity) {
-            Some(ModeReason::Competes)
-        } else if self.cache.cached_bytes(file.generation) > 0
-            || file.warmed_by_plan.load(Ordering::Acquire)
-        {
-            Some(ModeReason::AlreadyCached)
-        } else if self.passthrough.admit(file.source.path(), &identity, room) {
-            None
-        } else if room == 0 && too_large(file, self.budget()) {
-            Some(ModeReason::ModelLargerThanBudget)
-        } else {
-            Some(ModeReason::LargerThanRoom)
-        };
-        let (mode, reason) = match refused {
-            None => (ServeMode::Passthrough, ModeReason::FitsBudget),
-            Some(reason) => {
+        let (mode, reason) = match self.admission(file, passthrough_possible, room) {
+            Ok(from_tier) => (
+                ServeMode::Passthrough,
+                if from_tier {
+                    ModeReason::FromDiskTier
+                } else {
+                    ModeReason::FitsBudget
+                },
+            ),
+            Err(reason) => {
                 // The chunk cache gets its room back from parked passthrough files.
                 self.passthrough
                     .make_room_for_model(self.budget(), file.size());
@@ -185,6 +175,58 @@ impl ModelStore {
         file.set_mode(mode, reason);
         self.rebalance();
         mode
+    }
+
+    /// Whether an open of `file` may be passed through in `room` bytes: `Ok(from_tier)`, the
+    /// open admitted to the passthrough tier (reading the version's whole copy in the disk
+    /// tier when `from_tier`, which it then holds: `tier_copy.rs`), or why not.
+    fn admission(
+        &self,
+        file: &ModelFile,
+        passthrough_possible: bool,
+        room: u64,
+    ) -> Result<bool, ModeReason> {
+        let identity = file.source.identity();
+        let tier = file.disk_tier.is_some();
+        if let Layout::Raw { why } = &file.layout {
+            return Err(match why {
+                RawReason::Malformed(_) => ModeReason::Malformed,
+                RawReason::IndexCapFull { .. } => ModeReason::IndexCapFull,
+            });
+        }
+        if !passthrough_possible {
+            return Err(ModeReason::PassthroughOff);
+        }
+        // From the disk tier's copy the source's pacing does not matter.
+        if !tier && self.source_charges_per_request(file) {
+            return Err(ModeReason::SourceChargesPerRequest);
+        }
+        if self.passthrough.refuses_competing(&identity) {
+            return Err(ModeReason::Competes);
+        }
+        if self.cache.cached_bytes(file.generation) > 0
+            || file.warmed_by_plan.load(Ordering::Acquire)
+        {
+            return Err(ModeReason::AlreadyCached);
+        }
+        if tier {
+            // Checked only for an open that could use it: checking reads the whole copy.
+            if identity.size > room {
+                return Err(too_large_reason(file, self.budget(), room));
+            }
+            if file.acquire_tier_copy().is_none() {
+                return Err(ModeReason::DiskTier);
+            }
+        }
+        let target = file.passthrough_target();
+        if self.passthrough.admit(&target.path, &target.identity, room) {
+            Ok(tier)
+        } else {
+            if tier {
+                file.release_tier_copy();
+            }
+            Err(too_large_reason(file, self.budget(), room))
+        }
     }
 
     /// Whether `file`'s source charges per request ([`crate::prefetch::pacing`]), so that the
@@ -227,24 +269,48 @@ impl ModelStore {
     }
 
     /// Admits one more passthrough open of `file` whatever its size: for an inode the kernel
-    /// already serves by passthrough, which cannot take a cached open next to it.
-    pub fn force_passthrough(&self, file: &ModelFile) {
+    /// already serves by passthrough, which cannot take a cached open next to it. On a mount
+    /// with a disk tier, the inode's passthrough reads a version's copy in the tier: only that
+    /// version's opens may join it (false for another: the kernel would serve it the old
+    /// version's bytes).
+    pub fn force_passthrough(&self, file: &ModelFile) -> bool {
         if file.in_ram {
             file.set_mode(ServeMode::Passthrough, ModeReason::InRam);
-            return;
+            return true;
         }
+        if file.disk_tier.is_some() && !file.serves_tier_copy() {
+            return false;
+        }
+        if file.disk_tier.is_some() {
+            file.acquire_tier_copy();
+        }
+        let target = file.passthrough_target();
         self.passthrough
-            .admit(file.source.path(), &file.source.identity(), u64::MAX);
+            .admit(&target.path, &target.identity, u64::MAX);
         if file.mode() != ServeMode::Passthrough {
             file.set_mode(ServeMode::Passthrough, ModeReason::InodeInPassthrough);
         }
         self.rebalance();
+        true
     }
 
     /// A passthrough handle of `file` closed.
     pub fn close_passthrough(&self, file: &ModelFile) {
-        self.passthrough.release(&file.source.identity());
+        self.passthrough
+            .release(&file.passthrough_target().identity);
+        if file.disk_tier.is_some() {
+            file.release_tier_copy();
+        }
         self.rebalance();
+    }
+}
+
+/// Why a file that does not fit `room` is not passed through.
+fn too_large_reason(file: &ModelFile, budget: u64, room: u64) -> ModeReason {
+    if room == 0 && too_large(file, budget) {
+        ModeReason::ModelLargerThanBudget
+    } else {
+        ModeReason::LargerThanRoom
     }
 }
 
