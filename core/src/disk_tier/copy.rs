@@ -58,6 +58,11 @@ impl Drop for WholeCopy {
 }
 
 impl DiskTier {
+    /// Where `version`'s data file is (whether or not the tier holds any of it).
+    pub fn data_path(&self, version: &TierVersion) -> PathBuf {
+        self.shared.dir.join(format!("{}.data", version.name))
+    }
+
     /// The whole copy of `version`, checked ([module docs](self)); `None` when the tier does
     /// not hold every byte of it, or a chunk is damaged.
     pub fn whole_copy(&self, version: &TierVersion) -> Option<WholeCopy> {
@@ -69,7 +74,7 @@ impl DiskTier {
             index.touch(&version.name);
             chunks
         };
-        let path = shared.dir.join(format!("{}.data", version.name));
+        let path = self.data_path(version);
         let file = match File::open(&path) {
             Ok(file) => file,
             Err(e) => {

@@ -74,6 +74,11 @@ impl VersionInTier {
         self.tier.whole_copy(&self.version)
     }
 
+    /// [`DiskTier::data_path`] of this version.
+    pub fn data_path(&self) -> std::path::PathBuf {
+        self.tier.data_path(&self.version)
+    }
+
     /// [`DiskTier::holds`] of this version.
     pub fn holds(&self, start: u64, end: u64) -> bool {
         self.tier.holds(&self.version, start, end)

@@ -201,7 +201,13 @@ impl ModelStore {
         if !tier && self.source_charges_per_request(file) {
             return Err(ModeReason::SourceChargesPerRequest);
         }
-        if self.passthrough.refuses_competing(&identity) {
+        // The passthrough tier knows a copy in the disk tier by the copy's own identity.
+        let known_as = if tier {
+            file.tier_copy_identity()
+        } else {
+            Some(identity)
+        };
+        if known_as.is_some_and(|id| self.passthrough.refuses_competing(&id)) {
             return Err(ModeReason::Competes);
         }
         if self.cache.cached_bytes(file.generation) > 0

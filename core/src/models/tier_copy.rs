@@ -64,6 +64,16 @@ impl ModelFile {
         Some(target)
     }
 
+    /// The identity the passthrough tier knows this version's copy by (its data file's), read
+    /// without checking the copy; `None` without a tier or a data file.
+    pub(super) fn tier_copy_identity(&self) -> Option<SourceIdentity> {
+        if let Some(in_use) = lock(&self.tier_copy).as_ref() {
+            return Some(in_use.identity);
+        }
+        let path = self.disk_tier.as_ref()?.data_path();
+        SourceIdentity::of_path(&path).ok()
+    }
+
     /// One handle's share of the copy given back; the last one releases the copy.
     pub(super) fn release_tier_copy(&self) {
         let mut slot = lock(&self.tier_copy);
