@@ -6,14 +6,17 @@ and the chunks must come from the tier, not the source (the stats' source reads,
 source device's own read counter where the source is a loop device). A damaged tier file is
 never served; a full disk shrinks the tier and reads go on; a second mount naming the same
 folder is refused with the process holding it; a folder inside SOURCE is refused. A model that
-fits the budget is passed through from its whole copy in the tier after a restart.
+fits the budget is passed through from its whole copy in the tier after a restart, and a
+mapping of it that outlives its handle reads its bytes even after the tier gave its room away.
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import mmap
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -157,6 +160,72 @@ def test_a_model_that_fits_is_passed_through_from_its_copy_in_the_tier_after_a_r
         m.close()
     finally:
         fs.close()
+
+
+class _Mapping:
+    """A whole-file mapping whose descriptor is closed at once (as torch's `safe_open` does):
+    the mount sees the file released while the mapping still reads it. (Python's own `mmap`
+    keeps a duplicate of the descriptor open, hence libc.)"""
+
+    def __init__(self, path: Path):
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.libc.mmap.restype = ctypes.c_void_p
+        self.libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                                   ctypes.c_int, ctypes.c_long]
+        self.libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        self.size = path.stat().st_size
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            self.addr = self.libc.mmap(None, self.size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        finally:
+            os.close(fd)
+        assert self.addr not in (None, ctypes.c_void_p(-1).value), f"mmap: errno {ctypes.get_errno()}"
+
+    def read(self, start: int, end: int) -> bytes:
+        return ctypes.string_at(self.addr + start, end - start)
+
+    def close(self) -> None:
+        self.libc.munmap(self.addr, self.size)
+
+
+def test_a_copy_mapped_past_its_close_keeps_its_bytes_when_the_tier_makes_room(mount):
+    """A model passed through from its copy in the tier is mapped and its descriptor closed;
+    the tier then needs the copy's room for another model: the copy goes whole (its files
+    deleted), never punched, so the pages the mapping had not read yet, and those the kernel
+    dropped, still come back as the source's bytes."""
+    src = fresh_dir("tier-src")
+    a, b = _model(src, "a.safetensors", seed=6), _model(src, "b.safetensors", seed=7)
+    want_a = a.read_bytes()
+    tier_dir = fresh_dir("tier-dir")
+    tier_size = f"{a.stat().st_size + 16 * MiB}"  # one model, not two
+    fits = "512MiB"
+    m = mount(src, fits, _args(tier_dir, tier_size))
+    if not m.stats()["passthrough"]["available"]:
+        m.close()
+        pytest.skip("FUSE passthrough unavailable (needs Linux >= 6.9 and root)")
+    assert _sha(m.mnt / a.name) == _sha(a)
+    _settled_tier(m)
+    m.close()
+
+    m = mount(src, fits, _args(tier_dir, tier_size))
+    mapped = _Mapping(m.mnt / a.name)
+    try:
+        half = len(want_a) // 2
+        assert mapped.read(0, half) == want_a[:half]
+        f = next(x for x in m.stats()["files"] if x["path"] == a.name)
+        assert (f["mode"], f["mode_reason"]) == ("passthrough", FROM_COPY), f
+        copies = list((tier_dir / TIER).glob("*.data"))
+        assert len(copies) == 1, copies
+        # b needs the room: a's copy, no longer open, goes whole.
+        assert _sha(m.mnt / b.name) == _sha(b)
+        tier = _settled_tier(m)
+        assert not copies[0].exists(), "a's copy deleted"
+        assert tier["evicted"] >= 1 and tier["damaged"] == 0, tier
+        drop_caches()
+        assert mapped.read(0, len(want_a)) == want_a, "the mapping reads a's bytes, never a hole"
+    finally:
+        mapped.close()
+    m.close()
 
 
 def test_a_damaged_or_truncated_tier_file_is_never_served(mount):
