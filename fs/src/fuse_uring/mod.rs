@@ -299,6 +299,13 @@ impl Serving {
         let queues = queue_count();
         let entries = entries_per_queue(request_threads, queues);
         let payload = offered.request_bytes;
+        // Said before the first entry serves (the stats of a request it answers name the
+        // transport that answered); an entry the kernel refuses says otherwise.
+        set_transport(Transport::Uring {
+            queues,
+            entries,
+            payload,
+        });
         threads.push(spawn_device_thread(
             "tierfs-dev".into(),
             &device,
@@ -329,11 +336,6 @@ impl Serving {
                 );
             }
         }
-        set_transport(Transport::Uring {
-            queues,
-            entries,
-            payload,
-        });
         tracing::info!(queues, entries, payload, "serving through io_uring");
         Ok(Serving { threads })
     }
