@@ -74,15 +74,20 @@ def _source_reads(stats_path: Path) -> int:
     raise AssertionError(f"no source counters in {stats_path}")
 
 
+def _counted_source(src: Path) -> tuple[FaultFs, Path]:
+    """`src` seen through the test source filesystem, which counts what it serves (its
+    `--disk-stats` file, returned with it)."""
+    stats = fresh_dir("tier-counted") / "stats.json"
+    fs = FaultFs(src, ("--disk", "--seek-ms", "0", "--disk-mbps", "100000", "--disk-stats", str(stats)))
+    return fs, stats
+
+
 def test_a_restart_reads_the_model_from_the_disk_tier_not_the_source(mount, faultfs_bin):
     src = fresh_dir("tier-src")
     path = _model(src)
     want = _sha(path)
     tier_dir = fresh_dir("tier-dir")
-    # The source is seen through the test source filesystem, which counts what it serves.
-    counted = fresh_dir("tier-counted")
-    fs = FaultFs(src, ("--disk", "--seek-ms", "0", "--disk-mbps", "100000", "--disk-stats",
-                       str(counted / "stats.json")))
+    fs, counted = _counted_source(src)
     try:
         m = mount(fs.mnt, BUDGET, _args(tier_dir))
         assert _sha(m.mnt / path.name) == want
@@ -93,17 +98,17 @@ def test_a_restart_reads_the_model_from_the_disk_tier_not_the_source(mount, faul
         assert tier["used_bytes"] == tier["written_bytes"], tier
         assert first["files"][0]["mode_reason"] == "larger than what the budget had left", first["files"][0]
         m.close()
-        assert _source_reads(counted / "stats.json") >= data_bytes
+        assert _source_reads(counted) >= data_bytes
 
         drop_caches()
-        before = _source_reads(counted / "stats.json")
+        before = _source_reads(counted)
         m = mount(fs.mnt, BUDGET, _args(tier_dir))
         assert _sha(m.mnt / path.name) == want
         assert _sha(m.mnt / path.name) == want
         again = m.stats()
         tier = again["disk_tier"]
         # Every byte of both passes, the header included, came from the tier.
-        assert _source_reads(counted / "stats.json") == before
+        assert _source_reads(counted) == before
         assert again["disk"]["read_bytes"] == 0, again["disk"]
         assert tier["hit_bytes"] >= 2 * 0.9 * data_bytes, tier
         assert tier["damaged"] == 0 and tier["write_errors"] == 0, tier
@@ -129,9 +134,7 @@ def test_a_model_that_fits_is_passed_through_from_its_copy_in_the_tier_after_a_r
     path = _model(src)
     want = _sha(path)
     tier_dir = fresh_dir("tier-dir")
-    counted = fresh_dir("tier-counted")
-    fs = FaultFs(src, ("--disk", "--seek-ms", "0", "--disk-mbps", "100000", "--disk-stats",
-                       str(counted / "stats.json")))
+    fs, counted = _counted_source(src)
     fits = "256MiB"
     try:
         m = mount(fs.mnt, fits, _args(tier_dir))
@@ -145,7 +148,7 @@ def test_a_model_that_fits_is_passed_through_from_its_copy_in_the_tier_after_a_r
         m.close()
 
         drop_caches()
-        before = _source_reads(counted / "stats.json")
+        before = _source_reads(counted)
         m = mount(fs.mnt, fits, _args(tier_dir))
         with open(m.mnt / path.name, "rb") as fh, mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ) as mm:
             assert hashlib.sha256(mm[:]).hexdigest() == want
@@ -153,7 +156,7 @@ def test_a_model_that_fits_is_passed_through_from_its_copy_in_the_tier_after_a_r
         stats = m.stats()
         f = stats["files"][0]
         assert (f["mode"], f["mode_reason"]) == ("passthrough", FROM_COPY), f
-        assert _source_reads(counted / "stats.json") == before, "nothing from the source"
+        assert _source_reads(counted) == before, "nothing from the source"
         assert stats["disk"]["read_bytes"] == 0, stats["disk"]
         assert stats["disk_tier"]["whole_copies"] >= 1, stats["disk_tier"]
         assert stats["disk_tier"]["damaged"] == 0, stats["disk_tier"]

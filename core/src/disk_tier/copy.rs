@@ -60,7 +60,7 @@ impl Drop for WholeCopy {
 impl DiskTier {
     /// Where `version`'s data file is (whether or not the tier holds any of it).
     pub fn data_path(&self, version: &TierVersion) -> PathBuf {
-        self.shared.dir.join(format!("{}.data", version.name))
+        super::version_file(&self.shared.dir, &version.name, super::DATA)
     }
 
     /// The whole copy of `version`, checked ([module docs](self)); `None` when the tier does

@@ -31,6 +31,11 @@ pub(super) struct TierEntry {
     pub sealed: bool,
 }
 
+/// Bytes of the ranges in `held`.
+fn bytes_of(held: &BTreeMap<u64, Held>) -> u64 {
+    held.iter().map(|(s, h)| h.end - s).sum()
+}
+
 /// A chunk to drop to make room: its version's name and range.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Victim {
@@ -40,8 +45,9 @@ pub(super) struct Victim {
     /// Every chunk of the version goes at once, its files deleted rather than punched: it was
     /// handed to the kernel whole, which may still map it ([`TierEntry::sealed`]).
     pub whole: bool,
-    /// The bytes it frees.
+    /// The bytes and chunks it frees.
     pub bytes: u64,
+    pub chunks: u64,
 }
 
 /// What [`TierIndex::reserve`] decided.
@@ -89,11 +95,7 @@ impl TierIndex {
 
     /// Adds a version found on disk, with what it holds; last used at `order` (older first).
     pub fn adopt(&mut self, name: String, size: u64, held: BTreeMap<u64, Held>) {
-        self.used += held
-            .values()
-            .zip(held.keys())
-            .map(|(h, s)| h.end - s)
-            .sum::<u64>();
+        self.used += bytes_of(&held);
         let last_use = self.tick();
         let unverified = held.keys().copied().collect();
         self.entries.insert(
@@ -208,6 +210,7 @@ impl TierIndex {
             end: held.end,
             whole: false,
             bytes: held.end - s,
+            chunks: 1,
         })
     }
 
@@ -215,13 +218,13 @@ impl TierIndex {
     /// caller takes [`Victim::bytes`] off).
     fn take_whole(&mut self, name: &str) -> Option<Victim> {
         let entry = self.entries.remove(name)?;
-        let bytes = entry.held.iter().map(|(s, h)| h.end - s).sum();
         Some(Victim {
             name: name.to_owned(),
             start: 0,
             end: entry.size,
             whole: true,
-            bytes,
+            bytes: bytes_of(&entry.held),
+            chunks: entry.held.len() as u64,
         })
     }
 
@@ -319,8 +322,6 @@ impl TierIndex {
 
     /// Bytes held for version `name`.
     pub fn held_bytes(&self, name: &str) -> u64 {
-        self.entries
-            .get(name)
-            .map_or(0, |e| e.held.iter().map(|(s, h)| h.end - s).sum())
+        self.entries.get(name).map_or(0, |e| bytes_of(&e.held))
     }
 }

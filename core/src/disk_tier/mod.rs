@@ -452,8 +452,8 @@ impl Shared {
         if let Some(files) = lock(&self.files).get(name) {
             return Ok(Arc::clone(files));
         }
-        let data_path = self.dir.join(format!("{name}.data"));
-        let log_path = self.dir.join(format!("{name}.log"));
+        let data_path = version_file(&self.dir, name, DATA);
+        let log_path = version_file(&self.dir, name, LOG);
         let files = match create {
             Some(size) if !data_path.exists() => {
                 let data = OpenOptions::new()
@@ -496,13 +496,8 @@ impl Shared {
     /// close.
     fn drop_version(&self, name: &str) {
         lock(&self.files).remove(name);
-        for ext in ["log", "data"] {
-            let path = self.dir.join(format!("{name}.{ext}"));
-            if let Err(e) = std::fs::remove_file(&path) {
-                if e.kind() != std::io::ErrorKind::NotFound {
-                    tracing::debug!(file = %path.display(), error = %e, "cannot delete a version of the disk tier");
-                }
-            }
+        for ext in [LOG, DATA] {
+            recover::remove(&version_file(&self.dir, name, ext));
         }
     }
 
@@ -532,6 +527,15 @@ impl VersionFiles {
             log: Mutex::new(log),
         }
     }
+}
+
+/// Extensions of a version's data file and its log.
+const DATA: &str = "data";
+const LOG: &str = "log";
+
+/// The path of version `name`'s file with extension `ext` in the tier's folder `dir`.
+fn version_file(dir: &std::path::Path, name: &str, ext: &str) -> PathBuf {
+    dir.join(format!("{name}.{ext}"))
 }
 
 fn add(counter: &AtomicU64, n: u64) {

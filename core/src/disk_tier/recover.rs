@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use super::index::TierIndex;
 use super::log::{replay, Held, Record, RECORD_BYTES};
-use super::{io, DiskTierError, VersionFiles};
+use super::{io, version_file, DiskTierError, VersionFiles, DATA, LOG};
 
 /// Locks DIR for this process, or says who holds it.
 pub(super) fn take_lock(given: &Path, path: &Path) -> Result<File, DiskTierError> {
@@ -73,14 +73,14 @@ pub(super) fn take_in(
             continue;
         };
         match ext {
-            "log" => {
+            LOG => {
                 let modified = entry
                     .metadata()
                     .and_then(|m| m.modified())
                     .unwrap_or(std::time::UNIX_EPOCH);
                 logs.push((modified, stem));
             }
-            "data" => datas.push(stem),
+            DATA => datas.push(stem),
             "tmp" => remove(&path),
             _ => {}
         }
@@ -94,7 +94,7 @@ pub(super) fn take_in(
     }
     for name in datas {
         if !files.contains_key(&name) {
-            remove(&dir.join(format!("{name}.data")));
+            remove(&version_file(dir, &name, DATA));
         }
     }
     Ok(files)
@@ -102,8 +102,8 @@ pub(super) fn take_in(
 
 /// One version of [`take_in`]: its files, opened, or `None` (and both deleted).
 fn take_in_version(dir: &Path, name: &str, index: &mut TierIndex) -> Option<VersionFiles> {
-    let data_path = dir.join(format!("{name}.data"));
-    let log_path = dir.join(format!("{name}.log"));
+    let data_path = version_file(dir, name, DATA);
+    let log_path = version_file(dir, name, LOG);
     let forget = || {
         remove(&data_path);
         remove(&log_path);
@@ -160,7 +160,7 @@ fn rewrite(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
-fn remove(path: &Path) {
+pub(super) fn remove(path: &Path) {
     if let Err(e) = std::fs::remove_file(path) {
         if e.kind() != std::io::ErrorKind::NotFound {
             tracing::debug!(path = %path.display(), error = %e, "cannot remove a disk tier file");

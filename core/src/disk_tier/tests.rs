@@ -377,7 +377,13 @@ fn a_copy_in_use_keeps_its_chunks_and_a_handed_over_copy_goes_whole() {
         "A went whole for B's third"
     );
     assert_eq!(read_all(&kept, 2 * MIB), bytes(10, 0, 2 * MIB));
-    assert_eq!(tier.stats().used_bytes, 3 * MIB);
+    let stats = tier.stats();
+    assert_eq!(stats.used_bytes, 3 * MIB);
+    assert_eq!(
+        (stats.evicted, stats.evicted_bytes),
+        (2, 2 * MIB),
+        "A's two chunks"
+    );
     // (Windows deletes a file once its last handle closes.)
     drop(kept);
     assert!(!data_file(dir.path(), &a).exists());

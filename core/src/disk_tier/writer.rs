@@ -70,8 +70,8 @@ fn put(shared: &Shared, version: &TierVersion, start: u64, bytes: &[u8]) {
     };
     for victim in &room.victims {
         shared.drop_victim(victim);
-        add(&shared.counters.evicted, 1);
-        add(&shared.counters.evicted_bytes, victim.end - victim.start);
+        add(&shared.counters.evicted, victim.chunks);
+        add(&shared.counters.evicted_bytes, victim.bytes);
     }
     match room.refused {
         None => {}

@@ -215,16 +215,15 @@ impl ModelStore {
         {
             return Err(ModeReason::AlreadyCached);
         }
-        if tier {
+        let target = if tier {
             // Checked only for an open that could use it: checking reads the whole copy.
             if identity.size > room {
                 return Err(too_large_reason(file, self.budget(), room));
             }
-            if file.acquire_tier_copy().is_none() {
-                return Err(ModeReason::DiskTier);
-            }
-        }
-        let target = file.passthrough_target();
+            file.acquire_tier_copy().ok_or(ModeReason::DiskTier)?
+        } else {
+            file.passthrough_target()
+        };
         if self.passthrough.admit(&target.path, &target.identity, room) {
             Ok(tier)
         } else {
@@ -284,11 +283,8 @@ impl ModelStore {
             file.set_mode(ServeMode::Passthrough, ModeReason::InRam);
             return true;
         }
-        if file.disk_tier.is_some() && !file.serves_tier_copy() {
+        if file.disk_tier.is_some() && !file.join_tier_copy() {
             return false;
-        }
-        if file.disk_tier.is_some() {
-            file.acquire_tier_copy();
         }
         let target = file.passthrough_target();
         self.passthrough
@@ -304,9 +300,7 @@ impl ModelStore {
     pub fn close_passthrough(&self, file: &ModelFile) {
         self.passthrough
             .release(&file.passthrough_target().identity);
-        if file.disk_tier.is_some() {
-            file.release_tier_copy();
-        }
+        file.release_tier_copy();
         self.rebalance();
     }
 }

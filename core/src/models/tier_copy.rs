@@ -85,9 +85,17 @@ impl ModelFile {
         }
     }
 
-    /// Whether this version's passthrough handles read its copy in the disk tier.
-    pub(super) fn serves_tier_copy(&self) -> bool {
-        lock(&self.tier_copy).is_some()
+    /// Takes one more handle's share of the copy this version's passthrough handles read;
+    /// false when they read none (the copy is not made here: the kernel serves the inode from
+    /// the backing it has).
+    pub(super) fn join_tier_copy(&self) -> bool {
+        match lock(&self.tier_copy).as_mut() {
+            Some(in_use) => {
+                in_use.handles += 1;
+                true
+            }
+            None => false,
+        }
     }
 
     /// What this version's passthrough opens are accounted by: its copy in the disk tier
