@@ -13,6 +13,7 @@
 //! - [`prefetch`]: background read-ahead.
 //! - [`models`]: model file versions and the read path that ties the above together.
 //! - [`disk_tier`]: chunks of slow sources kept on a local disk, below the RAM cache.
+//! - `object` (feature `object-store`): the client of an `s3://` source.
 //! - [`kernel_cache`]: keeping the mounted files' kernel page cache bounded.
 //! - [`stats`]: the counters behind `.tierfs/stats`.
 //! - [`stats_doc`]: the `.tierfs/stats` document itself.
@@ -47,6 +48,9 @@ pub mod histogram;
 pub mod index;
 pub mod kernel_cache;
 pub mod models;
+// The S3 client of an `s3://` source; off by default, never on for Windows builds.
+#[cfg(feature = "object-store")]
+pub mod object;
 pub mod passthrough;
 pub mod prefetch;
 pub mod reader;

@@ -69,6 +69,7 @@ pub fn run(size: u64, budget: u64) -> Result<()> {
         source_pacing: tierfs_core::prefetch::PacingMode::Auto,
         compress: tierfs_core::cache::CompressMode::default(),
         disk_tier: None,
+        object: tierfs_core::object::ObjectStoreConfig::default(),
     };
     let mounted = Mounted::start(&request)?;
     let streamed = stream_twice(&mnt.join(name), &models.join(name));

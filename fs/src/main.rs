@@ -22,6 +22,8 @@ mod inspect;
 mod inspect_shards;
 mod metrics;
 mod mount;
+mod object_args;
+mod object_check;
 mod privilege;
 mod stats_cmd;
 mod stats_doc;
@@ -55,6 +57,7 @@ struct Cli {
 enum Command {
     /// Mount SOURCE read-only at MOUNTPOINT; stays in the foreground until unmounted.
     Mount {
+        /// A local folder, or the objects under a prefix of an S3 bucket: s3://BUCKET/PREFIX.
         source: PathBuf,
         mountpoint: PathBuf,
         #[command(flatten)]
@@ -106,6 +109,8 @@ enum Command {
         compress: CompressArgs,
         #[command(flatten)]
         disk_cache: DiskCacheArgs,
+        #[command(flatten)]
+        object: object_args::ObjectArgs,
         /// Serve the metrics (as in MOUNTPOINT/.tierfs/metrics) at http://ADDR/metrics for a
         /// Prometheus scraper: PORT (on 127.0.0.1) or HOST:PORT.
         #[arg(long, value_name = "ADDR", value_parser = metrics::server::parse_addr)]
@@ -148,6 +153,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Check an object-store source (s3://BUCKET/PREFIX): connect, list, measure the latency,
+    /// read one object whole; exit 1 if it differs from --compare FILE, 2 if the store fails.
+    ObjectCheck(object_check::ObjectCheckArgs),
     /// Print an extra_model_paths.yaml section pointing ComfyUI's model folders at MOUNTPOINT.
     ComfyuiConfig {
         mountpoint: PathBuf,
@@ -206,6 +214,7 @@ fn run(command: Command) -> Result<()> {
             source_io,
             compress,
             disk_cache,
+            object,
             metrics_addr,
         } => {
             let budget = ram_cache.unwrap_or_else(|| {
@@ -235,6 +244,7 @@ fn run(command: Command) -> Result<()> {
                 source_pacing: source_io.pacing(),
                 compress: compress.mode(),
                 disk_tier: disk_cache.config(),
+                object: object.config(),
             };
             if daemon {
                 return daemon::run(&request, log_file.as_deref());
@@ -263,6 +273,7 @@ fn run(command: Command) -> Result<()> {
         Command::Inspect { file, json } => inspect::run(&file, json),
         Command::Demo { size, ram_cache } => demo::run(size, ram_cache),
         Command::ComfyuiConfig { mountpoint, name } => comfyui::run(&mountpoint, &name),
+        Command::ObjectCheck(args) => object_check::run(&args),
     }
 }
 

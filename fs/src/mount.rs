@@ -71,6 +71,9 @@ pub struct MountRequest {
     pub compress: tierfs_core::cache::CompressMode,
     /// `--disk-cache DIR --disk-cache-size SIZE`.
     pub disk_tier: Option<tierfs_core::disk_tier::DiskTierConfig>,
+    /// How to reach an `s3://` SOURCE (`--endpoint`, `--region`, `--profile`,
+    /// `--listing-ttl`).
+    pub object: tierfs_core::object::ObjectStoreConfig,
 }
 
 /// The default cache budget: a quarter of physical RAM (or of the memory cgroup's limit),
@@ -250,7 +253,11 @@ fn resolve_to_be(path: &Path) -> std::io::Result<PathBuf> {
 impl Mounted {
     /// Mounts and starts serving; returns once the mount answers.
     pub fn start(request: &MountRequest) -> Result<Mounted> {
-        let source = check_source(&request.source)?;
+        let remote = open_object_source(&request.source, &request.object)?;
+        let source = match &remote {
+            Some(tree) => tierfs_core::fs::RemoteTree::root(tree.as_ref()).to_owned(),
+            None => check_source(&request.source)?,
+        };
         let mountpoint = check_mountpoint(&request.mountpoint, &source)?;
         match tierfs_core::source::limits::raise_descriptor_limit() {
             Ok(limit) => tracing::debug!(limit, "descriptor limit"),
@@ -293,6 +300,7 @@ impl Mounted {
             sharing: Sharing::for_mount(request.allow_other, unsafe { libc::geteuid() }),
             model_passthrough: request.model_passthrough,
             governor,
+            remote: remote.map(|tree| tree as Arc<dyn tierfs_core::fs::RemoteTree>),
         };
         let metrics = match request.metrics_addr {
             Some(addr) => Some(MetricsServer::start(
@@ -389,7 +397,7 @@ fn start_uring(
     let mut fs: fuse_uring::dispatch::Fs =
         crate::fuse::tier_fs(settings, Arc::clone(store), window, invalidations)
             .with_context(|| format!("cannot open the source {}", source.display()))?;
-    let served_device = fs.source_root().served_device();
+    let served_device = fs.served_device();
     let request_bytes = fuse_uring::request_bytes(fuse_uring::max_pages_limit());
     let (handshake, offered) = Handshake::new(passthrough_wanted, request_bytes);
     let session = mount_session(handshake, served_device, &source, mountpoint, config)?;
@@ -540,6 +548,34 @@ fn session_config(request: &MountRequest, source: &Path) -> Config {
     config.n_threads = Some(request.threads.max(1));
     config.clone_fd = true;
     config
+}
+
+/// The tree of an `s3://BUCKET/PREFIX` SOURCE, connected and listed once (so that wrong
+/// credentials, a missing bucket or an unreachable store stop the mount with a clear error);
+/// `None` for a local SOURCE.
+fn open_object_source(
+    source: &Path,
+    config: &tierfs_core::object::ObjectStoreConfig,
+) -> Result<Option<Arc<tierfs_core::object::ObjectRemoteTree>>> {
+    use tierfs_core::object::{ObjectRemoteTree, ObjectSource, ObjectUrl};
+    let Some(text) = source.to_str().filter(|s| ObjectUrl::is_object_url(s)) else {
+        return Ok(None);
+    };
+    let url = ObjectUrl::parse(text)?;
+    let client = ObjectSource::connect(&url, config.clone())
+        .with_context(|| format!("cannot reach the source {url}"))?;
+    let tree = client
+        .tree()
+        .with_context(|| format!("cannot list the source {url}"))?;
+    tracing::info!(
+        source = %url,
+        endpoint = client.endpoint(),
+        objects = tree.objects(),
+        bytes = tree.bytes(),
+        "object store source"
+    );
+    let store_id = client.endpoint().to_owned();
+    Ok(Some(Arc::new(ObjectRemoteTree::new(client, &store_id))))
 }
 
 fn check_source(source: &Path) -> Result<PathBuf> {

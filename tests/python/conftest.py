@@ -228,9 +228,12 @@ def _on_the_suites_disk(path: Path) -> bool:
 class Mount:
     """A running `tierfs mount`.  Unpacks as (source, mountpoint, proc)."""
 
-    def __init__(self, source: Path, budget: str = "64MiB", extra: tuple[str, ...] = (),
-                 mnt: Path | None = None):
-        self.source = Path(source)
+    def __init__(self, source: Path | str, budget: str = "64MiB", extra: tuple[str, ...] = (),
+                 mnt: Path | None = None, wrap: tuple[str, ...] = (), env: dict | None = None):
+        # A local folder, or an object store's URL (`s3://BUCKET/PREFIX`, kept as text: a
+        # Path would fold its `//`). `wrap`: the command the daemon runs under (`nsenter` into
+        # a store's network namespace); `env`: its environment (a store's credentials).
+        self.source = source if isinstance(source, str) and "://" in source else Path(source)
         self.mnt = Path(mnt) if mnt is not None else fresh_dir("mnt")
         self.log_path = self.mnt.parent / (self.mnt.name + ".log")
         if mnt is not None:  # a reused mountpoint: keep the earlier mount's log
@@ -242,15 +245,15 @@ class Mount:
             # Learned orders persist across mounts (by default in /var/lib/tierfs for root):
             # give every mount its own, so nothing leaks between tests or into the system.
             extra = (*extra, "--state-dir", str(fresh_dir("state")))
-        if "--source-pacing" not in extra and _on_the_suites_disk(self.source):
+        if "--source-pacing" not in extra and isinstance(self.source, Path) and _on_the_suites_disk(self.source):
             # The suite's own disk stands for local flash. A virtual disk may say it rotates
             # (virtio's does) and drifts in speed, so `auto` would measure it, sometimes below
             # the 500 MB/s of a slow source, and serve models that fit from the chunk cache
             # instead of by passthrough. Slow sources are the loop devices, faultfs and stores
             # of their own tests, other file systems, judged by `auto` as the daemon ships.
             extra = (*extra, "--source-pacing", "parallel")
-        cmd = [str(TIERFS_BIN), "mount", str(self.source), str(self.mnt), "--ram-cache", budget, *extra]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        cmd = [*wrap, str(TIERFS_BIN), "mount", str(self.source), str(self.mnt), "--ram-cache", budget, *extra]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         _PROCS.append(self.proc)
         self.watchdog_fired = False
         self._watchdog = threading.Timer(MOUNT_WATCHDOG_S, self._fire_watchdog)
@@ -462,8 +465,9 @@ def mount(tierfs_bin):
     the test.  `mnt` reuses an existing mountpoint (default: a fresh one)."""
     mounts: list[Mount] = []
 
-    def _mount(source, budget: str = "64MiB", extra: tuple[str, ...] = (), mnt: Path | None = None) -> Mount:
-        m = Mount(source, budget, extra, mnt)
+    def _mount(source, budget: str = "64MiB", extra: tuple[str, ...] = (), mnt: Path | None = None,
+               wrap: tuple[str, ...] = (), env: dict | None = None) -> Mount:
+        m = Mount(source, budget, extra, mnt, wrap, env)
         mounts.append(m)
         return m
 

@@ -105,6 +105,7 @@ impl Tree {
             sharing: Sharing::Single,
             model_passthrough: false,
             governor,
+            remote: None,
         };
         let render = move |view: &StatsView| stats_json(view, &mountpoint);
         let (tx, rx) = crossbeam_channel::unbounded();

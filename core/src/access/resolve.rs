@@ -408,8 +408,9 @@ impl SourceRoot {
 /// The store's by-path access to SOURCE goes through the resolver too, following links, with
 /// the calling thread's credentials.
 impl PathAccess for SourceRoot {
-    fn open(&self, abs: &Path) -> io::Result<File> {
+    fn open(&self, abs: &Path) -> io::Result<crate::source::Opened> {
         self.open_file(self.below(abs)?, true)
+            .map(crate::source::Opened::File)
     }
 
     fn identity(&self, abs: &Path) -> io::Result<SourceIdentity> {

@@ -98,12 +98,24 @@ impl FsError {
     }
 }
 
-/// The OS's own errno of `e`, EIO when it carries none.
+/// The OS's own errno of `e`; for an error that carries none (a remote source's), the errno of
+/// its kind; EIO for any other.
 #[cfg(target_os = "linux")]
 fn os_errno(e: &io::Error) -> i32 {
+    use io::ErrorKind as K;
     match e.raw_os_error() {
         Some(code) if code > 0 => code,
-        _ => libc::EIO,
+        _ => match e.kind() {
+            K::NotFound => libc::ENOENT,
+            K::PermissionDenied => libc::EACCES,
+            K::IsADirectory => libc::EISDIR,
+            K::NotADirectory => libc::ENOTDIR,
+            K::InvalidInput => libc::EINVAL,
+            K::TimedOut => libc::ETIMEDOUT,
+            K::StaleNetworkFileHandle => libc::ESTALE,
+            K::Unsupported => libc::EOPNOTSUPP,
+            _ => libc::EIO,
+        },
     }
 }
 
@@ -116,6 +128,10 @@ mod tests {
         let io = |code| FsError::io("stat")(io::Error::from_raw_os_error(code));
         assert_eq!(io(libc::ELOOP).errno(), libc::ELOOP);
         assert_eq!(io(libc::EACCES).errno(), libc::EACCES);
+        let kind = |k: io::ErrorKind| FsError::io("lookup")(io::Error::from(k)).errno();
+        assert_eq!(kind(io::ErrorKind::NotFound), libc::ENOENT);
+        assert_eq!(kind(io::ErrorKind::NotADirectory), libc::ENOTDIR);
+        assert_eq!(kind(io::ErrorKind::Other), libc::EIO);
         assert_eq!(
             FsError::io("read")(io::Error::other("no code")).errno(),
             libc::EIO

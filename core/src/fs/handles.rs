@@ -1,7 +1,6 @@
 //! The open handles of a mount: one per `open`/`opendir`, numbered from 1 and never reused.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -20,7 +19,8 @@ pub enum Handle<B> {
     ModelPassthrough(OpenModel, #[allow(dead_code)] Arc<B>),
     /// Served by the kernel; the backing object must live until release.
     Passthrough(#[allow(dead_code)] Arc<B>),
-    Plain(File),
+    /// Any other file of SOURCE, read with positional reads.
+    Plain(crate::source::Opened),
     Stats(Vec<u8>),
     Control,
     /// A directory listing, and the inodes it numbered that no lookup holds.

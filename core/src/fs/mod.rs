@@ -62,11 +62,14 @@ mod open;
 mod platform;
 pub mod present;
 mod read;
+mod source_tree;
 // Linux only: the model of SOURCE makes symbolic links (a privilege on Windows), keeps
 // objects alive with `O_PATH` and checks errnos.
 #[cfg(test)]
 #[cfg(target_os = "linux")]
 mod reference_tests;
+#[cfg(test)]
+mod remote_tests;
 #[cfg(test)]
 mod tests;
 
@@ -96,6 +99,7 @@ pub use platform::{oflag, AccessError, Sharing};
 use platform::{AccessRule, Acting, SourceRoot};
 use present::{present_as, present_object};
 pub use read::ReadKind;
+pub use source_tree::{RemoteEntry, RemoteTree, SourceMeta, SourceTree};
 
 /// Name of the control directory at the mount root.
 pub const CONTROL_DIR: &str = ".tierfs";
@@ -117,6 +121,9 @@ pub struct Settings {
     pub model_passthrough: bool,
     /// Steers the cache budget under memory pressure ([`crate::budget`]).
     pub governor: Arc<Governor>,
+    /// SOURCE's tree when it is remote (an object store; `source` is then its URL); `None`:
+    /// `source` is a local directory.
+    pub remote: Option<Arc<dyn RemoteTree>>,
 }
 
 /// What the kernel offered at mount time ([`TierFs::kernel_capabilities`]).
@@ -198,7 +205,8 @@ pub struct TierFs<B> {
     config: FsConfig,
     /// Whose credentials each source access of a request runs with ([`crate::access`]).
     access_rule: AccessRule,
-    source_root: Arc<SourceRoot>,
+    /// SOURCE, as every path below it is reached.
+    source: SourceTree,
     store: Arc<ModelStore>,
     inodes: Inodes,
     handles: Handles<B>,
@@ -238,13 +246,18 @@ impl<B: Send + Sync> TierFs<B> {
         render_stats: RenderStats,
     ) -> std::io::Result<TierFs<B>> {
         let (uid, gid) = platform::daemon_ids();
-        let source_root = Arc::new(SourceRoot::open(&settings.source)?);
-        let source_meta = std::fs::metadata(&settings.source)?;
-        let source_dev = platform::object_id(&settings.source, &source_meta, Kind::Directory)?.dev;
-        store.reach_source_through(source_root.clone());
+        let source = match settings.remote.clone() {
+            Some(tree) => SourceTree::Remote(tree),
+            None => SourceTree::Local(Arc::new(SourceRoot::open(&settings.source)?)),
+        };
+        let source_dev = source
+            .stat(Path::new(""), true)?
+            .object_id(&settings.source, Kind::Directory)?
+            .dev;
+        store.reach_source_through(source.path_access());
         Ok(TierFs {
             access_rule: AccessRule::new(settings.sharing),
-            source_root,
+            source,
             settings,
             config: FsConfig::default(),
             store,
@@ -271,9 +284,19 @@ impl<B: Send + Sync> TierFs<B> {
         self
     }
 
-    /// SOURCE, as every path below it is reached ([`SourceRoot`]).
-    pub fn source_root(&self) -> &SourceRoot {
-        &self.source_root
+    /// SOURCE, as every path below it is reached ([`SourceTree`]).
+    pub fn source(&self) -> &SourceTree {
+        &self.source
+    }
+
+    /// Where the mount's device number goes once mounted, so that resolving a local SOURCE
+    /// never enters the mount (a remote SOURCE resolves nothing locally).
+    #[cfg(target_os = "linux")]
+    pub fn served_device(&self) -> crate::access::ServedDevice {
+        match &self.source {
+            SourceTree::Local(root) => root.served_device(),
+            SourceTree::Remote(_) => crate::access::ServedDevice::default(),
+        }
     }
 
     /// What the kernel offered at mount time ([`KernelCapabilities`]).
@@ -339,7 +362,7 @@ impl<B: Send + Sync> TierFs<B> {
         let entry = self.inodes.entry(ino).ok_or(FsError::NotFound)?;
         let path = self.live_path(&entry, acting.follow_links());
         self.check_acl(&path, &acting)?;
-        self.source_root
+        self.source
             .read_link(&path, acting.follow_links())
             .map_err(FsError::io("readlink"))
     }
@@ -410,7 +433,11 @@ impl<B: Send + Sync> TierFs<B> {
 
     /// `statfs`: the figures of SOURCE's file system.
     pub fn statfs(&self) -> Result<StatFs, FsError> {
-        platform::statfs(&self.settings.source).map_err(FsError::io("statfs"))
+        match &self.source {
+            SourceTree::Local(_) => platform::statfs(&self.settings.source),
+            SourceTree::Remote(tree) => tree.statfs(),
+        }
+        .map_err(FsError::io("statfs"))
     }
 
     /// `setattr`: refused (read-only), except the size-0 truncation `echo cmd > control` makes
@@ -468,7 +495,7 @@ impl<B: Send + Sync> TierFs<B> {
         if !platform::is_unswitched_other(acting) {
             return Ok(());
         }
-        match self.source_root.acl_on_path(rel) {
+        match self.source.acl_on_path(rel) {
             Ok(false) => Ok(()),
             Ok(true) => Err(FsError::Denied(
                 "a POSIX ACL lies on the way, which this daemon cannot check for other users",
@@ -550,9 +577,9 @@ impl<B: Send + Sync> TierFs<B> {
         let entry = self.inodes.entry(ino).ok_or(FsError::NotFound)?;
         let path = self.live_path(&entry, acting.follow_links());
         self.check_acl(&path, acting)?;
-        match present_object(&self.source_root, &path, acting.follow_links()) {
+        match present_object(&self.source, &path, acting.follow_links()) {
             Ok((object, meta, kind, via_link)) if entry.object.is_none_or(|o| o == object) => {
-                let attr = Attr::of_source(ino, &meta, kind);
+                let attr = meta.attr(ino, kind);
                 self.inodes.remember(ino, attr);
                 Ok((attr, self.ttl(via_link)))
             }
@@ -577,7 +604,7 @@ impl<B: Send + Sync> TierFs<B> {
             return entry.path().to_owned();
         };
         let presents = |path: &&PathBuf| {
-            present_object(&self.source_root, path, follow_links).is_ok_and(|(o, ..)| o == object)
+            present_object(&self.source, path, follow_links).is_ok_and(|(o, ..)| o == object)
         };
         entry.paths.iter().find(presents).unwrap_or(first).clone()
     }
@@ -585,9 +612,9 @@ impl<B: Send + Sync> TierFs<B> {
     /// Looks `rel` up in SOURCE: the object there, presented, and its entry's timeout.
     fn present(&self, rel: &Path, acting: &Acting) -> Result<(ObjectAttr, Duration), FsError> {
         let (object, meta, kind, via_link) =
-            present_object(&self.source_root, rel, acting.follow_links())
+            present_object(&self.source, rel, acting.follow_links())
                 .map_err(FsError::io("lookup"))?;
-        let attr = Attr::of_source(0, &meta, kind);
+        let attr = meta.attr(0, kind);
         Ok(((object, attr), self.ttl(via_link)))
     }
 
@@ -666,7 +693,7 @@ impl<B: Send + Sync> TierFs<B> {
         self.check_acl(&rel, acting)?;
         let mut numbered = Vec::new();
         let listing = self
-            .source_root
+            .source
             .list_dir(&rel, acting.follow_links())
             .map_err(FsError::io("readdir"))?;
         for name in listing {
@@ -698,14 +725,14 @@ impl<B: Send + Sync> TierFs<B> {
         let follow = acting.follow_links();
         let path = self.live_path(&entry, follow);
         self.check_acl(&path, acting)?;
-        match present_as(&self.source_root, &path, follow) {
+        match present_as(&self.source, &path, follow) {
             Ok((_, Kind::File, _)) => {}
             Ok(_) => return Err(FsError::NoAttribute),
             Err(e) => return Err(FsError::io("getxattr")(e)),
         }
         if self.access_rule.sharing().is_shared() {
-            self.source_root
-                .open_file(&path, follow)
+            self.source
+                .check_open(&path, follow)
                 .map_err(|_| FsError::NoAttribute)?;
         }
         Ok(self.abs(&path))

@@ -12,8 +12,10 @@ use crate::sync::lock;
 use super::handles::Handle;
 use super::platform::{self, oflag, Acting};
 use super::present::present_object;
+use super::source_tree::SourceMeta;
 use super::{FsError, Kind, Requester, TierFs};
 use super::{CONTROL_DIR_INO, CONTROL_INO, METRICS_INO, STATS_INO};
+use crate::source::Opened as SourceOpened;
 
 /// How the kernel is to treat a handle this process serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -120,16 +122,28 @@ impl<B: Send + Sync> TierFs<B> {
         // The open, made as the requester (see `crate::access`), is the access check; what it
         // opened must be the object this inode stands for (else the kernel looks it up again),
         // whatever was swapped since.
-        let (file, opened) = match self.source_root.open_regular(&rel, follow_links) {
+        let (file, opened) = match self.source.open_regular(&rel, follow_links) {
             Ok(opened) => opened,
             Err(e) => return Err(self.open_refused(&rel, entry.object, follow_links, e)),
         };
-        let object = platform::file_object_id(&file, &opened).map_err(FsError::io("fstat"))?;
+        let object = match (&file, &opened) {
+            (SourceOpened::File(file), SourceMeta::Local(meta)) => {
+                platform::file_object_id(file, meta)
+            }
+            (_, meta) => meta.object_id(&abs, Kind::File),
+        }
+        .map_err(FsError::io("fstat"))?;
         if entry.object.is_some_and(|o| o != object) {
             return Err(FsError::Stale);
         }
         if is_model_path(&rel) {
-            let identity = platform::file_identity(&file, &opened).map_err(FsError::io("fstat"))?;
+            let identity = match (&file, &opened) {
+                (SourceOpened::File(file), SourceMeta::Local(meta)) => {
+                    platform::file_identity(file, meta)
+                }
+                (file, _) => file.identity(),
+            }
+            .map_err(FsError::io("fstat"))?;
             // Malformed model files are served by the read path too (uncached), never with
             // passthrough: the kernel refuses a passthrough open of an inode that is open in
             // cached mode, which a model file's earlier, well-formed version may still be.
@@ -137,7 +151,12 @@ impl<B: Send + Sync> TierFs<B> {
             // source descriptor when the version has none open
             // (`ModelStore::open_handle_with`). Still acting as the requester: shard discovery
             // reads the files beside this one with their rights (`crate::models::shards`).
-            let model = platform::open_model(&self.store, &rel, &abs, file);
+            // A remote file is opened by the store through the tree, which lists the version
+            // `identity` names (or a newer one: then the open is stale).
+            let model = match file {
+                SourceOpened::File(file) => platform::open_model(&self.store, &rel, &abs, file),
+                SourceOpened::Remote(_) => self.store.open_handle(&rel, &abs).map(Some),
+            };
             // The rest runs with the daemon's own rights (passthrough needs them): it only
             // serves what the requester opened. (Windows: nothing was switched.)
             #[cfg_attr(windows, allow(clippy::drop_non_drop))]
@@ -156,8 +175,8 @@ impl<B: Send + Sync> TierFs<B> {
         }
         #[cfg_attr(windows, allow(clippy::drop_non_drop))]
         drop(acting);
-        if self.settings.passthrough {
-            match self.backing(ino, || open_backing(file.try_clone()?)) {
+        if let (true, SourceOpened::File(local)) = (self.settings.passthrough, &file) {
+            match self.backing(ino, || open_backing(local.try_clone()?)) {
                 Ok(backing) => {
                     let fh = self.add_handle(ino, Handle::Passthrough(Arc::clone(&backing)));
                     return Ok(Opened::Passthrough { fh, backing });
@@ -184,7 +203,7 @@ impl<B: Send + Sync> TierFs<B> {
         follow_links: bool,
         error: io::Error,
     ) -> FsError {
-        match present_object(&self.source_root, rel, follow_links) {
+        match present_object(&self.source, rel, follow_links) {
             Ok((now, ..)) if object.is_some_and(|o| o != now) => FsError::Stale,
             Ok((_, _, Kind::Directory, _)) => FsError::IsDirectory,
             Ok((_, _, Kind::File, _)) => FsError::io("open")(error),

@@ -16,26 +16,27 @@
 //!   (`follow_links == false`), so their kernel follows them outside the mount, with their own
 //!   rights.
 
-use std::fs::Metadata;
 use std::io;
 use std::path::Path;
 
 use super::attr::Kind;
 use super::inodes::ObjectId;
-use super::platform::{self, SourceRoot};
+use super::source_tree::{SourceMeta, SourceTree};
 
 /// The metadata to show for `rel` (relative to SOURCE) and the kind to show it as, following
 /// links only if `follow_links`; the flag returned says whether `rel` is a link presented as
 /// its target. A link whose target cannot be reached (dangling, unreadable, or refused by
-/// [`SourceRoot`]: a `/proc` magic link, procfs, the mount itself) stays a link.
+/// [`super::platform::SourceRoot`]: a `/proc` magic link, procfs, the mount itself) stays a
+/// link. A remote tree has no links.
 pub fn present_as(
-    root: &SourceRoot,
+    root: &SourceTree,
     rel: &Path,
     follow_links: bool,
-) -> io::Result<(Metadata, Kind, bool)> {
+) -> io::Result<(SourceMeta, Kind, bool)> {
     let link = root.lstat(rel, follow_links)?;
-    if !link.file_type().is_symlink() {
-        return Ok((link.clone(), Kind::of(&link), false));
+    if !link.is_symlink() {
+        let kind = link.kind();
+        return Ok((link, kind, false));
     }
     if !follow_links {
         return Ok((link, Kind::Symlink, false));
@@ -51,32 +52,29 @@ pub fn present_as(
 
 /// [`present_as`], with the identity of the source object presented.
 pub fn present_object(
-    root: &SourceRoot,
+    root: &SourceTree,
     rel: &Path,
     follow_links: bool,
-) -> io::Result<(ObjectId, Metadata, Kind, bool)> {
+) -> io::Result<(ObjectId, SourceMeta, Kind, bool)> {
     let (meta, kind, via_link) = present_as(root, rel, follow_links)?;
     let abs = root.abs().join(rel);
-    Ok((
-        platform::object_id(&abs, &meta, kind)?,
-        meta,
-        kind,
-        via_link,
-    ))
+    Ok((meta.object_id(&abs, kind)?, meta, kind, via_link))
 }
 
 // Symbolic links on Windows need a privilege the test user (and wine) may not have.
 #[cfg(all(test, unix))]
 mod tests {
     use super::*;
+    use crate::fs::platform::SourceRoot;
     use std::fs;
     use std::os::unix::fs::symlink;
+    use std::sync::Arc;
 
     #[test]
     fn links_to_files_and_dirs_are_followed_but_loops_are_not() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().canonicalize().unwrap();
-        let source = SourceRoot::open(&root).unwrap();
+        let source = SourceTree::Local(Arc::new(SourceRoot::open(&root).unwrap()));
         let present = |rel: &str| present_as(&source, Path::new(rel), true).map(|(m, k, _)| (m, k));
         fs::create_dir(root.join("sub")).unwrap();
         fs::write(root.join("real.safetensors"), b"12345").unwrap();

@@ -7,7 +7,6 @@
 //!
 //! No lock of this module is held across the read itself.
 
-use std::fs::File;
 use std::io;
 use std::sync::Arc;
 use std::time::Instant;
@@ -112,7 +111,10 @@ impl<B: Send + Sync> TierFs<B> {
                 self.read_model(model.file(), offset, size, how.model_read)?,
                 true,
             )),
-            Handle::Plain(file) => Ok((ReadBytes::Owned(pread_full(file, offset, size)?), false)),
+            Handle::Plain(file) => Ok((
+                ReadBytes::Owned(pread_full(file.reader(), offset, size)?),
+                false,
+            )),
             Handle::Stats(json) => {
                 let start = (offset as usize).min(json.len());
                 let end = start.saturating_add(size as usize).min(json.len());
@@ -178,7 +180,11 @@ fn read_as_the_file_is_now(
     Ok(ReadBytes::Owned(buf))
 }
 
-fn pread_full(file: &File, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
+fn pread_full(
+    file: &dyn crate::source::ReadAt,
+    offset: u64,
+    size: u32,
+) -> Result<Vec<u8>, FsError> {
     let mut buf = vec![0u8; size as usize];
     let filled = read_full_at(file, &mut buf, offset).map_err(|(_, e)| FsError::io("read")(e))?;
     buf.truncate(filled);

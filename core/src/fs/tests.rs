@@ -53,6 +53,7 @@ impl Fixture {
             sharing: Sharing::Single,
             model_passthrough,
             governor,
+            remote: None,
         };
         let window = Arc::new(KernelCacheWindow::new(8 << 20));
         let render: RenderStats = Box::new(|view: &StatsView| {

@@ -290,13 +290,23 @@ impl TensorIndex {
                 source,
             })?
             .len();
+        Self::read_format_at(file, file_size, format)
+    }
+
+    /// Reads and parses the header of a file of `file_size` bytes read through `reader` as
+    /// `format`.
+    pub fn read_format_at(
+        reader: &dyn crate::source::ReadAt,
+        file_size: u64,
+        format: Format,
+    ) -> Result<TensorIndex, IndexError> {
         // `read_prefix` returns exactly the bytes asked for (or fails), so `wanted` is the
         // length of what was parsed.
         let (_, index) = read_header(
             format,
             file_size,
             LEN_PREFIX.min(file_size),
-            |len| read_prefix(file, len, file_size),
+            |len| read_prefix(reader, len, file_size),
             |header_bytes, wanted| Ok(header_bytes as usize > wanted as usize),
         )?;
         Ok(index)
@@ -368,7 +378,11 @@ pub fn read_header<E: From<IndexError>>(
 }
 
 /// Reads the first `len` bytes of `file` (`len <= file_size`).
-fn read_prefix(file: &File, len: u64, file_size: u64) -> Result<Vec<u8>, IndexError> {
+fn read_prefix(
+    file: &dyn crate::source::ReadAt,
+    len: u64,
+    file_size: u64,
+) -> Result<Vec<u8>, IndexError> {
     let mut buf = vec![0u8; len as usize];
     let filled =
         crate::source::read_full_at(file, &mut buf, 0).map_err(|(_, source)| IndexError::Io {

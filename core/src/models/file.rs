@@ -151,6 +151,8 @@ pub struct ModelFile {
     pub(super) standalone_reason: Option<String>,
     /// The source lives on a file system held in RAM ([`SourceFile::is_in_ram`]).
     pub(super) in_ram: bool,
+    /// The source is remote ([`SourceFile::is_remote`]): no local file to pass through.
+    pub(super) remote: bool,
     /// This version in the mount's local disk tier, if it has one ([`crate::disk_tier`]):
     /// chunks are read from there before the source, and written there after it.
     pub(super) disk_tier: Option<Arc<VersionInTier>>,
@@ -276,6 +278,7 @@ impl ModelFile {
             shard_of,
             standalone_reason,
             in_ram: source.is_in_ram(),
+            remote: source.is_remote(),
             disk_tier,
             tier_copy: crate::sync::Mutex::new(None),
         };

@@ -57,10 +57,11 @@ pub(super) enum ModeReason {
     SourceChargesPerRequest,
     DiskTier,
     FromDiskTier,
+    Remote,
 }
 
 impl ModeReason {
-    pub(super) const ALL: [ModeReason; 14] = [
+    pub(super) const ALL: [ModeReason; 15] = [
         ModeReason::NotOpened,
         ModeReason::FitsBudget,
         ModeReason::InodeInPassthrough,
@@ -75,6 +76,7 @@ impl ModeReason {
         ModeReason::SourceChargesPerRequest,
         ModeReason::DiskTier,
         ModeReason::FromDiskTier,
+        ModeReason::Remote,
     ];
 
     pub(super) fn text(self) -> Option<&'static str> {
@@ -98,6 +100,9 @@ impl ModeReason {
             }
             ModeReason::FromDiskTier => {
                 "fits what the budget has left: read from its whole copy in the local disk tier"
+            }
+            ModeReason::Remote => {
+                "its source is an object store: read through the cache (passthrough needs a local file; a disk tier gives it one)"
             }
         })
     }
@@ -196,6 +201,10 @@ impl ModelStore {
         }
         if !passthrough_possible {
             return Err(ModeReason::PassthroughOff);
+        }
+        // Passthrough hands the kernel a local file: a remote source's is its copy in the tier.
+        if !tier && file.remote {
+            return Err(ModeReason::Remote);
         }
         // From the disk tier's copy the source's pacing does not matter.
         if !tier && self.source_charges_per_request(file) {

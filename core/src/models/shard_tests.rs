@@ -580,7 +580,7 @@ struct StallingPaths {
 }
 
 impl crate::source::PathAccess for StallingPaths {
-    fn open(&self, abs: &Path) -> std::io::Result<std::fs::File> {
+    fn open(&self, abs: &Path) -> std::io::Result<crate::source::Opened> {
         if abs == self.stalls {
             std::thread::sleep(self.stall);
         }

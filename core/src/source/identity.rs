@@ -64,7 +64,7 @@ impl SourceIdentity {
 /// while acting for them, has their rights); elsewhere, and in tests, [`PlainPaths`].
 pub trait PathAccess: Send + Sync {
     /// Opens `abs` for reading, following links.
-    fn open(&self, abs: &Path) -> io::Result<File>;
+    fn open(&self, abs: &Path) -> io::Result<super::Opened>;
     /// The identity of the file `abs` names now, following links.
     fn identity(&self, abs: &Path) -> io::Result<SourceIdentity>;
     /// The names in directory `abs`.
@@ -81,8 +81,8 @@ pub trait PathAccess: Send + Sync {
 pub struct PlainPaths;
 
 impl PathAccess for PlainPaths {
-    fn open(&self, abs: &Path) -> io::Result<File> {
-        File::open(abs)
+    fn open(&self, abs: &Path) -> io::Result<super::Opened> {
+        File::open(abs).map(super::Opened::File)
     }
 
     fn identity(&self, abs: &Path) -> io::Result<SourceIdentity> {

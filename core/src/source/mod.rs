@@ -54,6 +54,7 @@ pub mod kind;
 #[cfg(target_os = "linux")]
 pub mod limits;
 pub mod meter;
+mod opened;
 pub mod pattern;
 pub mod retry;
 pub mod slot;
@@ -65,6 +66,7 @@ pub use buffers::{
 };
 pub use identity::{PathAccess, PlainPaths, SourceIdentity};
 use meter::{SourceMeter, SourceMeters};
+pub use opened::{Opened, RemoteFile};
 pub use platform::open_direct;
 
 /// Alignment of `O_DIRECT` offsets, lengths and buffers. 4 KiB satisfies both 512-byte and
@@ -120,6 +122,15 @@ impl ReadAt for File {
     }
 }
 
+/// The reads of a [`RemoteFile`] as [`ReadAt`].
+struct RemoteReads(Arc<dyn RemoteFile>);
+
+impl ReadAt for RemoteReads {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.0.read_at(buf, offset)
+    }
+}
+
 /// Wraps the descriptors a [`SourceFile`] reads through (fault-injection tests only).
 pub type ReadWrapper = Arc<dyn Fn(File) -> Arc<dyn ReadAt> + Send + Sync>;
 
@@ -141,6 +152,9 @@ pub struct SourceFile {
     wrap: Option<ReadWrapper>,
     /// On a file system held in RAM (tmpfs, ramfs): see [`SourceFile::is_in_ram`].
     in_ram: bool,
+    /// What a remote file's source is called in the stats ([`RemoteFile::kind`]); empty for
+    /// a local file.
+    remote_kind: &'static str,
     /// Where its reads are measured ([`meter`]); `None`: not measured.
     meter: Option<Arc<SourceMeter>>,
     /// Descriptors of this very version opened again after these died (`ENOTCONN`,
@@ -151,8 +165,9 @@ pub struct SourceFile {
 
 /// One open of a version: what [`SourceFile::renew`] closes and opens again.
 struct Descriptors {
-    /// The plain descriptor: page-cache advice, and the reads `O_DIRECT` cannot do.
-    advice: Arc<File>,
+    /// The plain descriptor: page-cache advice, and the reads `O_DIRECT` cannot do (`None`
+    /// for a remote file, [`SourceFile::remote`]).
+    advice: Option<Arc<File>>,
     /// Reads through `advice` (or, in fault-injection tests, a wrapped duplicate of it).
     buffered: Arc<dyn ReadAt>,
     /// The `O_DIRECT` twin, once the first aligned read tried to open it.
@@ -169,7 +184,7 @@ impl Descriptors {
             None => advice.clone(),
         };
         Ok(Descriptors {
-            advice,
+            advice: Some(advice),
             buffered,
             direct: OnceLock::new(),
             pattern: pattern::ReadPattern::default(),
@@ -210,11 +225,45 @@ impl SourceFile {
         path: &Path,
         wrap: Option<&ReadWrapper>,
     ) -> Result<Self, SourceError> {
-        let file = paths.open(path).map_err(|source| SourceError::Open {
+        let opened = paths.open(path).map_err(|source| SourceError::Open {
             path: path.to_owned(),
             source,
         })?;
-        Self::adopt(path, file, wrap)
+        match opened {
+            Opened::File(file) => Self::adopt(path, file, wrap),
+            Opened::Remote(remote) => Ok(Self::remote(path, remote)),
+        }
+    }
+
+    /// Reads `remote`, a version of a file in a remote source, named `path` in the mount's
+    /// terms. Its reads are the remote's own requests: no descriptors, no page cache to keep
+    /// clear, nothing to open again.
+    pub fn remote(path: &Path, remote: Arc<dyn RemoteFile>) -> Self {
+        let identity = remote.identity();
+        let remote_kind = remote.kind();
+        let reads: Arc<dyn ReadAt> = Arc::new(RemoteReads(remote));
+        SourceFile {
+            path: path.to_owned(),
+            open: RwLock::new(Some(Arc::new(Descriptors {
+                advice: None,
+                buffered: reads,
+                direct: OnceLock::from(None),
+                pattern: pattern::ReadPattern::default(),
+            }))),
+            direct_works: AtomicBool::new(false),
+            boundary: boundary::BoundaryPage::default(),
+            identity,
+            wrap: None,
+            in_ram: false,
+            remote_kind,
+            meter: None,
+            successor: crate::sync::Mutex::new(None),
+        }
+    }
+
+    /// Whether this version is read from a remote source ([`Self::remote`]).
+    pub fn is_remote(&self) -> bool {
+        !self.remote_kind.is_empty()
     }
 
     /// Reads the version `path` names through `file`, a descriptor of it the caller opened
@@ -246,6 +295,7 @@ impl SourceFile {
             identity,
             wrap: wrap.cloned(),
             in_ram,
+            remote_kind: "",
             meter: None,
             successor: crate::sync::Mutex::new(None),
         })
@@ -255,7 +305,10 @@ impl SourceFile {
     pub fn metered(self, meters: &SourceMeters) -> SourceFile {
         let meter = meters.for_dev(self.identity.dev);
         if let Ok(open) = self.descriptors() {
-            meter.note_storage(|| kind::StorageKind::of(&open.advice));
+            meter.note_storage(|| match &open.advice {
+                Some(advice) => kind::StorageKind::of(advice),
+                None => kind::StorageKind::Network(self.remote_kind),
+            });
         }
         self.with_meter(Some(meter))
     }
@@ -327,6 +380,9 @@ impl SourceFile {
     /// returned and reads of these descriptors fail with `NotConnected`, which their retry
     /// answers by opening the version again ([`slot`]).
     pub fn renew(&self, paths: &dyn PathAccess) -> Result<bool, SourceError> {
+        if self.is_remote() {
+            return Ok(false); // no descriptors: each read is a request of its own
+        }
         if paths.identity(&self.path).ok() != Some(self.identity) {
             return Ok(false);
         }
@@ -342,7 +398,10 @@ impl SourceFile {
             path: self.path.clone(),
             source,
         };
-        let file = paths.open(&self.path).map_err(open_err)?;
+        let file = paths
+            .open(&self.path)
+            .and_then(|opened| opened.into_file("renewing a descriptor"))
+            .map_err(open_err)?;
         if SourceIdentity::of_file(&file).map_err(open_err)? != self.identity {
             return Err(SourceError::Changed {
                 path: self.path.clone(),
@@ -358,7 +417,10 @@ impl SourceFile {
     fn direct<'a>(&self, open: &'a Descriptors) -> Option<&'a Arc<dyn ReadAt>> {
         open.direct
             .get_or_init(|| {
-                let direct = platform::reopen_direct(&open.advice, &self.path, &self.identity);
+                let direct = open
+                    .advice
+                    .as_ref()
+                    .and_then(|advice| platform::reopen_direct(advice, &self.path, &self.identity));
                 if direct.is_none() {
                     self.direct_works.store(false, Ordering::Relaxed);
                 }
@@ -378,7 +440,10 @@ impl SourceFile {
     /// path is resolved again; else `path` canonicalized, or as it is when that fails).
     pub fn canonical_path(&self) -> PathBuf {
         self.descriptors()
-            .and_then(|open| platform::canonical_path(&open.advice))
+            .and_then(|open| match &open.advice {
+                Some(advice) => platform::canonical_path(advice),
+                None => Ok(self.path.clone()),
+            })
             .or_else(|_| self.path.canonicalize())
             .unwrap_or_else(|_| self.path.clone())
     }
@@ -392,7 +457,11 @@ impl SourceFile {
     /// [`Self::renew`] has none open (it checks the version itself).
     pub fn changed_since_open(&self) -> io::Result<bool> {
         match crate::sync::read(&self.open).clone() {
-            Some(open) => Ok(SourceIdentity::of_file(&open.advice)? != self.identity),
+            Some(open) => match &open.advice {
+                Some(advice) => Ok(SourceIdentity::of_file(advice)? != self.identity),
+                // A remote version's reads are conditional on it: a change fails them.
+                None => Ok(false),
+            },
             None => Ok(false),
         }
     }
@@ -404,7 +473,13 @@ impl SourceFile {
     pub fn reopen(&self) -> io::Result<File> {
         use std::os::fd::AsRawFd;
         let open = self.descriptors()?;
-        File::open(format!("/proc/self/fd/{}", open.advice.as_raw_fd()))
+        let advice = open.advice.as_ref().ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::Unsupported,
+                "a remote file has no descriptor",
+            )
+        })?;
+        File::open(format!("/proc/self/fd/{}", advice.as_raw_fd()))
     }
 
     /// Whether reads bypass the page cache with `O_DIRECT` (true until the first aligned read
@@ -510,7 +585,9 @@ impl SourceFile {
         let filled = self
             .measured(|| read_full_at(open.buffered.as_ref(), buf, offset))
             .map_err(|(filled, source)| self.read_error(offset + filled as u64, source))?;
-        platform::drop_cached(&open.advice, offset, filled as u64);
+        if let Some(advice) = &open.advice {
+            platform::drop_cached(advice, offset, filled as u64);
+        }
         Ok(filled)
     }
 

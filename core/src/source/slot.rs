@@ -518,7 +518,7 @@ mod tests {
 
     #[cfg(target_os = "linux")]
     impl PathAccess for FailingOpens {
-        fn open(&self, abs: &Path) -> std::io::Result<std::fs::File> {
+        fn open(&self, abs: &Path) -> std::io::Result<crate::source::Opened> {
             if self.fail.swap(false, Ordering::SeqCst) {
                 return Err(std::io::Error::from_raw_os_error(libc::EIO));
             }

@@ -43,6 +43,8 @@ pub struct MountSettings {
     pub model_passthrough: bool,
     /// Steers the cache budget under memory pressure (`tierfs_core::budget`).
     pub governor: Arc<Governor>,
+    /// SOURCE's tree when it is an object store (`source` is then its URL).
+    pub remote: Option<Arc<dyn core_fs::RemoteTree>>,
 }
 
 /// The `fuser::Filesystem` of a tierfs mount.
@@ -65,7 +67,7 @@ impl FuseAdapter {
     /// Where the mount's device number goes once mounted (paths into it are never resolved:
     /// [`tierfs_core::access::resolve`]).
     pub fn served_device(&self) -> ServedDevice {
-        self.fs.source_root().served_device()
+        self.fs.served_device()
     }
 }
 
@@ -87,6 +89,7 @@ pub fn tier_fs<B: Send + Sync>(
         sharing: settings.sharing,
         model_passthrough: settings.model_passthrough,
         governor: settings.governor,
+        remote: settings.remote,
     };
     Ok(core_fs::TierFs::new(
         core_settings,

@@ -153,7 +153,7 @@ impl SourceRoot {
 }
 
 impl crate::source::PathAccess for SourceRoot {
-    fn open(&self, abs: &Path) -> io::Result<File> {
+    fn open(&self, abs: &Path) -> io::Result<crate::source::Opened> {
         crate::source::PlainPaths.open(abs)
     }
 

@@ -43,7 +43,7 @@ use crate::index::blocks;
 use crate::index::{Format, TensorIndex};
 use crate::prefetch::saved::SavedOrders;
 use crate::reader::ReaderTracker;
-use crate::source::{PathAccess, SourceIdentity};
+use crate::source::{Opened, PathAccess};
 
 /// Largest index.json read: real ones are 20 KB–2 MB (a 70B model's weight map is ~90 KB);
 /// a larger file is not a weight map, and is not read into memory.
@@ -97,14 +97,14 @@ pub fn discover(
 }
 
 /// Opens shard `name` of `dir` (a regular file) through `paths`.
-fn open_shard_file(paths: &dyn PathAccess, dir: &Path, name: &str) -> Result<File, String> {
+fn open_shard_file(paths: &dyn PathAccess, dir: &Path, name: &str) -> Result<Opened, String> {
     let file = paths.open(&dir.join(name)).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => "is missing".to_string(),
         _ => format!("cannot be opened ({e})"),
     })?;
-    match file.metadata() {
-        Ok(meta) if meta.is_file() => Ok(file),
-        Ok(_) => Err("is not a regular file".into()),
+    match file.is_file() {
+        Ok(true) => Ok(file),
+        Ok(false) => Err("is not a regular file".into()),
         Err(e) => Err(e.to_string()),
     }
 }
@@ -155,15 +155,13 @@ fn from_index(
 
 /// The distinct shard names of an index.json's weight map, sorted.
 fn read_weight_map(paths: &dyn PathAccess, path: &Path) -> Result<Vec<String>, String> {
-    use std::io::Read;
     let file = paths.open(path).map_err(|e| e.to_string())?;
-    let size = file.metadata().map_err(|e| e.to_string())?.len();
+    let size = file.size().map_err(|e| e.to_string())?;
     if size > MAX_INDEX_JSON_BYTES {
         return Err(format!("{size} bytes, larger than any weight map"));
     }
-    let mut text = Vec::with_capacity(size as usize);
-    file.take(MAX_INDEX_JSON_BYTES)
-        .read_to_end(&mut text)
+    let text = file
+        .read_head(MAX_INDEX_JSON_BYTES)
         .map_err(|e| e.to_string())?;
     let doc: serde_json::Value =
         serde_json::from_slice(&text).map_err(|e| format!("not JSON: {e}"))?;
@@ -244,7 +242,7 @@ pub(super) fn form(
         let abs = dir_abs.join(shard);
         let file =
             open_shard_file(paths, dir_abs, shard).map_err(|e| format!("shard {shard} {e}"))?;
-        let identity = SourceIdentity::of_file(&file).map_err(|e| format!("shard {shard}: {e}"))?;
+        let identity = file.identity().map_err(|e| format!("shard {shard}: {e}"))?;
         let these =
             Rights::of(paths, dir_abs, shard, &file).map_err(|e| format!("shard {shard}: {e}"))?;
         match &rights {
@@ -258,7 +256,8 @@ pub(super) fn form(
             None => rights = Some((shard.clone(), these)),
         }
         let format = Format::of_path(&abs).unwrap_or_default();
-        let index = TensorIndex::read_format(&file, format)
+        let size = file.size().map_err(|e| format!("shard {shard}: {e}"))?;
+        let index = TensorIndex::read_format_at(file.reader(), size, format)
             .map_err(|e| format!("shard {shard} is not a valid {format:?} file: {e}"))?;
         indexes.push((shard, abs, identity, index));
     }
@@ -322,7 +321,12 @@ struct Rights {
 }
 
 impl Rights {
-    fn of(paths: &dyn PathAccess, dir: &Path, shard: &str, file: &File) -> Result<Rights, String> {
+    fn of(
+        paths: &dyn PathAccess,
+        dir: &Path,
+        shard: &str,
+        file: &Opened,
+    ) -> Result<Rights, String> {
         let abs = dir.join(shard);
         let via = match paths.link_target(&abs).map_err(|e| e.to_string())? {
             None => None,
@@ -340,6 +344,14 @@ impl Rights {
             }
         };
         let via = via.filter(|v| !v.as_os_str().is_empty() && v != Path::new("."));
+        // A remote file's rights are the mount's, the same for every file.
+        let Some(file) = file.as_file() else {
+            return Ok(Rights {
+                via,
+                mode: None,
+                acl: None,
+            });
+        };
         let meta = file.metadata().map_err(|e| e.to_string())?;
         Ok(Rights {
             via,

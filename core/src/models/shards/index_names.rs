@@ -126,7 +126,7 @@ mod tests {
     struct CountedListings(AtomicUsize);
 
     impl PathAccess for CountedListings {
-        fn open(&self, abs: &Path) -> io::Result<std::fs::File> {
+        fn open(&self, abs: &Path) -> io::Result<crate::source::Opened> {
             PlainPaths.open(abs)
         }
         fn identity(&self, abs: &Path) -> io::Result<SourceIdentity> {
@@ -234,7 +234,7 @@ mod tests {
         /// Whose `dir_identity` fails as an open without read permission does.
         struct NoReadRight;
         impl PathAccess for NoReadRight {
-            fn open(&self, abs: &Path) -> io::Result<std::fs::File> {
+            fn open(&self, abs: &Path) -> io::Result<crate::source::Opened> {
                 PlainPaths.open(abs)
             }
             fn identity(&self, abs: &Path) -> io::Result<SourceIdentity> {
