@@ -200,10 +200,11 @@ fn check(args: &ObjectCheckArgs, report: &mut Report) -> Result<(), Failure> {
         Some(path) => Some(Compare::open(path, version.size)?),
         None => None,
     };
-    let read_secs = read_whole(&source, &version, compare.as_mut())?;
+    let mut read_secs = 0.0;
+    let read = read_whole(&source, &version, compare.as_mut(), &mut read_secs);
     let stats = source.stats();
     report.read_secs = read_secs;
-    report.mb_per_s = if read_secs > 0.0 {
+    report.mb_per_s = if read.is_ok() && read_secs > 0.0 {
         version.size as f64 / read_secs / 1e6
     } else {
         0.0
@@ -212,6 +213,7 @@ fn check(args: &ObjectCheckArgs, report: &mut Report) -> Result<(), Failure> {
     report.retries = stats.retries;
     report.mean_first_byte_ms = stats.mean_first_byte_secs * 1e3;
     report.part_size = stats.part_size;
+    read?;
     if human {
         println!(
             "  read {} ({}) in {:.3} s: {:.1} MB/s ({} GETs, {} retries, mean first byte {:.2} ms, \
@@ -271,21 +273,24 @@ fn measure_latency(source: &ObjectSource, version: &ObjectVersion) -> Result<Vec
     Ok(times)
 }
 
-/// Reads the whole object in windows, comparing each with the file if asked; the seconds
-/// spent reading (the comparison not counted).
+/// Reads the whole object in windows, comparing each with the file if asked; `read_secs` is
+/// the time spent reading (the comparison not counted), also when the check stops early.
 fn read_whole(
     source: &ObjectSource,
     version: &ObjectVersion,
     mut compare: Option<&mut Compare>,
-) -> Result<f64, Failure> {
+    read_secs: &mut f64,
+) -> Result<(), Failure> {
     let window = WINDOW.min(version.size.max(1)) as usize;
     let mut buf = vec![0u8; window];
     let mut offset = 0u64;
     let mut reading = Duration::ZERO;
     while offset < version.size {
         let started = Instant::now();
-        let n = source.read_at(version, &mut buf, offset)?;
+        let n = source.read_at(version, &mut buf, offset);
         reading += started.elapsed();
+        *read_secs = reading.as_secs_f64();
+        let n = n?;
         if n == 0 {
             return Err(Failure::Store(ObjectError::Changed {
                 key: format!(
@@ -299,7 +304,7 @@ fn read_whole(
         }
         offset += n as u64;
     }
-    Ok(reading.as_secs_f64())
+    Ok(())
 }
 
 /// The file the object is compared with, read alongside it.

@@ -310,15 +310,18 @@ def wait_or_kill(proc: subprocess.Popen, timeout: float = 20) -> None:
 class Mount:
     """A running `tierfs mount` of `source` (foreground daemon), optionally inside a memory cgroup."""
 
-    def __init__(self, source: Path, root: Path, budget: int, cgroup: Cgroup | None = None,
-                 extra: tuple[str, ...] = ()):
+    def __init__(self, source: Path | str, root: Path, budget: int, cgroup: Cgroup | None = None,
+                 extra: tuple[str, ...] = (), wrap: tuple[str, ...] = (), env: dict | None = None):
+        """`source`: a folder, or an `s3://` URL (as text); `wrap`: the command the daemon runs
+        under (`nsenter` into a store's network namespace); `env`: its environment."""
         self.mnt = Path(tempfile.mkdtemp(prefix="mnt.", dir=root))
         self.log_path = root / (self.mnt.name + ".log")
         self.log = open(self.log_path, "wb")
-        cmd = [str(BIN), "mount", str(source), str(self.mnt), "--ram-cache", str(budget), *mount_extra(), *extra]
+        cmd = [*wrap, str(BIN), "mount", str(source), str(self.mnt), "--ram-cache", str(budget), *mount_extra(),
+               *extra]
         if cgroup is not None:  # join the cgroup, then exec: the daemon never runs outside it
             cmd = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(cgroup.path), *cmd]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         _MOUNTS.append(self)
         ready = threading.Event()
         deadline = time.monotonic() + 15

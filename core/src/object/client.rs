@@ -18,7 +18,7 @@ use opendal::Operator;
 
 use super::config::{process_env, resolve, shared_profile_settings, Resolved};
 use super::error::{classify, Failed};
-use super::read::{Meter, PartReader, RangePlanner};
+use super::read::{unquote, Meter, PartReader, RangePlanner};
 use super::tree::Listed;
 use super::{ObjectError, ObjectStoreConfig, ObjectTree, ObjectUrl, ObjectVersion};
 use crate::sync::{lock, Mutex};
@@ -504,11 +504,4 @@ fn version_of(key: String, meta: &opendal::Metadata) -> ObjectVersion {
             .last_modified()
             .map_or(UNIX_EPOCH, |t| SystemTime::from(t.into_inner())),
     }
-}
-
-/// An ETag without its quotes (and the weak marker some stores add).
-fn unquote(etag: &str) -> String {
-    let etag = etag.trim();
-    let etag = etag.strip_prefix("W/").unwrap_or(etag);
-    etag.trim_matches('"').to_string()
 }

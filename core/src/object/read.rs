@@ -1,8 +1,9 @@
 //! Reads of an object version as parallel ranged GETs, and the planner that sizes them.
 //!
 //! **Contract.** [`RangePlanner::parts`] cuts `[offset, offset + len)` into contiguous parts
-//! that cover it exactly, without overlap, each within `[min_part, max_part]` (only a read
-//! shorter than `min_part` is one smaller part). The part size follows the measured link: a
+//! that cover it exactly, without overlap, each within `[min_part, max_part]` (a read shorter
+//! than `min_part` is one smaller part; with `max_part < 2 x min_part` some lengths have no
+//! such cut, and their parts keep to `max_part`). The part size follows the measured link: a
 //! part should take [`LATENCY_HIDING`] round trips' worth of transfer at the throughput one
 //! request gets (the bandwidth-delay product of one connection, times that), so the wait for
 //! its first byte is a small share of its time; a read with fewer such parts than
@@ -12,7 +13,8 @@
 //!
 //! `read_parts` reads the parts, at most `max_parallel` at a time, each a GET of its range on
 //! the condition `If-Match: ETAG`, straight into its slice of the caller's buffer: a part of a
-//! replaced object fails (412, `Changed`) instead of mixing versions.
+//! replaced object fails (412, `Changed`) instead of mixing versions. The response's own ETag
+//! and length are checked too, so a store that ignores `If-Match` cannot mix them either.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -238,6 +240,12 @@ impl PartReader<'_> {
                     version.key
                 ),
             }),
+            Ok(Err(PartError::Etag(etag))) => Err(ObjectError::Changed {
+                key: format!(
+                    "{} (a GET answered with ETag {etag}, not the listed {})",
+                    version.key, version.etag
+                ),
+            }),
             Err(_) => Err(ObjectError::TimedOut { what, after: bound }),
         };
         if outcome.is_err() {
@@ -269,6 +277,18 @@ impl PartReader<'_> {
             .into_bytes_stream(at..at + len)
             .await
             .map_err(PartError::Store)?;
+        // The response's own ETag, where the client has it (no request of its own): a store
+        // that ignored If-Match still cannot hand over another version's bytes.
+        match body.metadata().await {
+            Ok(meta) => {
+                let etag = meta.etag().map(unquote).unwrap_or_default();
+                if !etag.is_empty() && !version.etag.is_empty() && etag != version.etag {
+                    return Err(PartError::Etag(etag));
+                }
+            }
+            Err(e) if e.kind() == opendal::ErrorKind::Unsupported => {}
+            Err(e) => return Err(PartError::Store(e)),
+        }
         let mut filled = 0usize;
         let mut first_byte: Option<Instant> = None;
         while let Some(chunk) = body.next().await {
@@ -310,6 +330,8 @@ enum PartError {
     Store(opendal::Error),
     /// The body was not the range's length (the bytes it had).
     Length(u64),
+    /// The response was of another version (its ETag).
+    Etag(String),
 }
 
 /// The byte stream's error back as the client's (the stream wraps it in an `io::Error`).
@@ -333,4 +355,11 @@ fn opendal_error(e: std::io::Error) -> opendal::Error {
 /// An ETag as `If-Match` wants it: in quotes.
 pub(crate) fn quoted(etag: &str) -> String {
     format!("\"{etag}\"")
+}
+
+/// An ETag without its quotes (and the weak marker some stores add).
+pub(crate) fn unquote(etag: &str) -> String {
+    let etag = etag.trim();
+    let etag = etag.strip_prefix("W/").unwrap_or(etag);
+    etag.trim_matches('"').to_string()
 }

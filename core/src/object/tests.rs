@@ -587,6 +587,11 @@ fn classify_maps_store_answers() {
         ),
         (s3_error(K::Unexpected, "PermanentRedirect"), None, "Config"),
         (s3_error(K::Unexpected, "InternalError"), key, "Other"),
+        (
+            opendal::Error::new(K::Unexpected, "signing http request"),
+            None,
+            "Credentials",
+        ),
     ];
     for (err, key, want) in cases {
         let got = classify(&err, &failed(key));
@@ -663,4 +668,13 @@ fn errors_map_to_errnos() {
     for (err, errno) in cases {
         assert_eq!(err.to_io().raw_os_error(), Some(errno), "{err}");
     }
+}
+
+#[test]
+fn etags_lose_their_quotes() {
+    use super::read::{quoted, unquote};
+    assert_eq!(unquote("\"9b2cf535f277\""), "9b2cf535f277");
+    assert_eq!(unquote("W/\"abc-3\""), "abc-3");
+    assert_eq!(unquote("abc"), "abc");
+    assert_eq!(quoted(&unquote("\"x\"")), "\"x\"");
 }
