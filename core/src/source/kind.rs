@@ -33,6 +33,10 @@ pub enum StorageKind {
     /// clients of object stores and distributed stores: JuiceFS, SeaweedFS, rclone, s3fs,
     /// sshfs): every request is a round trip or more.
     Network(&'static str),
+    /// An object store tierfs reads with its own client (`s3`): every request pays a round
+    /// trip, which requests in parallel hide, as the store serves many at once; there is no
+    /// seek, and no client of the kernel's between.
+    ObjectStore(&'static str),
     /// Nothing tells (another system, or a call failed).
     Unknown,
 }
@@ -74,6 +78,7 @@ impl StorageKind {
             StorageKind::Flash => "flash",
             StorageKind::SpinningDisk => "spinning disk",
             StorageKind::Network(fs) => fs,
+            StorageKind::ObjectStore(store) => store,
             StorageKind::Unknown => "unknown",
         }
     }

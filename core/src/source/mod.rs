@@ -307,7 +307,7 @@ impl SourceFile {
         if let Ok(open) = self.descriptors() {
             meter.note_storage(|| match &open.advice {
                 Some(advice) => kind::StorageKind::of(advice),
-                None => kind::StorageKind::Network(self.remote_kind),
+                None => kind::StorageKind::ObjectStore(self.remote_kind),
             });
         }
         self.with_meter(Some(meter))
