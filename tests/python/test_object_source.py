@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 import gen
+import gen_gguf
 from conftest import TIERFS_BIN, drop_caches, fresh_dir, is_mounted
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
@@ -42,6 +43,8 @@ BUDGET_ABOVE = "160MiB"
 LINK_BPS = 1_000_000_000
 # The longest a failing mount may take to say why: the client's retries of a refused request.
 FAIL_BOUND_S = 90.0
+# The stem of the sharded model's files (`STEM-0000N-of-00003.safetensors`, `STEM.safetensors.index.json`).
+SHARD_STEM = "diffusion_pytorch_model"
 # Network bytes a second mount may move when everything is in its disk tier: listings, HEADs
 # and the headers of a few requests, never the model.
 QUIET_NETWORK_BYTES = 2 * MiB
@@ -63,7 +66,12 @@ def files(data_dir) -> dict[str, Path]:
     _model(d / "dit.v2.safetensors", 72)
     cfg = d / "config.json"
     cfg.write_text('{"_class_name": "WanTransformer3DModel", "num_layers": 8}\n')
-    return {"model": d / "dit.safetensors", "model_v2": d / "dit.v2.safetensors", "config": cfg}
+    gen_gguf.make_sharded(d / "sharded", SHARD_STEM, gen.dit_specs(256, 512, 4), 3, seed=73)
+    gguf = d / "flux.gguf"
+    if not gguf.exists():
+        gen_gguf.make_dit_gguf(gguf, dim=256, n_double=2, n_single=3)
+    return {"model": d / "dit.safetensors", "model_v2": d / "dit.v2.safetensors", "config": cfg,
+            "sharded": d / "sharded", "gguf": gguf}
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +87,9 @@ def s3(files):
         store.put(files["model"], "models/unet/dit.safetensors")
         store.put(files["config"], "models/unet/config.json")
         store.put(files["model"], "replaced/dit.safetensors")
+        for f in sorted(files["sharded"].iterdir()):
+            store.put(f, f"formats/sharded/{f.name}")
+        store.put(files["gguf"], "formats/flux.gguf")
         yield store
     finally:
         store.close()
@@ -219,3 +230,27 @@ def test_wrong_credentials_or_a_missing_bucket_stop_the_mount_with_a_clear_error
     assert "panicked" not in text
     assert took < FAIL_BOUND_S
     assert not is_mounted(mnt)
+
+
+def test_a_sharded_model_and_a_gguf_file_in_the_bucket_are_served_as_from_a_folder(s3, files, mount):
+    """The shards of a model with its index.json, found in the bucket's listing and read by
+    ranged requests, are one model; a GGUF file is indexed by its own header; bytes exact."""
+    m = _mount_s3(mount, s3, "formats", BUDGET_BELOW)
+    names = sorted(p.name for p in files["sharded"].iterdir())
+    assert sorted(os.listdir(m.mnt / "sharded")) == names
+    for name in names:
+        assert _read(m.mnt / "sharded" / name) == (files["sharded"] / name).read_bytes(), name
+    assert _read(m.mnt / "flux.gguf") == files["gguf"].read_bytes()
+    st = m.stats()
+    index = f"sharded/{SHARD_STEM}.safetensors.index.json"
+    models = [x for x in st["models"] if x["name"] == index]
+    assert len(models) == 1, st["models"]
+    model = models[0]
+    assert model["found_by"] == "index_json", model
+    shard_files = [n for n in names if n.endswith(".safetensors")]
+    assert [x["path"] for x in model["shards"]] == [f"sharded/{n}" for n in shard_files], model
+    rows = {f["path"]: f for f in st["files"]}
+    for n in shard_files:
+        assert rows[f"sharded/{n}"]["model"] == index and not rows[f"sharded/{n}"]["malformed"], rows[f"sharded/{n}"]
+    gguf = rows["flux.gguf"]
+    assert not gguf["malformed"] and gguf["tensors"] > 0 and gguf["blocks"] > 1, gguf
