@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crossbeam::channel::{unbounded, Receiver};
 
 use super::inodes::ObjectId;
-use super::tests::{me, no_backing, served_fh, Backing, READER};
+use super::tests::{me, no_backing, read_all, served_fh, Backing, READER};
 use super::*;
 use crate::budget::{BudgetTarget, Governor};
 use crate::kernel_cache::{InodeRange, KernelCacheWindow};
@@ -234,14 +234,7 @@ impl RemoteFixture {
     }
 
     fn read_all(&self, ino: u64, fh: u64) -> Result<Vec<u8>, FsError> {
-        let mut out = Vec::new();
-        loop {
-            let bytes = self.fs.read(ino, fh, out.len() as u64, 100_000, READER)?;
-            if bytes.is_empty() {
-                return Ok(out);
-            }
-            out.extend_from_slice(&bytes);
-        }
+        read_all(&self.fs, ino, fh)
     }
 
     fn names(&self, ino: u64) -> Vec<String> {

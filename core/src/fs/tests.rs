@@ -95,14 +95,19 @@ impl Fixture {
     }
 
     pub fn read_all(&self, ino: u64, fh: u64) -> Result<Vec<u8>, FsError> {
-        let mut out = Vec::new();
-        loop {
-            let bytes = self.fs.read(ino, fh, out.len() as u64, 100_000, READER)?;
-            if bytes.is_empty() {
-                return Ok(out);
-            }
-            out.extend_from_slice(&bytes);
+        read_all(&self.fs, ino, fh)
+    }
+}
+
+/// Every byte of handle `fh` of `ino`, read as a reader's `read()` calls would.
+pub(super) fn read_all(fs: &TierFs<Backing>, ino: u64, fh: u64) -> Result<Vec<u8>, FsError> {
+    let mut out = Vec::new();
+    loop {
+        let bytes = fs.read(ino, fh, out.len() as u64, 100_000, READER)?;
+        if bytes.is_empty() {
+            return Ok(out);
         }
+        out.extend_from_slice(&bytes);
     }
 }
 

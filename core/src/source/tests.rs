@@ -1,4 +1,5 @@
-//! Tests of [`super::SourceFile`]: exact aligned and buffered reads, the page two chunks share, truncation, identity, spare buffers.
+//! Tests of [`super::SourceFile`]: exact aligned and buffered reads, the page two chunks
+//! share, truncation, identity, spare buffers.
 
 use super::*;
 use std::io::Write;
