@@ -318,3 +318,34 @@ mod tests {
         assert_eq!((Counters::get(&global), Counters::get(&file)), (7, 5));
     }
 }
+
+/// The `source.remote` section of the stats: a remote source's client, its requests and how
+/// the store answered them (docs/STATS.md).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct RemoteSourceSnapshot {
+    /// The kind of store (`s3`).
+    pub kind: String,
+    /// The source's URL (`s3://bucket/prefix/`).
+    pub url: String,
+    /// Where the client sends its requests.
+    pub endpoint: String,
+    /// Requests sent for reads and lookups (first tries; see `retries`).
+    pub requests: u64,
+    /// Listings of the prefix made (each one request per 1000 keys).
+    pub listings: u64,
+    /// Requests tried again: throttling, 5xx answers, refused or cut connections (a body cut
+    /// short is asked again from where it stopped), timeouts.
+    pub retries: u64,
+    /// Answers asking the client to slow down (503 `SlowDown`, 429), retried or not.
+    pub throttled: u64,
+    /// Calls that failed after their retries (each an error a reader or a lookup got).
+    pub errors: u64,
+    /// Object bytes received.
+    pub bytes: u64,
+    /// Mean time from sending a read to its first byte, in seconds.
+    pub mean_first_byte_secs: f64,
+    /// Throughput of whole reads of at least one part, in bytes per second.
+    pub read_bytes_per_sec: f64,
+    /// The size of the ranged reads the client cuts a large read into now, in bytes.
+    pub part_bytes: u64,
+}

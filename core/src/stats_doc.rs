@@ -15,6 +15,7 @@ use crate::source::meter::SourceDeviceSnapshot;
 use crate::stats::ops::OpsSnapshot;
 use crate::stats::{
     CacheSnapshot, Counters, DiskSnapshot, FileSnapshot, KernelCacheSnapshot, PrefetchSnapshot,
+    RemoteSourceSnapshot,
 };
 
 /// `doc` as pretty-printed JSON; if it cannot be rendered, a one-key JSON object saying why
@@ -77,6 +78,9 @@ pub struct PassthroughSection {
 #[derive(Debug, Serialize)]
 pub struct SourceSection {
     pub devices: Vec<SourceDeviceSnapshot>,
+    /// The client of a remote source (`s3://`): its requests and how the store answered;
+    /// `null` for a folder.
+    pub remote: Option<RemoteSourceSnapshot>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -125,6 +129,7 @@ impl CommonStats {
             .with_source_faults(&store.source_io().snapshot()),
             source: SourceSection {
                 devices: store.source_meters().snapshot(),
+                remote: None,
             },
             prefetch: PrefetchSnapshot::from_counters(
                 &c.prefetch_issued_bytes,
@@ -148,6 +153,12 @@ impl CommonStats {
             },
             disk_tier: store.disk_tier().map(|tier| tier.stats()),
         }
+    }
+
+    /// Adds the remote source's client figures (`source.remote`).
+    pub fn with_remote_source(mut self, remote: Option<RemoteSourceSnapshot>) -> CommonStats {
+        self.source.remote = remote;
+        self
     }
 }
 

@@ -147,6 +147,7 @@ impl Collector for Scrape {
         self.cache(&mut f)?;
         self.disk_and_prefetch(&mut f)?;
         self.source(&mut f)?;
+        self.remote_source(&mut f)?;
         self.disk_tier(&mut f)?;
         self.budget(&mut f)?;
         self.files(&mut f)?;
@@ -155,6 +156,53 @@ impl Collector for Scrape {
 }
 
 impl Scrape {
+    /// The remote source's client (`source.remote`; none for a folder).
+    fn remote_source(&self, f: &mut Families) -> fmt::Result {
+        let Some(r) = &self.doc.common.source.remote else {
+            return Ok(());
+        };
+        f.counter(
+            "tierfs_remote_requests",
+            "Requests sent to the remote source for reads and lookups (first tries).",
+            r.requests,
+        )?;
+        f.counter(
+            "tierfs_remote_listings",
+            "Listings of the remote source's prefix.",
+            r.listings,
+        )?;
+        f.counter(
+            "tierfs_remote_retries",
+            "Requests to the remote source tried again (throttling, 5xx, cut or refused connections, timeouts).",
+            r.retries,
+        )?;
+        f.counter(
+            "tierfs_remote_throttled",
+            "Answers of the remote source asking to slow down (503 SlowDown, 429).",
+            r.throttled,
+        )?;
+        f.counter(
+            "tierfs_remote_errors",
+            "Calls to the remote source that failed after their retries.",
+            r.errors,
+        )?;
+        f.counter(
+            "tierfs_remote_received_bytes",
+            "Object bytes received from the remote source.",
+            r.bytes,
+        )?;
+        f.gauge(
+            "tierfs_remote_first_byte_seconds",
+            "Mean time from a read request to its first byte.",
+            r.mean_first_byte_secs,
+        )?;
+        f.gauge(
+            "tierfs_remote_part_bytes",
+            "Size of the ranged reads a large read is cut into now.",
+            r.part_bytes,
+        )
+    }
+
     /// The local disk tier's figures (none without `--disk-cache`).
     fn disk_tier(&self, f: &mut Families) -> fmt::Result {
         let Some(t) = &self.doc.common.disk_tier else {
@@ -704,6 +752,50 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("# TYPE tierfs_source_read_duration_seconds histogram"));
+    }
+
+    #[test]
+    fn a_remote_source_client_is_served_and_a_folder_has_none_of_its_families() {
+        let store = ModelStore::new(64 << 20, Default::default());
+        let window = KernelCacheWindow::new(0);
+        let collect = || {
+            DaemonStats::collect(
+                &store,
+                &window,
+                Path::new("s3://models/wan"),
+                Path::new("/mnt"),
+                false,
+                SystemTime::now(),
+            )
+        };
+        let folder = String::from_utf8(render(collect(), &store.counters().ops)).expect("utf-8");
+        assert!(!folder.contains("tierfs_remote_"), "{folder}");
+        let remote = tierfs_core::stats::RemoteSourceSnapshot {
+            kind: "s3".into(),
+            requests: 40,
+            listings: 2,
+            retries: 7,
+            throttled: 3,
+            errors: 1,
+            bytes: 5 << 20,
+            mean_first_byte_secs: 0.02,
+            part_bytes: 4 << 20,
+            ..Default::default()
+        };
+        let doc = collect().with_remote_source(Some(remote));
+        let text = String::from_utf8(render(doc, &store.counters().ops)).expect("utf-8");
+        for line in [
+            "tierfs_remote_requests_total 40\n",
+            "tierfs_remote_listings_total 2\n",
+            "tierfs_remote_retries_total 7\n",
+            "tierfs_remote_throttled_total 3\n",
+            "tierfs_remote_errors_total 1\n",
+            "tierfs_remote_received_bytes_total 5242880\n",
+            "tierfs_remote_first_byte_seconds 0.02\n",
+            "tierfs_remote_part_bytes 4194304\n",
+        ] {
+            assert!(text.contains(line), "no {line:?} in\n{text}");
+        }
     }
 
     #[test]

@@ -472,10 +472,12 @@ fn render_metrics(
     let governor = Arc::clone(&settings.governor);
     let (source, mountpoint) = (settings.source.clone(), settings.mountpoint.clone());
     let passthrough = settings.passthrough;
+    let remote = settings.remote.clone();
     let started = SystemTime::now();
     move |page| {
         let doc = DaemonStats::collect(&store, &window, &source, &mountpoint, passthrough, started)
-            .with_budget(governor.snapshot());
+            .with_budget(governor.snapshot())
+            .with_remote_source(remote.as_ref().map(|tree| tree.stats()));
         match page {
             Page::Metrics => metrics::render(doc, &store.counters().ops),
             Page::Stats => tierfs_core::stats_doc::render_json(&doc),

@@ -26,6 +26,10 @@ pub struct ObjectArgs {
     /// uploaded meanwhile appears within it (e.g. 60s, 5m).
     #[arg(long, value_name = "DURATION", value_parser = tierfs_core::cli::parse_duration_arg)]
     pub listing_ttl: Option<Duration>,
+    /// How long one request to the store may wait for its answer, or for the next bytes of
+    /// its body, before it is tried again (5 retries with backoff) [default: 30s].
+    #[arg(long, value_name = "DURATION", value_parser = tierfs_core::cli::parse_duration_arg)]
+    pub request_timeout: Option<Duration>,
 }
 
 impl ObjectArgs {
@@ -37,6 +41,7 @@ impl ObjectArgs {
             region: self.region.clone(),
             profile: self.profile.clone(),
             listing_ttl: self.listing_ttl.unwrap_or(defaults.listing_ttl),
+            request_timeout: self.request_timeout.unwrap_or(defaults.request_timeout),
             ..defaults
         }
     }

@@ -155,6 +155,9 @@ fn render(doc: &StatsRead, previous: Option<&(Instant, StatsRead)>) -> String {
             ""
         },
     );
+    if let Some(remote) = &doc.source.remote {
+        out += &format!("store     {}\n", remote.summary());
+    }
     if let Some(tier) = &doc.disk_tier {
         out += &format!("disk tier {}\n", tier.summary());
     }

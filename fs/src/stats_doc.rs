@@ -68,6 +68,15 @@ impl DaemonStats {
         self
     }
 
+    /// Adds the remote source's client figures (`source.remote`).
+    pub fn with_remote_source(
+        mut self,
+        remote: Option<tierfs_core::stats::RemoteSourceSnapshot>,
+    ) -> DaemonStats {
+        self.common = self.common.with_remote_source(remote);
+        self
+    }
+
     /// Adds the `budget` section.
     pub fn with_budget(mut self, budget: BudgetSnapshot) -> DaemonStats {
         self.budget = Some(budget);

@@ -144,6 +144,43 @@ pub struct DiskRead {
 #[serde(default)]
 pub struct SourceRead {
     pub devices: Vec<SourceDeviceRead>,
+    /// The client of a remote source (`s3://`); `None` for a folder.
+    pub remote: Option<RemoteRead>,
+}
+
+/// `source.remote`: what the client of a remote source sent and how the store answered.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct RemoteRead {
+    pub kind: String,
+    pub endpoint: String,
+    pub requests: u64,
+    pub listings: u64,
+    pub retries: u64,
+    pub throttled: u64,
+    pub errors: u64,
+    pub bytes: u64,
+    pub mean_first_byte_secs: f64,
+    pub part_bytes: u64,
+}
+
+impl RemoteRead {
+    /// One line of figures, as `tierfs stats` and `tierfs top` show them.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} at {}: {} requests, {} listings, received {}; first byte {:.1} ms, parts of {}; {} retries, {} throttled, {} errors",
+            self.kind,
+            self.endpoint,
+            self.requests,
+            self.listings,
+            tierfs_core::size::format_size(self.bytes),
+            self.mean_first_byte_secs * 1e3,
+            tierfs_core::size::format_size(self.part_bytes),
+            self.retries,
+            self.throttled,
+            self.errors,
+        )
+    }
 }
 
 /// One entry of `source.devices`; figures not measured yet are `None`.

@@ -375,10 +375,12 @@ impl<'a> View<'a> {
         );
     }
 
-    /// Lines of the summary pane: two, one for the disk tier if the mount has one, and one per
-    /// source device (at least one, at most [`MAX_SOURCE_LINES`]).
+    /// Lines of the summary pane: two, one for the store of a remote source, one for the disk
+    /// tier if the mount has one, and one per source device (at least one, at most
+    /// [`MAX_SOURCE_LINES`]).
     fn summary_lines(&self) -> u16 {
         2 + self.doc.source.devices.len().clamp(1, MAX_SOURCE_LINES) as u16
+            + u16::from(self.doc.source.remote.is_some())
             + u16::from(self.doc.disk_tier.is_some())
     }
 
@@ -419,6 +421,9 @@ impl<'a> View<'a> {
                 format_size(budget.given_back_bytes),
             )),
         ];
+        if let Some(remote) = &doc.source.remote {
+            lines.push(Line::from(format!("store {}", remote.summary())));
+        }
         if let Some(tier) = &doc.disk_tier {
             lines.push(Line::from(format!("disk tier {}", tier.summary())));
         }
@@ -693,5 +698,11 @@ mod tests {
         assert_eq!(view.summary_lines(), 4);
         view.doc.source.devices = vec![Default::default(); 9];
         assert_eq!(view.summary_lines(), 2 + MAX_SOURCE_LINES as u16);
+        view.doc.source.remote = Some(Default::default());
+        assert_eq!(
+            view.summary_lines(),
+            3 + MAX_SOURCE_LINES as u16,
+            "a line for the store"
+        );
     }
 }

@@ -155,6 +155,8 @@ pub struct StatsView<'a> {
     /// Inodes the filesystem holds (the root included) and handles open.
     pub inodes: usize,
     pub handles: usize,
+    /// The remote source's client figures (`None` for a folder).
+    pub remote: Option<crate::stats::RemoteSourceSnapshot>,
 }
 
 /// Renders `.tierfs/stats` (JSON bytes), or `.tierfs/metrics` (text).
@@ -541,6 +543,10 @@ impl<B: Send + Sync> TierFs<B> {
             governor: &self.settings.governor,
             inodes: self.inodes.len(),
             handles: self.handles.len(),
+            remote: match &self.source {
+                SourceTree::Remote(tree) => Some(tree.stats()),
+                SourceTree::Local(_) => None,
+            },
         }
     }
 

@@ -187,6 +187,14 @@ impl RemoteTree for Remote {
             frsize: 4096,
         })
     }
+
+    fn stats(&self) -> crate::stats::RemoteSourceSnapshot {
+        crate::stats::RemoteSourceSnapshot {
+            kind: "memory".into(),
+            url: "memory://tree/".into(),
+            ..Default::default()
+        }
+    }
 }
 
 struct RemoteFixture {

@@ -19,6 +19,7 @@ use super::inodes::{generation_of, ObjectId};
 use super::platform::{self, SourceRoot};
 use super::StatFs;
 use crate::source::{Opened, PathAccess, RemoteFile, SourceIdentity};
+use crate::stats::RemoteSourceSnapshot;
 
 /// One entry of a remote tree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +50,8 @@ pub trait RemoteTree: Send + Sync {
     fn open(&self, rel: &Path) -> io::Result<Arc<dyn RemoteFile>>;
     /// The figures `statfs` shows.
     fn statfs(&self) -> io::Result<StatFs>;
+    /// What the source's client did since the mount started (the stats' `source.remote`).
+    fn stats(&self) -> RemoteSourceSnapshot;
 }
 
 /// What a source entry's metadata is.

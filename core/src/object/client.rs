@@ -17,7 +17,7 @@ use opendal::layers::{RetryLayer, TimeoutLayer};
 use opendal::Operator;
 
 use super::config::{process_env, resolve, shared_profile_settings, Resolved};
-use super::error::{classify, Failed};
+use super::error::{classify, is_throttling, Failed};
 use super::read::{unquote, Meter, PartReader, RangePlanner};
 use super::tree::Listed;
 use super::{ObjectError, ObjectStoreConfig, ObjectTree, ObjectUrl, ObjectVersion};
@@ -43,8 +43,11 @@ pub struct ObjectStats {
     pub requests: u64,
     /// Listings made (each one or more LIST requests, 1000 keys a page).
     pub listings: u64,
-    /// Retries of any request (throttling, 5xx, connection errors, timeouts).
+    /// Retries of any request (throttling, 5xx, connection errors, a body cut short, timeouts):
+    /// a cut body is asked again from where it stopped.
     pub retries: u64,
+    /// Answers that asked the client to slow down (503 `SlowDown`, 429), retried or not.
+    pub throttled: u64,
     /// Calls that failed after their retries.
     pub errors: u64,
     /// Object bytes received.
@@ -74,8 +77,7 @@ struct Inner {
     runtime: Option<tokio::runtime::Runtime>,
     op: Operator,
     planner: RangePlanner,
-    meter: Meter,
-    retries: Arc<AtomicU64>,
+    meter: Arc<Meter>,
     listings: AtomicU64,
     /// The last listing.
     tree: Mutex<Option<Arc<ObjectTree>>>,
@@ -103,9 +105,8 @@ impl std::fmt::Debug for ObjectSource {
 }
 
 impl ObjectSource {
-    /// Builds the client and checks that the bucket answers (a LIST of at most one key under
-    /// the prefix): wrong credentials, a missing bucket, an unreachable endpoint are errors
-    /// here.
+    /// Builds the client and lists the prefix (the listing [`Self::tree`] then reuses): wrong
+    /// credentials, a missing bucket, an unreachable endpoint are errors here.
     pub fn connect(
         url: &ObjectUrl,
         config: ObjectStoreConfig,
@@ -123,8 +124,8 @@ impl ObjectSource {
             .map_err(|e| ObjectError::Other {
                 detail: format!("cannot start the object-store client's threads: {e}"),
             })?;
-        let retries = Arc::new(AtomicU64::new(0));
-        let op = build_operator(url, &resolved, &config, &retries)?;
+        let meter = Arc::new(Meter::default());
+        let op = build_operator(url, &resolved, &config, &meter)?;
         tracing::debug!(
             url = %url,
             endpoint = %resolved.endpoint_label(),
@@ -140,14 +141,13 @@ impl ObjectSource {
                 config,
                 runtime: Some(runtime),
                 op,
-                meter: Meter::default(),
-                retries,
+                meter,
                 listings: AtomicU64::new(0),
                 tree: Mutex::new(None),
                 listing: Mutex::new(()),
             }),
         };
-        source.probe()?;
+        source.tree()?;
         Ok(source)
     }
 
@@ -242,7 +242,8 @@ impl ObjectSource {
         ObjectStats {
             requests: get(&m.requests),
             listings: get(&self.inner.listings),
-            retries: get(&self.inner.retries),
+            retries: get(&m.retries),
+            throttled: get(&m.throttled),
             errors: get(&m.errors),
             bytes: get(&m.bytes),
             mean_first_byte_secs: if first_bytes == 0 {
@@ -270,28 +271,6 @@ impl ObjectSource {
         tree.as_ref()
             .filter(|t| t.listed_at().elapsed() < self.inner.config.listing_ttl)
             .cloned()
-    }
-
-    /// A LIST of at most one key under the prefix.
-    fn probe(&self) -> Result<(), ObjectError> {
-        let what = format!("LIST {}", self.inner.url);
-        let failed = self.failed(None, &what);
-        let op = &self.inner.op;
-        let path = list_path(&self.inner.url);
-        let first = self.run(&what, async {
-            let options = opendal::options::ListOptions {
-                limit: Some(1),
-                recursive: true,
-                ..Default::default()
-            };
-            let mut lister = op.lister_options(&path, options).await?;
-            lister.next().await.transpose()
-        });
-        match first {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(classify(&e, &failed)),
-            Err(e) => Err(e),
-        }
     }
 
     /// Lists the whole prefix.
@@ -395,7 +374,7 @@ fn build_operator(
     url: &ObjectUrl,
     resolved: &Resolved,
     config: &ObjectStoreConfig,
-    retries: &Arc<AtomicU64>,
+    meter: &Arc<Meter>,
 ) -> Result<Operator, ObjectError> {
     let mut builder = opendal::services::S3::default()
         .bucket(&url.bucket)
@@ -416,9 +395,12 @@ fn build_operator(
     let op = Operator::new(builder).map_err(|e| ObjectError::Config {
         reason: format!("the S3 client for {url}: {e}"),
     })?;
-    let counter = retries.clone();
+    let meter = Arc::clone(meter);
     let notify = move |event: opendal::layers::RetryEvent<'_>| {
-        counter.fetch_add(1, Ordering::Relaxed);
+        meter.retries.fetch_add(1, Ordering::Relaxed);
+        if is_throttling(event.err) {
+            meter.throttled.fetch_add(1, Ordering::Relaxed);
+        }
         tracing::debug!(
             op = ?event.op,
             attempt = event.attempt,

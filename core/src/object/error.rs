@@ -188,9 +188,7 @@ pub(crate) fn classify(err: &opendal::Error, failed: &Failed<'_>) -> ObjectError
         }
         _ => {}
     }
-    if matches!(code, Some("SlowDown" | "ServiceUnavailable" | "Throttling"))
-        || text.contains("status: 503")
-    {
+    if is_throttling(err) {
         return ObjectError::Throttled {
             detail: code.unwrap_or("503 Service Unavailable").to_string(),
             retries: failed.retries,
@@ -225,6 +223,18 @@ pub(crate) fn classify(err: &opendal::Error, failed: &Failed<'_>) -> ObjectError
             None => text,
         },
     }
+}
+
+/// Whether `err` is the store asking the client to slow down: 429 (the client's
+/// `RateLimited`), 503 or its S3 codes (`SlowDown`, `ServiceUnavailable`, `Throttling`).
+pub(crate) fn is_throttling(err: &opendal::Error) -> bool {
+    let text = err.to_string();
+    err.kind() == opendal::ErrorKind::RateLimited
+        || matches!(
+            s3_code(&text),
+            Some("SlowDown" | "ServiceUnavailable" | "Throttling")
+        )
+        || text.contains("status: 503")
 }
 
 /// The S3 error code in a message of the client (`code: "SlowDown"`).

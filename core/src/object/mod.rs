@@ -75,5 +75,5 @@ pub use config::{
 pub use error::ObjectError;
 pub use read::{RangePlanner, LATENCY_HIDING};
 pub use remote_tree::ObjectRemoteTree;
-pub use tree::{ObjectTree, ObjectVersion, TreeEntry};
+pub use tree::{DirSummary, ObjectTree, ObjectVersion, TreeEntry};
 pub use url::ObjectUrl;

@@ -145,6 +145,10 @@ fn ewma(cell: &AtomicU64, sample: f64) {
 #[derive(Debug, Default)]
 pub(crate) struct Meter {
     pub requests: AtomicU64,
+    /// Retries of any request (by the client's retry layer).
+    pub retries: AtomicU64,
+    /// Answers that asked the client to slow down (503 `SlowDown`, 429), retried or not.
+    pub throttled: AtomicU64,
     pub bytes: AtomicU64,
     pub errors: AtomicU64,
     pub first_byte_ns_sum: AtomicU64,

@@ -13,18 +13,20 @@ use std::ffi::OsString;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::UNIX_EPOCH;
 
 use super::{ObjectSource, ObjectVersion, TreeEntry};
 use crate::fs::inodes::ObjectId;
 use crate::fs::{Kind, RemoteEntry, RemoteTree, StatFs};
 use crate::source::{ReadAt, RemoteFile, SourceIdentity};
+use crate::stats::RemoteSourceSnapshot;
 
 /// Seed of the hash that numbers a directory (files are numbered by their key's hash,
 /// [`ObjectVersion::identity`]).
 const DIR_SEED: u64 = 0x7469_6572_6673_2d64; // "tierfs-d"
 /// What `statfs` reports as the block size: the cache's chunk granularity.
 const STATFS_BLOCK: u32 = 4096;
+/// The kind of store, as the stats and the source's storage kind name it.
+const SOURCE_KIND: &str = "s3";
 /// The longest name `statfs` reports (Linux's NAME_MAX, which the tree enforces).
 const NAME_MAX: u32 = 255;
 
@@ -71,22 +73,14 @@ impl ObjectRemoteTree {
 
     fn dir_entry(&self, rel: &Path) -> io::Result<RemoteEntry> {
         let tree = self.source.tree().map_err(|e| e.to_io())?;
-        let children = tree
-            .list(rel)
+        let summary = tree
+            .dir_summary(rel)
             .ok_or_else(|| io::Error::from(io::ErrorKind::NotADirectory))?;
-        let newest = children
-            .iter()
-            .filter_map(|(_, entry)| match entry {
-                TreeEntry::Object(version) => Some(version.last_modified),
-                TreeEntry::Dir => None,
-            })
-            .max()
-            .unwrap_or(UNIX_EPOCH);
         let key = rel.to_string_lossy();
         Ok(RemoteEntry {
             kind: Kind::Directory,
-            size: children.len() as u64,
-            mtime: newest,
+            size: summary.entries,
+            mtime: summary.newest,
             object: ObjectId {
                 dev: self.dev,
                 ino: xxhash_rust::xxh3::xxh3_64_with_seed(key.as_bytes(), DIR_SEED),
@@ -120,8 +114,8 @@ impl RemoteTree for ObjectRemoteTree {
 
     fn list(&self, rel: &Path) -> io::Result<Vec<OsString>> {
         let tree = self.source.tree().map_err(|e| e.to_io())?;
-        match tree.list(rel) {
-            Some(children) => Ok(children.into_iter().map(|(name, _)| name).collect()),
+        match tree.names(rel) {
+            Some(names) => Ok(names),
             None if tree.entry(rel).is_some() => Err(io::Error::from(io::ErrorKind::NotADirectory)),
             None => Err(io::Error::from(io::ErrorKind::NotFound)),
         }
@@ -151,6 +145,24 @@ impl RemoteTree for ObjectRemoteTree {
             namelen: NAME_MAX,
             frsize: STATFS_BLOCK,
         })
+    }
+
+    fn stats(&self) -> RemoteSourceSnapshot {
+        let s = self.source.stats();
+        RemoteSourceSnapshot {
+            kind: SOURCE_KIND.to_string(),
+            url: self.source.url().to_string(),
+            endpoint: self.source.endpoint().to_string(),
+            requests: s.requests,
+            listings: s.listings,
+            retries: s.retries,
+            throttled: s.throttled,
+            errors: s.errors,
+            bytes: s.bytes,
+            mean_first_byte_secs: s.mean_first_byte_secs,
+            read_bytes_per_sec: s.read_bytes_per_sec,
+            part_bytes: s.part_size,
+        }
     }
 }
 
@@ -182,6 +194,6 @@ impl RemoteFile for ObjectFile {
     }
 
     fn kind(&self) -> &'static str {
-        "s3"
+        SOURCE_KIND
     }
 }

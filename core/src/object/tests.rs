@@ -323,6 +323,64 @@ fn tree_nests_keys_and_folder_markers() {
 }
 
 #[test]
+fn a_directory_summary_counts_its_entries_and_takes_its_newest_object_time() {
+    let at = |secs: u64| UNIX_EPOCH + Duration::from_secs(secs);
+    let object = |rel: &str, secs: u64| Listed {
+        rel: rel.to_string(),
+        version: Some(ObjectVersion {
+            last_modified: at(secs),
+            ..version(rel, 1, "e")
+        }),
+    };
+    let marker = |rel: &str| Listed {
+        rel: rel.to_string(),
+        version: None,
+    };
+    let listed = vec![
+        object("unet/a.safetensors", 100),
+        object("unet/b.safetensors", 300),
+        object("unet/deep/c.safetensors", 900),
+        marker("empty/"),
+        object("top.json", 50),
+    ];
+    let tree = ObjectTree::build(listed, Instant::now());
+    let summary = |dir: &str| tree.dir_summary(Path::new(dir));
+    // Its objects and its subdirectory; a deeper object's time is not its own.
+    assert_eq!(
+        summary("unet"),
+        Some(DirSummary {
+            entries: 3,
+            newest: at(300)
+        })
+    );
+    assert_eq!(summary("unet/deep").map(|s| s.newest), Some(at(900)));
+    assert_eq!(
+        summary("empty"),
+        Some(DirSummary {
+            entries: 0,
+            newest: UNIX_EPOCH
+        })
+    );
+    assert_eq!(
+        summary(""),
+        Some(DirSummary {
+            entries: 3,
+            newest: at(50)
+        })
+    );
+    assert_eq!(summary("top.json"), None, "an object is not a directory");
+    assert_eq!(summary("missing"), None);
+    let names: Vec<String> = tree
+        .names(Path::new("unet"))
+        .expect("a directory")
+        .into_iter()
+        .map(|n| n.to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["a.safetensors", "b.safetensors", "deep"]);
+    assert_eq!(tree.names(Path::new("top.json")), None);
+}
+
+#[test]
 fn tree_leaves_out_hostile_keys() {
     let keys = [
         "ok/file.bin",

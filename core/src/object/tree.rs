@@ -71,8 +71,8 @@ pub enum TreeEntry {
 /// One listing of the objects under a prefix.
 #[derive(Debug)]
 pub struct ObjectTree {
-    /// Each directory (`""`: the root) and its children by name.
-    dirs: HashMap<String, BTreeMap<String, Child>>,
+    /// Each directory (`""`: the root) by its path.
+    dirs: HashMap<String, Dir>,
     /// Each object by its path relative to the prefix.
     objects: HashMap<String, ObjectVersion>,
     bytes: u64,
@@ -83,6 +83,24 @@ pub struct ObjectTree {
 enum Child {
     Dir,
     Object,
+}
+
+/// A directory of the listing.
+#[derive(Debug, Default)]
+struct Dir {
+    /// Its children by name.
+    children: BTreeMap<String, Child>,
+    /// The newest modification of the objects directly in it (the epoch if none).
+    newest: Option<SystemTime>,
+}
+
+/// What a directory's attributes show, computed once per listing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirSummary {
+    /// Its entries (objects and directories directly in it).
+    pub entries: u64,
+    /// The newest modification of the objects directly in it; the epoch if it has none.
+    pub newest: SystemTime,
 }
 
 /// One key of a listing: its path relative to the prefix (ending in `/` for a folder marker)
@@ -128,20 +146,21 @@ impl ObjectTree {
             }
             !clash
         });
-        let mut tree: HashMap<String, BTreeMap<String, Child>> = HashMap::new();
+        let mut tree: HashMap<String, Dir> = HashMap::new();
         for dir in &dirs {
             tree.entry(dir.clone()).or_default();
             if let Some((parent, name)) = split_parent(dir) {
                 tree.entry(parent.to_string())
                     .or_default()
+                    .children
                     .insert(name.to_string(), Child::Dir);
             }
         }
-        for path in objects.keys() {
+        for (path, version) in &objects {
             if let Some((parent, name)) = split_parent(path) {
-                tree.entry(parent.to_string())
-                    .or_default()
-                    .insert(name.to_string(), Child::Object);
+                let dir = tree.entry(parent.to_string()).or_default();
+                dir.children.insert(name.to_string(), Child::Object);
+                dir.newest = dir.newest.max(Some(version.last_modified));
             }
         }
         let bytes = objects.values().map(|v| v.size).sum();
@@ -162,10 +181,25 @@ impl ObjectTree {
         self.objects.get(rel).cloned().map(TreeEntry::Object)
     }
 
+    /// The entry count and newest time of directory `rel`; `None` where it is not one.
+    pub fn dir_summary(&self, rel: &Path) -> Option<DirSummary> {
+        let dir = self.dirs.get(rel_str(rel)?)?;
+        Some(DirSummary {
+            entries: dir.children.len() as u64,
+            newest: dir.newest.unwrap_or(UNIX_EPOCH),
+        })
+    }
+
+    /// The names in directory `rel`, sorted; `None` where `rel` is not a directory.
+    pub fn names(&self, rel: &Path) -> Option<Vec<OsString>> {
+        let dir = self.dirs.get(rel_str(rel)?)?;
+        Some(dir.children.keys().map(OsString::from).collect())
+    }
+
     /// The entries of directory `rel`, sorted by name; `None` where `rel` is not a directory.
     pub fn list(&self, rel: &Path) -> Option<Vec<(OsString, TreeEntry)>> {
         let rel = rel_str(rel)?;
-        let children = self.dirs.get(rel)?;
+        let children = &self.dirs.get(rel)?.children;
         let entries = children
             .iter()
             .filter_map(|(name, child)| {

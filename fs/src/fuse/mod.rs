@@ -152,6 +152,7 @@ fn stats_document(view: &core_fs::StatsView, mountpoint: &Path) -> DaemonStats {
     )
     .with_budget(view.governor.snapshot())
     .with_tables(view.inodes, view.handles)
+    .with_remote_source(view.remote.clone())
 }
 
 impl Filesystem for FuseAdapter {
