@@ -87,9 +87,11 @@ impl FsError {
             FsError::TooSmall => libc::ERANGE,
             FsError::Control(_) => libc::EINVAL,
             FsError::Io { source, .. } => os_errno(source),
-            FsError::ModelOpen(OpenError::Source(SourceError::Open { source, .. })) => {
-                os_errno(source)
-            }
+            // A remote source's header read: refused credentials (EACCES), an object gone
+            // (ENOENT) say more than EIO.
+            FsError::ModelOpen(OpenError::Source(
+                SourceError::Open { source, .. } | SourceError::Remote { source, .. },
+            )) => os_errno(source),
             // Replaced between the requester's open and the store's: the kernel looks it up
             // again.
             FsError::ModelOpen(OpenError::Source(SourceError::Changed { .. })) => libc::ESTALE,

@@ -2,7 +2,7 @@
 //!
 //! **Contract.** Every failure of the client is one [`ObjectError`], whose message names what
 //! to fix (the URL, the credentials, the bucket, the key, the endpoint) and carries the store's
-//! own error code where it gave one. [`ObjectError::to_io`] is the errno a filesystem answers
+//! own error code where it gave one. [`ObjectError::into_io`] is the error a filesystem answers
 //! for it. The store's errors are classified once, here (`classify`).
 
 use std::io;
@@ -58,50 +58,25 @@ fn at_endpoint(endpoint: &str) -> String {
 }
 
 impl ObjectError {
-    /// The error a filesystem answers: EACCES for credentials, ENOENT for a missing bucket or
-    /// key, ESTALE for a changed object, ETIMEDOUT, EINVAL for a bad URL or configuration, EIO
-    /// for the rest (throttling past the retries included: the reader cannot do better than
-    /// the retries did).
-    pub fn to_io(&self) -> io::Error {
-        let (errno, kind) = match self {
-            ObjectError::BadUrl { .. } | ObjectError::Config { .. } => {
-                (errnos::EINVAL, io::ErrorKind::InvalidInput)
-            }
-            ObjectError::Credentials { .. } => (errnos::EACCES, io::ErrorKind::PermissionDenied),
-            ObjectError::NoBucket { .. } | ObjectError::NotFound { .. } => {
-                (errnos::ENOENT, io::ErrorKind::NotFound)
-            }
-            ObjectError::Changed { .. } => (errnos::ESTALE, io::ErrorKind::StaleNetworkFileHandle),
-            ObjectError::TimedOut { .. } => (errnos::ETIMEDOUT, io::ErrorKind::TimedOut),
+    /// The error a filesystem answers, this error's message kept inside it (the log shows
+    /// it): of kind `PermissionDenied` (EACCES) for credentials, `NotFound` (ENOENT) for a
+    /// missing bucket or key, `StaleNetworkFileHandle` (ESTALE) for a changed object,
+    /// `TimedOut` (ETIMEDOUT), `InvalidInput` (EINVAL) for a bad URL or configuration, `Other`
+    /// (EIO) for the rest (throttling past the retries included: the reader cannot do better
+    /// than the retries did). It carries no OS errno: a front end maps the kind.
+    pub fn into_io(self) -> io::Error {
+        let kind = match &self {
+            ObjectError::BadUrl { .. } | ObjectError::Config { .. } => io::ErrorKind::InvalidInput,
+            ObjectError::Credentials { .. } => io::ErrorKind::PermissionDenied,
+            ObjectError::NoBucket { .. } | ObjectError::NotFound { .. } => io::ErrorKind::NotFound,
+            ObjectError::Changed { .. } => io::ErrorKind::StaleNetworkFileHandle,
+            ObjectError::TimedOut { .. } => io::ErrorKind::TimedOut,
             ObjectError::Throttled { .. }
             | ObjectError::Unreachable { .. }
-            | ObjectError::Other { .. } => (errnos::EIO, io::ErrorKind::Other),
+            | ObjectError::Other { .. } => io::ErrorKind::Other,
         };
-        match errno {
-            Some(errno) => io::Error::from_raw_os_error(errno),
-            None => io::Error::new(kind, self.to_string()),
-        }
+        io::Error::new(kind, self)
     }
-}
-
-/// Raw errnos where the platform has them (a FUSE reply needs the number).
-#[cfg(target_os = "linux")]
-mod errnos {
-    pub const EINVAL: Option<i32> = Some(libc::EINVAL);
-    pub const EACCES: Option<i32> = Some(libc::EACCES);
-    pub const ENOENT: Option<i32> = Some(libc::ENOENT);
-    pub const ESTALE: Option<i32> = Some(libc::ESTALE);
-    pub const ETIMEDOUT: Option<i32> = Some(libc::ETIMEDOUT);
-    pub const EIO: Option<i32> = Some(libc::EIO);
-}
-#[cfg(not(target_os = "linux"))]
-mod errnos {
-    pub const EINVAL: Option<i32> = None;
-    pub const EACCES: Option<i32> = None;
-    pub const ENOENT: Option<i32> = None;
-    pub const ESTALE: Option<i32> = None;
-    pub const ETIMEDOUT: Option<i32> = None;
-    pub const EIO: Option<i32> = None;
 }
 
 /// What a failed request was about, for the message of its error.

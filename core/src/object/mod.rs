@@ -33,7 +33,7 @@
 //!   `http://` where it says so.
 //! - **Errors say what to fix.** [`ObjectError`]: a bad URL, the configuration, credentials,
 //!   a missing bucket or key, a changed object, throttling, a timeout, an unreachable
-//!   endpoint; [`ObjectError::to_io`] maps each to an errno.
+//!   endpoint; [`ObjectError::into_io`] maps each to an I/O error of its kind.
 //!
 //! # The S3 client
 //!

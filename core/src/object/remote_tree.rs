@@ -14,7 +14,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{ObjectSource, ObjectVersion, TreeEntry};
+use super::{ObjectError, ObjectSource, ObjectVersion, TreeEntry};
 use crate::fs::inodes::ObjectId;
 use crate::fs::{Kind, RemoteEntry, RemoteTree, StatFs};
 use crate::source::{ReadAt, RemoteFile, SourceIdentity};
@@ -55,7 +55,7 @@ impl ObjectRemoteTree {
     }
 
     fn lookup(&self, rel: &Path) -> io::Result<TreeEntry> {
-        let tree = self.source.tree().map_err(|e| e.to_io())?;
+        let tree = self.source.tree().map_err(ObjectError::into_io)?;
         tree.entry(rel)
             .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
     }
@@ -72,7 +72,7 @@ impl ObjectRemoteTree {
     }
 
     fn dir_entry(&self, rel: &Path) -> io::Result<RemoteEntry> {
-        let tree = self.source.tree().map_err(|e| e.to_io())?;
+        let tree = self.source.tree().map_err(ObjectError::into_io)?;
         let summary = tree
             .dir_summary(rel)
             .ok_or_else(|| io::Error::from(io::ErrorKind::NotADirectory))?;
@@ -113,7 +113,7 @@ impl RemoteTree for ObjectRemoteTree {
     }
 
     fn list(&self, rel: &Path) -> io::Result<Vec<OsString>> {
-        let tree = self.source.tree().map_err(|e| e.to_io())?;
+        let tree = self.source.tree().map_err(ObjectError::into_io)?;
         match tree.names(rel) {
             Some(names) => Ok(names),
             None if tree.entry(rel).is_some() => Err(io::Error::from(io::ErrorKind::NotADirectory)),
@@ -133,7 +133,7 @@ impl RemoteTree for ObjectRemoteTree {
     }
 
     fn statfs(&self) -> io::Result<StatFs> {
-        let tree = self.source.tree().map_err(|e| e.to_io())?;
+        let tree = self.source.tree().map_err(ObjectError::into_io)?;
         let blocks = tree.bytes().div_ceil(u64::from(STATFS_BLOCK));
         Ok(StatFs {
             blocks,
@@ -180,7 +180,7 @@ impl ReadAt for ObjectFile {
         }
         self.source
             .read_at(&self.version, buf, offset)
-            .map_err(|e| e.to_io())
+            .map_err(ObjectError::into_io)
     }
 }
 

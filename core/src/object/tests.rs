@@ -3,6 +3,7 @@
 //! S3 server is tested end to end by tests/python/test_object_client.py.
 
 use std::collections::HashMap;
+use std::io;
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -679,52 +680,71 @@ fn error_messages_name_what_to_fix() {
     );
 }
 
-#[cfg(target_os = "linux")]
 #[test]
-fn errors_map_to_errnos() {
+fn errors_become_io_errors_of_their_kind_with_their_message() {
     let cases = [
         (
             ObjectError::Credentials {
                 bucket: "b".into(),
                 detail: "d".into(),
             },
-            libc::EACCES,
+            io::ErrorKind::PermissionDenied,
         ),
         (
             ObjectError::NoBucket {
                 bucket: "b".into(),
                 endpoint: String::new(),
             },
-            libc::ENOENT,
+            io::ErrorKind::NotFound,
         ),
-        (ObjectError::NotFound { key: "k".into() }, libc::ENOENT),
-        (ObjectError::Changed { key: "k".into() }, libc::ESTALE),
+        (
+            ObjectError::NotFound { key: "k".into() },
+            io::ErrorKind::NotFound,
+        ),
+        (
+            ObjectError::Changed { key: "k".into() },
+            io::ErrorKind::StaleNetworkFileHandle,
+        ),
         (
             ObjectError::TimedOut {
                 what: "w".into(),
                 after: Duration::from_secs(1),
             },
-            libc::ETIMEDOUT,
+            io::ErrorKind::TimedOut,
         ),
         (
             ObjectError::Throttled {
                 detail: "SlowDown".into(),
                 retries: 5,
             },
-            libc::EIO,
+            io::ErrorKind::Other,
         ),
         (
             ObjectError::Unreachable {
                 endpoint: "e".into(),
                 detail: "d".into(),
             },
-            libc::EIO,
+            io::ErrorKind::Other,
         ),
-        (ObjectError::Other { detail: "d".into() }, libc::EIO),
-        (ObjectError::Config { reason: "r".into() }, libc::EINVAL),
+        (
+            ObjectError::Other { detail: "d".into() },
+            io::ErrorKind::Other,
+        ),
+        (
+            ObjectError::Config { reason: "r".into() },
+            io::ErrorKind::InvalidInput,
+        ),
     ];
-    for (err, errno) in cases {
-        assert_eq!(err.to_io().raw_os_error(), Some(errno), "{err}");
+    for (err, kind) in cases {
+        let message = err.to_string();
+        let io = err.into_io();
+        assert_eq!(io.kind(), kind, "{message}");
+        assert_eq!(
+            io.raw_os_error(),
+            None,
+            "{message}: the kind says the errno"
+        );
+        assert_eq!(io.to_string(), message, "the message is kept");
     }
 }
 

@@ -95,6 +95,14 @@ pub enum SourceError {
     Changed { path: PathBuf },
     #[error("{path} is not a regular file")]
     NotAFile { path: PathBuf },
+    /// A read of a remote source failed after its client's own retries ([`RemoteFile`]): the
+    /// error is final, never tried again here.
+    #[error("cannot read {path} at offset {offset}: {source}")]
+    Remote {
+        path: PathBuf,
+        offset: u64,
+        source: io::Error,
+    },
     #[error("cannot allocate a {len}-byte buffer: {source}")]
     Alloc { len: usize, source: io::Error },
     /// The source did not answer within the deadline ([`deadline`]).
@@ -603,10 +611,19 @@ impl SourceFile {
     }
 
     fn read_error(&self, offset: u64, source: io::Error) -> SourceError {
-        SourceError::Read {
-            path: self.path.clone(),
-            offset,
-            source,
+        let path = self.path.clone();
+        if self.is_remote() {
+            SourceError::Remote {
+                path,
+                offset,
+                source,
+            }
+        } else {
+            SourceError::Read {
+                path,
+                offset,
+                source,
+            }
         }
     }
 }

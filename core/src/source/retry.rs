@@ -78,6 +78,7 @@ pub fn is_transient(e: &SourceError) -> bool {
             is_transient_io(source)
         }
         SourceError::TimedOut { .. }
+        | SourceError::Remote { .. }
         | SourceError::Unresponsive { .. }
         | SourceError::Truncated { .. }
         | SourceError::Changed { .. }
