@@ -254,3 +254,29 @@ def test_a_sharded_model_and_a_gguf_file_in_the_bucket_are_served_as_from_a_fold
         assert rows[f"sharded/{n}"]["model"] == index and not rows[f"sharded/{n}"]["malformed"], rows[f"sharded/{n}"]
     gguf = rows["flux.gguf"]
     assert not gguf["malformed"] and gguf["tensors"] > 0 and gguf["blocks"] > 1, gguf
+
+
+def test_comfyuis_touches_of_a_model_that_fits_warm_it_and_the_copies_fetch_nothing_more(s3, files, mount):
+    """ComfyUI's load (torch `safe_open`: a view of every tensor in name order, each touching
+    its first pages; then the copies) of a model that fits the budget, through `s3://`: after
+    its first touches the model is warmed into the cache, the later touches are served from
+    it, and the copies that follow fetch nothing more. Bit-exact; the network bytes are the
+    proxy's count."""
+    import torch
+    from safetensors import safe_open
+    want = files["model"].read_bytes()
+    m = _mount_s3(mount, s3, "models", BUDGET_ABOVE)
+    path = m.mnt / "unet" / "dit.safetensors"
+    drop_caches()
+    n0 = _network(s3)
+    with safe_open(str(path), framework="pt") as f:
+        sd = {k: f.get_tensor(k) for k in sorted(f.keys())}
+    touched = _network(s3) - n0
+    starts = {name: start for name, start, _ in gen.tensor_ranges(files["model"])}
+    out = b"".join(bytes(sd[k].reshape(-1).view(torch.uint8).numpy()) for k in sorted(sd, key=lambda k: starts[k]))
+    moved = _network(s3) - n0
+    assert out == want[len(want) - len(out):], "the tensors' bytes differ from the object's"
+    disk = m.stats()["disk"]
+    print(f"\ntouches {touched / len(want):.3f}x, load {moved / len(want):.3f}x the model over the network; {disk}")
+    assert disk["probe_cached_bytes"] > 0, disk
+    assert moved <= 1.10 * len(want), f"{moved / len(want):.2f}x the model over the network"

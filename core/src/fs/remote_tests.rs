@@ -19,6 +19,7 @@ use crate::kernel_cache::{InodeRange, KernelCacheWindow};
 use crate::models::ModelStore;
 use crate::prefetch::saved::SavedOrders;
 use crate::source::{ReadAt, RemoteFile, SourceIdentity};
+use crate::stats::Counters;
 use crate::synth::{write_checkpoint, Layout, SynthDtype, SynthSpec};
 
 const DEV: u64 = 0x5eed;
@@ -378,5 +379,74 @@ fn a_replaced_remote_file_is_a_new_object_never_a_mix_of_versions() {
             .unwrap(),
     );
     assert_eq!(f.read_all(again.ino, fh).unwrap(), new);
+    f.fs.release(fh);
+}
+
+/// ComfyUI's view phase on a remote model that fits the budget: a 4 KiB touch at the start of
+/// every tensor, in name order. Each request to a store waits a round trip, so after the first
+/// few touches the model is warmed into the cache in file order, in parallel, and the touches
+/// are served from it: far fewer source reads than touches, every byte exact, and
+/// the copies after them read nothing more from the store.
+#[test]
+fn the_touches_of_a_remote_model_that_fits_warm_it_and_are_served_through_the_cache() {
+    let tree = Arc::new(MemTree::default());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("m.safetensors");
+    let spec = SynthSpec {
+        layout: Layout::Dit,
+        target_bytes: 24 << 20,
+        dtype: SynthDtype::BF16,
+        seed: 9,
+    };
+    write_checkpoint(&path, &spec).expect("synthetic checkpoint");
+    let model = std::fs::read(&path).expect("read back");
+    tree.put("dit.safetensors", model.clone());
+    let f = RemoteFixture::new(tree);
+    let attr = f.lookup("dit.safetensors").unwrap();
+    let fh = served_fh(
+        f.fs.open(me(), attr.ino, oflag::RDONLY, &no_backing)
+            .unwrap(),
+    );
+    let index = crate::index::TensorIndex::parse(&model, model.len() as u64).expect("index");
+    let mut starts: Vec<(&str, u64)> = index
+        .tensors
+        .iter()
+        .filter(|t| t.end > t.start)
+        .map(|t| (t.name.as_str(), t.start))
+        .collect();
+    starts.sort();
+    for &(name, start) in &starts {
+        let got = f.fs.read(attr.ino, fh, start, 4096, READER).unwrap();
+        let end = (start as usize + 4096).min(model.len());
+        assert!(got[..] == model[start as usize..end], "touch of {name}");
+    }
+    let c = f.fs.store().counters();
+    let touched = starts.len() as u64;
+    let warm = crate::models::WARM_AFTER_TOUCHES;
+    assert!(touched > 4 * warm, "{touched} touches");
+    assert_eq!(
+        Counters::get(&c.probe_bytes),
+        (warm - 1) * 4096,
+        "only the touches before the warm read the store exactly"
+    );
+    let through_cache = Counters::get(&c.hit_bytes) + Counters::get(&c.miss_bytes);
+    assert!(
+        through_cache >= (touched - (warm - 1)) * 4096,
+        "every later touch went through the cache: {through_cache} of {} bytes",
+        (touched - (warm - 1)) * 4096
+    );
+    assert!(
+        Counters::get(&c.disk_reads) * 4 <= touched,
+        "{} source reads for {touched} touches",
+        Counters::get(&c.disk_reads)
+    );
+    assert_eq!(f.read_all(attr.ino, fh).unwrap(), model);
+    f.fs.store().wait_prefetch_idle();
+    let read = Counters::get(&c.disk_read_bytes);
+    assert!(
+        read <= model.len() as u64 + warm * 4096,
+        "the model once and the first touches: {read} bytes for {}",
+        model.len()
+    );
     f.fs.release(fh);
 }

@@ -538,6 +538,12 @@ impl PrefetchTarget for ModelFile {
         self.tracker.as_ref()
     }
 
+    /// An object store read by the mount's own client: each request waits a round trip,
+    /// whatever the store's throughput.
+    fn is_remote(&self) -> bool {
+        self.remote
+    }
+
     fn plan(&self) -> Option<&ChunkPlan> {
         ModelFile::plan(self)
     }

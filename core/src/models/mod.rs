@@ -63,7 +63,7 @@ pub use file::{is_model_path, Layout, ModelFile, OpenError, RawReason};
 pub use mode::ServeMode;
 pub use open::OpenModel;
 pub use plan::MAX_PLAN_FILES;
-pub use read::{ReadError, ReadKind};
+pub use read::{ReadError, ReadKind, WARM_AFTER_TOUCHES};
 pub use read_bytes::{Gathered, ReadBytes};
 pub use store::ModelStore;
 pub use table::DEFAULT_INDEX_CAP;

@@ -273,8 +273,8 @@ impl ModelStore {
     /// the whole file ahead of the copies
     /// ([measured](../../../docs/PERFORMANCE.md#a-reloads-touches-are-probes)).
     ///
-    /// Except for a model that fits the chunk cache on a source read in order (one that charges
-    /// per request): once a load has touched [`WARM_AFTER_TOUCHES`] tensors since the file was
+    /// Except for a model that fits the chunk cache on a source that charges per request (one
+    /// read in order, or an object store): once a load has touched [`WARM_AFTER_TOUCHES`] tensors since the file was
     /// opened, it is about to read all of it, so the file is warmed into the cache in file
     /// order ([`crate::prefetch::Prefetcher::warm_in_file_order`]) and the touches are served
     /// through the cache, waiting for the warm ([`Self::wait_for_the_warm`]). The source then
@@ -298,11 +298,12 @@ impl ModelStore {
     }
 
     /// Counts a touch of `file` and tells whether its touches are served through the cache:
-    /// its source is read in order, its model (the file, or all of a sharded model's shards)
+    /// its source charges per request (read in order, or an object store, read in parallel),
+    /// its model (the file, or all of a sharded model's shards)
     /// fits the chunk cache, and [`WARM_AFTER_TOUCHES`] touches came since it was opened (the
     /// one that reaches it starts the warm).
     fn touches_warm(&self, file: &Arc<ModelFile>) -> bool {
-        if !file.pacing(&self.prefetcher.config().pacing).is_ordered() {
+        if !file.pacing(&self.prefetcher.config().pacing).is_ordered() && !file.is_remote() {
             return false;
         }
         let model = file

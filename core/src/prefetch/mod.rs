@@ -19,6 +19,12 @@
 //!   they belong to the block being read or to the block the order predicts next: a plain
 //!   sequential reader (`cp`, `cat`, a loader reading front to back) reads at disk speed.
 //!
+//! **An object store** read by the mount's own client ([`PrefetchTarget::is_remote`]): its
+//! files' prefetches go to a pool of their own with more workers
+//! ([`PrefetchConfig::remote_workers`]) and a sequential reader is read further ahead
+//! ([`PrefetchConfig::remote_readahead_bytes`]): every request waits a round trip before its
+//! first byte, so it is the bytes in flight that reach the store's bandwidth.
+//!
 //! A queued prefetch is dropped when it went stale before a worker got to it: the reader left
 //! its block, or (a block prefetch) jumped since it was queued.
 //!
@@ -49,7 +55,7 @@ pub mod saved;
 
 use std::collections::HashSet;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::cache::plan::ChunkPlan;
 use crate::cache::{CacheError, ChunkCache, ChunkKey};
@@ -78,6 +84,12 @@ pub trait PrefetchTarget: Send + Sync + 'static {
     /// Whether chunk `chunk` is cached or being read.
     fn chunk_present(&self, cache: &ChunkCache, chunk: usize) -> bool {
         cache.is_present(self.chunk_key(chunk))
+    }
+
+    /// Whether the file's source is an object store read by the mount's own client, whose
+    /// reads ahead go to the [`PrefetchConfig::remote_workers`] pool; by default not.
+    fn is_remote(&self) -> bool {
+        false
     }
 
     /// How reads ahead go to this file's source ([`pacing`]); by default in parallel.
@@ -118,6 +130,11 @@ pub struct PrefetchConfig {
     /// Bytes read ahead of a sequential reader: 16 MiB is four chunks, about 16 ms of disk time
     /// at 1 GB/s, enough to cover the gap between two requests with the FUSE round trips.
     pub readahead_bytes: u64,
+    /// Bytes read ahead of a sequential reader of an object store: 64 MiB, so that the
+    /// [`Self::remote_workers`] each have a chunk to read (at most a sixteenth of the budget,
+    /// [`REMOTE_READAHEAD_SHARE`])
+    /// ([measured](../../../docs/PERFORMANCE.md#models-in-an-object-store)).
+    pub remote_readahead_bytes: u64,
     /// Blocks held ahead of a reader normally take at most `budget / lead_share` (an eighth):
     /// each byte held ahead is a byte less of what repeated passes keep resident
     /// ([measured](../../../docs/PERFORMANCE.md#prefetch-lead)).
@@ -129,6 +146,11 @@ pub struct PrefetchConfig {
     /// Worker threads per pool, one read in flight each: four keep an NVMe or virtual disk
     /// queue busy (`O_DIRECT` reads cost no CPU copying) without flooding it.
     pub workers: usize,
+    /// Worker threads of the pool that reads ahead from an object store: each read waits a
+    /// round trip before its first byte, so the store's bandwidth needs many in flight; 16
+    /// reached 0.89–0.95 of a 1 Gbit/s store's limit where 4 reached 0.79–0.83
+    /// ([measured](../../../docs/PERFORMANCE.md#models-in-an-object-store)).
+    pub remote_workers: usize,
     /// Pending requests per pool beyond which new ones are dropped: 1024 chunks is 4 GiB,
     /// several blocks of the largest models, and a job is a few words of memory.
     pub queue_depth: usize,
@@ -145,9 +167,11 @@ impl Default for PrefetchConfig {
     fn default() -> Self {
         PrefetchConfig {
             readahead_bytes: 16 << 20,
+            remote_readahead_bytes: 64 << 20,
             lead_share: 8,
             block_lead_share: (3, 8),
             workers: 4,
+            remote_workers: 16,
             queue_depth: 1024,
             background_nice: 10,
             pacing: PacingConfig::default(),
@@ -157,6 +181,13 @@ impl Default for PrefetchConfig {
 
 /// Chunks of an ordered source chosen to be queued together, with their files, in order.
 type Batch<F> = Vec<(Arc<F>, usize)>;
+
+/// An object store's sequential read-ahead takes at most this share of the budget (a
+/// sixteenth): what it holds ahead is what a pass over a model larger than the budget cannot
+/// keep of the model, so a disk tier sized to the rest misses it on every pass (a quarter:
+/// 5 % of the model over the network at the third pass, an eighth 2 %, a sixteenth none)
+/// ([measured](../../../docs/PERFORMANCE.md#models-in-an-object-store)).
+const REMOTE_READAHEAD_SHARE: u64 = 16;
 
 /// Blocks after the reader's that ordered read-ahead may reach into: 16 blocks of 2 MiB fill
 /// two 16 MiB requests, and the blocks of real checkpoints are larger.
@@ -173,6 +204,9 @@ pub struct Prefetcher {
     /// Blocks ahead of a reader that computes between blocks
     /// ([`PrefetchConfig::background_nice`]).
     background: Arc<dyn Executor>,
+    /// Prefetches of files in an object store ([`PrefetchConfig::remote_workers`]), started
+    /// at the first: a mount of a folder never has its threads.
+    remote: OnceLock<Arc<dyn Executor>>,
     /// Prefetches of files whose source charges per request ([`pacing`]); `None` with an
     /// injected executor, which then runs those too.
     lane: Option<Arc<OrderedLane>>,
@@ -204,6 +238,7 @@ impl Prefetcher {
         );
         Prefetcher {
             background: Arc::new(background),
+            remote: OnceLock::new(),
             lane: Some(Arc::new(lane)),
             ..Prefetcher::with_executor_config(cache, Arc::new(pool), config)
         }
@@ -224,6 +259,7 @@ impl Prefetcher {
         Prefetcher {
             cache,
             background: Arc::clone(&executor),
+            remote: OnceLock::from(Arc::clone(&executor)),
             executor,
             lane: None,
             gate: Arc::new(SourceGate::default()),
@@ -254,6 +290,9 @@ impl Prefetcher {
     pub fn wait_idle(&self) {
         self.executor.wait_idle();
         self.background.wait_idle();
+        if let Some(remote) = self.remote.get() {
+            remote.wait_idle();
+        }
         if let Some(lane) = &self.lane {
             lane.wait_idle();
         }
@@ -437,7 +476,13 @@ impl Prefetcher {
             next_block: file
                 .tracker()
                 .and_then(|a| a.next_blocks(span.block, 1).first().copied()),
-            bytes: self.config.readahead_bytes.min(self.cache.budget() / 4),
+            bytes: if file.is_remote() {
+                self.config
+                    .remote_readahead_bytes
+                    .min(self.cache.budget() / REMOTE_READAHEAD_SHARE)
+            } else {
+                self.config.readahead_bytes.min(self.cache.budget() / 4)
+            },
         };
         self.read_ahead(file, chunk + 1, ahead)
     }
@@ -645,6 +690,13 @@ impl Prefetcher {
                 lane.set_depth(depth);
                 &**lane
             }
+            _ if file.is_remote() => &**self.remote.get_or_init(|| {
+                Arc::new(WorkerPool::new(
+                    "tierfs-remote",
+                    self.config.remote_workers,
+                    self.config.queue_depth,
+                ))
+            }),
             _ if background => &*self.background,
             _ => &*self.executor,
         };

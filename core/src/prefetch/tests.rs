@@ -13,6 +13,8 @@ struct Target {
     tracker: Arc<ReaderTracker>,
     plan: ChunkPlan,
     path: PathBuf,
+    /// In an object store ([`PrefetchTarget::is_remote`]).
+    remote: bool,
 }
 
 impl Target {
@@ -53,6 +55,18 @@ impl Target {
             tracker: Arc::new(ReaderTracker::new(blocks, None)),
             plan: ChunkPlan::for_index(&index),
             path: PathBuf::from("model.safetensors"),
+            remote: false,
+        })
+    }
+
+    /// [`Self::new`] in an object store.
+    fn remote(blocks: usize) -> Arc<Target> {
+        let local = Target::new(blocks);
+        Arc::new(Target {
+            tracker: Arc::clone(&local.tracker),
+            plan: local.plan.clone(),
+            path: local.path.clone(),
+            remote: true,
         })
     }
 }
@@ -75,6 +89,9 @@ impl PrefetchTarget for Target {
     }
     fn display_path(&self) -> &Path {
         &self.path
+    }
+    fn is_remote(&self) -> bool {
+        self.remote
     }
 }
 
@@ -102,6 +119,33 @@ fn the_read_ahead_is_configurable() {
         ..PrefetchConfig::default()
     };
     assert_eq!(read_ahead_with(short), 1, "4 MiB: one chunk");
+}
+
+/// A sequential reader of an object store is read further ahead
+/// ([`PrefetchConfig::remote_readahead_bytes`]), within its block and the next as any reader,
+/// and never more than a sixteenth of the budget.
+#[test]
+fn an_object_store_is_read_further_ahead_within_a_sixteenth_of_the_budget() {
+    let queued = |file: Arc<Target>, budget: u64| {
+        let cache = Arc::new(ChunkCache::new(budget, Arc::new(Counters::default())));
+        let executor = Arc::new(ManualExecutor::new(1024));
+        let prefetcher =
+            Prefetcher::with_executor_config(cache, executor.clone(), PrefetchConfig::default());
+        file.tracker.touch(0);
+        prefetcher.after_read(&file, 0);
+        executor.len()
+    };
+    assert_eq!(queued(Target::new(4), 1 << 30), 4, "a local file: 16 MiB");
+    assert_eq!(
+        queued(Target::remote(4), 1 << 30),
+        7,
+        "the rest of its block and all of the next: 28 MiB of 64"
+    );
+    assert_eq!(
+        queued(Target::remote(4), 256 * MIB),
+        4,
+        "a sixteenth of 256 MiB: 16 MiB"
+    );
 }
 
 /// [`PrefetchConfig::lead_share`] bounds the blocks queued ahead of a reader that follows the
