@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TIERFS_BIN, fresh_dir, is_mounted
+from conftest import TIERFS_BIN, fresh_dir, weed_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import netstore  # noqa: E402
@@ -131,22 +131,10 @@ def files() -> dict[str, Path]:
 def store(files):
     """SeaweedFS with its S3 gateway behind a 1 Gbit/s link, DELAY_MS per request, the objects
     put in with rclone."""
-    netstore.clean_stale()
-    try:
-        s = netstore.WeedStore(fresh_dir("objstore"), delay_ms=DELAY_MS, client="rclone")
-    except RuntimeError as e:
-        pytest.fail(f"the SeaweedFS store did not start: {e}")
-    name = s.ns.name
-    try:
+    with weed_store("objstore", delay_ms=DELAY_MS, client="rclone") as s:
         for key, path in files.items():
             s.put(path, key)
         yield s
-    finally:
-        s.close()
-    assert not is_mounted(s.mnt)
-    assert name not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    for p in (s.server, s.proxy, s.client):
-        assert p is None or p.poll() is not None, "a store process outlived the fixture"
 
 
 # ----------------------------------------------------------------------------- tests

@@ -38,7 +38,7 @@ from pathlib import Path
 import pytest
 
 import gen
-from conftest import drop_caches, fresh_dir
+from conftest import drop_caches, fresh_dir, weed_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import netstore  # noqa: E402
@@ -147,23 +147,19 @@ def want(model) -> bytes:
 @pytest.fixture(scope="module")
 def store(model):
     """SeaweedFS's S3 gateway with the model under `faults/`, and the fault proxy before it."""
-    netstore.clean_stale()
-    try:
-        store = netstore.WeedStore(fresh_dir("faultstore"), delay_ms=1.0, rate_bps=LINK_BPS, client="rclone")
-    except RuntimeError as e:
-        pytest.fail(f"the SeaweedFS store did not start: {e}")
-    name, proxy = store.ns.name, None
-    try:
+    proxy = None
+
+    def stop_proxy(_store) -> None:
+        if proxy is not None:
+            proxy.close()
+
+    with weed_store("faultstore", before_close=stop_proxy, delay_ms=1.0, rate_bps=LINK_BPS,
+                    client="rclone") as store:
         store.put(model, MODEL_KEY)
         proxy = FaultProxy(store)
         store.fault_proxy = proxy
         yield store
-    finally:
-        if proxy is not None:
-            proxy.close()
-        store.close()
     assert proxy is None or proxy.proc.poll() is not None, "the fault proxy outlived the store"
-    assert name not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ import pytest
 
 import gen
 import gen_gguf
-from conftest import TIERFS_BIN, drop_caches, fresh_dir, is_mounted
+from conftest import TIERFS_BIN, drop_caches, fresh_dir, is_mounted, weed_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import netstore  # noqa: E402
@@ -77,13 +77,7 @@ def files(data_dir) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def s3(files):
     """A SeaweedFS with its S3 gateway, the files under `models/` of its bucket."""
-    netstore.clean_stale()
-    try:
-        store = netstore.WeedStore(fresh_dir("s3store"), delay_ms=1.0, rate_bps=LINK_BPS, client="rclone")
-    except RuntimeError as e:
-        pytest.fail(f"the SeaweedFS store did not start: {e}")
-    name = store.ns.name
-    try:
+    with weed_store("s3store", delay_ms=1.0, rate_bps=LINK_BPS, client="rclone") as store:
         store.put(files["model"], "models/unet/dit.safetensors")
         store.put(files["config"], "models/unet/config.json")
         store.put(files["model"], "replaced/dit.safetensors")
@@ -91,9 +85,6 @@ def s3(files):
             store.put(f, f"formats/sharded/{f.name}")
         store.put(files["gguf"], "formats/flux.gguf")
         yield store
-    finally:
-        store.close()
-    assert name not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
 
 
 def _env(key: str = netstore.S3_KEY, secret: str = netstore.S3_SECRET) -> dict:

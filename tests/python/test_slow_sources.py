@@ -24,7 +24,6 @@ import json
 import mmap
 import os
 import shutil
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -32,11 +31,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FaultFs, MiB, drop_caches, fresh_dir, is_mounted
+from conftest import FaultFs, MiB, drop_caches, fresh_dir, is_mounted, weed_store
 import gen
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import netstore  # noqa: E402
 import sources  # noqa: E402
 
 BUDGET = "8MiB"
@@ -139,20 +137,9 @@ def iops_disk(model):
 @pytest.fixture(scope="module")
 def store(model):
     """SeaweedFS behind a 1 Gbit/s link with 1 ms per request, the model copied in."""
-    try:
-        s = netstore.WeedStore(fresh_dir("store"), delay_ms=1.0)
-    except RuntimeError as e:
-        pytest.fail(f"the SeaweedFS store did not start: {e}")
-    name = s.ns.name
-    try:
+    with weed_store("store", delay_ms=1.0) as s:
         s.put(model[0], "models/" + model[0].name)
         yield s
-    finally:
-        s.close()
-    assert not is_mounted(s.mnt)
-    assert name not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    for p in (s.server, s.proxy):
-        assert p is not None and p.poll() is not None, "a store process outlived the fixture"
 
 
 # ----------------------------------------------------------------------------- tests

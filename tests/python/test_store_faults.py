@@ -43,7 +43,7 @@ from pathlib import Path
 import pytest
 
 import gen
-from conftest import drop_caches, fresh_dir, is_mounted
+from conftest import drop_caches, fresh_dir, is_mounted, weed_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import netstore  # noqa: E402
@@ -193,13 +193,13 @@ def store(model):
     """A fresh SeaweedFS with the model in it, behind a 200 Mbit/s link with 1 ms per request;
     the client mounted again after the copy and the page cache dropped, so nothing of the model
     is in the client's memory or the kernel's when the test starts."""
-    netstore.clean_stale()
-    try:
-        s = netstore.WeedStore(fresh_dir("store"), delay_ms=1.0)
-    except RuntimeError as e:
-        pytest.fail(f"the SeaweedFS store did not start: {e}")
-    name = s.ns.name
-    try:
+    def quick_stop(s) -> None:
+        # The store's data is thrown away: no need for its graceful stop (15 s for the filer).
+        netstore.unmount(s.mnt, s.client)
+        s.client = None
+        s.stop_server()
+
+    with weed_store("store", before_close=quick_stop, delay_ms=1.0) as s:
         warm = fresh_dir("store_warm") / "warm.bin"
         warm.write_bytes(os.urandom(WARM_BYTES))
         s.put(warm, "warm/" + warm.name)
@@ -209,18 +209,6 @@ def store(model):
         drop_caches()
         _warm_client(s, warm)
         yield s
-    finally:
-        try:
-            # The store's data is thrown away: no need for its graceful stop (15 s for the filer).
-            netstore.unmount(s.mnt, s.client)
-            s.client = None
-            s.stop_server()
-        finally:
-            s.close()
-    assert not is_mounted(s.mnt)
-    assert name not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    for p in (s.server, s.proxy, s.client):
-        assert p is None or p.poll() is not None, "a store process outlived the fixture"
 
 
 def _warm_client(store: netstore.WeedStore, warm: Path) -> None:
