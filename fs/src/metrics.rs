@@ -454,6 +454,19 @@ impl Scrape {
             f.labelled((name, help, kind), "device", rows)?;
         }
         let mut family = f.0.encode_descriptor(
+            "tierfs_source_storage_info",
+            "What each source device is (label storage: flash, spinning disk, nfs, fuse.rclone, s3, ...); always 1.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for device in devices {
+            let labels = [
+                ("device", device.device.as_str()),
+                ("storage", device.storage),
+            ];
+            family.encode_family(&labels)?.encode_gauge(&1u64)?;
+        }
+        let mut family = f.0.encode_descriptor(
             "tierfs_source_read_duration_seconds",
             "Latency of the source device's reads, from issue to completion.",
             None,
@@ -752,6 +765,10 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("# TYPE tierfs_source_read_duration_seconds histogram"));
+        let storage = store.source_meters().snapshot()[0].storage;
+        let info =
+            format!("tierfs_source_storage_info{{device=\"8:1\",storage=\"{storage}\"}} 1\n");
+        assert!(text.contains(&info), "no {info} in\n{text}");
     }
 
     #[test]

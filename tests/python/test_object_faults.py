@@ -268,6 +268,11 @@ def test_a_few_slowdown_answers_are_retried_and_the_model_reads_bit_exact(store,
     assert injected == 3, f"the proxy answered {injected} SlowDown, not 3"
     assert remote["throttled"] >= 3, remote
     assert remote["retries"] >= 3, remote
+    metrics = (m.mnt / ".tierfs" / "metrics").read_text()
+    throttled = re.search(r"^tierfs_remote_throttled_total (\d+)$", metrics, re.M)
+    assert throttled and int(throttled.group(1)) >= 3, "no tierfs_remote_throttled_total of 3 in the metrics"
+    assert re.search(r'^tierfs_source_storage_info\{device="[^"]*",storage="s3"\} 1$', metrics, re.M), \
+        "the metrics do not name the source's kind"
 
 
 def test_a_store_that_keeps_throttling_fails_a_read_with_eio_in_bounded_time_then_reads_again(
