@@ -212,7 +212,7 @@ fn check(args: &ObjectCheckArgs, report: &mut Report) -> Result<(), Failure> {
     report.requests = stats.requests;
     report.retries = stats.retries;
     report.mean_first_byte_ms = stats.mean_first_byte_secs * 1e3;
-    report.part_size = stats.part_size;
+    report.part_size = stats.part_bytes;
     read?;
     if human {
         println!(
@@ -225,7 +225,7 @@ fn check(args: &ObjectCheckArgs, report: &mut Report) -> Result<(), Failure> {
             stats.requests,
             stats.retries,
             report.mean_first_byte_ms,
-            format_size(stats.part_size),
+            format_size(stats.part_bytes),
             report.max_parallel
         );
     }

@@ -309,17 +309,22 @@ class Sink:
         self.sent += len(data)
 
 
+async def relay_exact(src: Link, sink: Sink, length: int, what: str) -> None:
+    """Copies exactly `length` bytes from `src` to `sink`; `what` ended early otherwise."""
+    left = length
+    while left > 0:
+        data = await src.read(min(READ_SIZE, left))
+        if not data:
+            raise Closed(f"{what} ended early")
+        left -= len(data)
+        await sink.put(data)
+
+
 async def relay_body(src: Link, sink: Sink, framing: str, length: int = 0) -> None:
     """Copies one body from `src` to `sink` as on the wire. `framing`: "none", "length"
     (`length` bytes), "chunked" (chunks, the last one and its trailers), "eof" (to the close)."""
     if framing == "length":
-        left = length
-        while left > 0:
-            data = await src.read(min(READ_SIZE, left))
-            if not data:
-                raise Closed("the body ended early")
-            left -= len(data)
-            await sink.put(data)
+        await relay_exact(src, sink, length, "the body")
     elif framing == "chunked":
         while True:
             line = await src.readline()
@@ -331,13 +336,7 @@ async def relay_body(src: Link, sink: Sink, framing: str, length: int = 0) -> No
                     await sink.put(trailer)
                     if trailer == b"\r\n":
                         return
-            left = size + 2  # the chunk and its CRLF
-            while left > 0:
-                data = await src.read(min(READ_SIZE, left))
-                if not data:
-                    raise Closed("a chunk ended early")
-                left -= len(data)
-                await sink.put(data)
+            await relay_exact(src, sink, size + 2, "a chunk")  # the chunk and its CRLF
     elif framing == "eof":
         while data := await src.read(READ_SIZE):
             await sink.put(data)

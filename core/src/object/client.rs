@@ -21,6 +21,7 @@ use super::error::{classify, is_throttling, Failed};
 use super::read::{unquote, Meter, PartReader, RangePlanner};
 use super::tree::Listed;
 use super::{ObjectError, ObjectStoreConfig, ObjectTree, ObjectUrl, ObjectVersion};
+use crate::stats::RemoteSourceSnapshot;
 use crate::sync::{lock, Mutex};
 
 /// Retries of one request after its first try (throttling, 5xx, connection errors): with the
@@ -36,32 +37,8 @@ const RETRY_FACTOR: f32 = 2.0;
 /// framing); the copying into the caller's buffer runs on the caller's thread.
 const MAX_RUNTIME_THREADS: usize = 4;
 
-/// What the client measured since it connected.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct ObjectStats {
-    /// GETs and HEADs sent (first tries; see `retries`).
-    pub requests: u64,
-    /// Listings made (each one or more LIST requests, 1000 keys a page).
-    pub listings: u64,
-    /// Retries of any request (throttling, 5xx, connection errors, a body cut short, timeouts):
-    /// a cut body is asked again from where it stopped.
-    pub retries: u64,
-    /// Answers that asked the client to slow down (503 `SlowDown`, 429), retried or not.
-    pub throttled: u64,
-    /// Calls that failed after their retries.
-    pub errors: u64,
-    /// Object bytes received.
-    pub bytes: u64,
-    /// Mean time from sending a GET to its first byte, in seconds (0 before the first).
-    pub mean_first_byte_secs: f64,
-    /// The throughput estimate of one GET after its first byte, bytes per second.
-    pub stream_bytes_per_sec: f64,
-    /// The throughput of whole reads (of at least `min_part` bytes), bytes per second (0
-    /// before the first).
-    pub read_bytes_per_sec: f64,
-    /// The part size the planner picks now for a large read.
-    pub part_size: u64,
-}
+/// The kind of store, as the stats and a source's storage kind name it.
+pub(crate) const SOURCE_KIND: &str = "s3";
 
 /// The client of one `s3://bucket/prefix`; cheap to clone.
 #[derive(Clone)]
@@ -233,13 +210,16 @@ impl ObjectSource {
         runtime.block_on(reader.read_parts(version, &mut buf[..len], offset))
     }
 
-    /// What the client measured.
-    pub fn stats(&self) -> ObjectStats {
+    /// What the client did since it connected: the stats' `source.remote` section.
+    pub fn stats(&self) -> RemoteSourceSnapshot {
         let m = &self.inner.meter;
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let first_bytes = get(&m.first_byte_count);
         let read_ns = get(&m.read_ns);
-        ObjectStats {
+        RemoteSourceSnapshot {
+            kind: SOURCE_KIND.to_string(),
+            url: self.inner.url.to_string(),
+            endpoint: self.inner.endpoint_label.clone(),
             requests: get(&m.requests),
             listings: get(&self.inner.listings),
             retries: get(&m.retries),
@@ -251,13 +231,12 @@ impl ObjectSource {
             } else {
                 get(&m.first_byte_ns_sum) as f64 / first_bytes as f64 / 1e9
             },
-            stream_bytes_per_sec: self.inner.planner.stream_throughput(),
             read_bytes_per_sec: if read_ns == 0 {
                 0.0
             } else {
                 get(&m.read_bytes) as f64 / (read_ns as f64 / 1e9)
             },
-            part_size: self.inner.planner.target_part(),
+            part_bytes: self.inner.planner.target_part(),
         }
     }
 

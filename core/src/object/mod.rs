@@ -50,7 +50,7 @@
 //!
 //! - `url.rs`: [`ObjectUrl`].
 //! - `config.rs`: [`ObjectStoreConfig`] and its resolution (environment, profile).
-//! - `client.rs`: [`ObjectSource`], [`ObjectStats`].
+//! - `client.rs`: [`ObjectSource`] and what it did ([`ObjectSource::stats`]).
 //! - `tree.rs`: [`ObjectTree`], [`TreeEntry`], [`ObjectVersion`].
 //! - `read.rs`: [`RangePlanner`] and the parallel ranged reads.
 //! - `error.rs`: [`ObjectError`] and the classification of the store's errors.
@@ -67,7 +67,7 @@ mod url;
 #[cfg(test)]
 mod tests;
 
-pub use client::{ObjectSource, ObjectStats, MAX_RETRIES};
+pub use client::{ObjectSource, MAX_RETRIES};
 pub use config::{
     ObjectStoreConfig, DEFAULT_LISTING_TTL, DEFAULT_MAX_PARALLEL, DEFAULT_MAX_PART,
     DEFAULT_MIN_PART, DEFAULT_REQUEST_TIMEOUT, FALLBACK_REGION,

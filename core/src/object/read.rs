@@ -141,7 +141,7 @@ fn ewma(cell: &AtomicU64, sample: f64) {
     cell.store(new.to_bits(), Ordering::Relaxed);
 }
 
-/// Counters of what the client did (see [`super::ObjectStats`]).
+/// Counters of what the client did (see [`super::ObjectSource::stats`]).
 #[derive(Debug, Default)]
 pub(crate) struct Meter {
     pub requests: AtomicU64,

@@ -14,6 +14,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::client::SOURCE_KIND;
 use super::{ObjectError, ObjectSource, ObjectVersion, TreeEntry};
 use crate::fs::inodes::ObjectId;
 use crate::fs::{Kind, RemoteEntry, RemoteTree, StatFs};
@@ -25,8 +26,6 @@ use crate::stats::RemoteSourceSnapshot;
 const DIR_SEED: u64 = 0x7469_6572_6673_2d64; // "tierfs-d"
 /// What `statfs` reports as the block size: the cache's chunk granularity.
 const STATFS_BLOCK: u32 = 4096;
-/// The kind of store, as the stats and the source's storage kind name it.
-const SOURCE_KIND: &str = "s3";
 /// The longest name `statfs` reports (Linux's NAME_MAX, which the tree enforces).
 const NAME_MAX: u32 = 255;
 
@@ -148,21 +147,7 @@ impl RemoteTree for ObjectRemoteTree {
     }
 
     fn stats(&self) -> RemoteSourceSnapshot {
-        let s = self.source.stats();
-        RemoteSourceSnapshot {
-            kind: SOURCE_KIND.to_string(),
-            url: self.source.url().to_string(),
-            endpoint: self.source.endpoint().to_string(),
-            requests: s.requests,
-            listings: s.listings,
-            retries: s.retries,
-            throttled: s.throttled,
-            errors: s.errors,
-            bytes: s.bytes,
-            mean_first_byte_secs: s.mean_first_byte_secs,
-            read_bytes_per_sec: s.read_bytes_per_sec,
-            part_bytes: s.part_size,
-        }
+        self.source.stats()
     }
 }
 

@@ -147,9 +147,9 @@ pub struct PrefetchConfig {
     /// queue busy (`O_DIRECT` reads cost no CPU copying) without flooding it.
     pub workers: usize,
     /// Worker threads of the pool that reads ahead from an object store: each read waits a
-    /// round trip before its first byte, so the store's bandwidth needs many in flight; 16
-    /// reached 0.89–0.95 of a 1 Gbit/s store's limit where 4 reached 0.79–0.83
-    /// ([measured](../../../docs/PERFORMANCE.md#models-in-an-object-store)).
+    /// round trip before its first byte, so the store's bandwidth needs many in flight; 16,
+    /// with the read-ahead below, took a model that fits from 0.85 to 0.96 of a 1 Gbit/s
+    /// store's limit ([measured](../../../docs/PERFORMANCE.md#models-in-an-object-store)).
     pub remote_workers: usize,
     /// Pending requests per pool beyond which new ones are dropped: 1024 chunks is 4 GiB,
     /// several blocks of the largest models, and a job is a few words of memory.
