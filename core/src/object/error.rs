@@ -155,17 +155,16 @@ pub(crate) fn classify(err: &opendal::Error, failed: &Failed<'_>) -> ObjectError
             };
         }
         K::PermissionDenied => return credentials(code.unwrap_or("403 Forbidden").to_string()),
-        K::RateLimited => {
-            return ObjectError::Throttled {
-                detail: code.unwrap_or("429 Too Many Requests").to_string(),
-                retries: failed.retries,
-            };
-        }
         _ => {}
     }
     if is_throttling(err) {
+        let status = if err.kind() == K::RateLimited {
+            "429 Too Many Requests"
+        } else {
+            "503 Service Unavailable"
+        };
         return ObjectError::Throttled {
-            detail: code.unwrap_or("503 Service Unavailable").to_string(),
+            detail: code.unwrap_or(status).to_string(),
             retries: failed.retries,
         };
     }
