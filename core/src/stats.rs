@@ -47,6 +47,11 @@ pub struct Counters {
     /// Bytes of probes of a model that fits the cache on a source read in order, served from
     /// chunks read into the cache for them (see `ModelStore::read_probe`).
     pub probe_cached_bytes: AtomicU64,
+    /// Bytes read ahead for a load's next touches of a model larger than the budget in an
+    /// object store (see `models::touch_ahead`).
+    pub touch_ahead_bytes: AtomicU64,
+    /// Bytes of probes served from ranges read ahead for them.
+    pub touch_ahead_served_bytes: AtomicU64,
     /// Read requests issued to source files.
     pub disk_reads: AtomicU64,
     /// Source reads that failed (each one surfaced to a reader as EIO, or dropped if a prefetch).
@@ -138,6 +143,11 @@ pub struct DiskSnapshot {
     /// Bytes of probes of a model that fits the cache on a source read in order, served from
     /// chunks read into the cache for them (not part of `probe_bytes`).
     pub probe_cached_bytes: u64,
+    /// Part of `read_bytes` read ahead for a load's next touches of a model larger than the
+    /// budget in an object store.
+    pub touch_ahead_bytes: u64,
+    /// Bytes of probes served from ranges read ahead for them (not part of `probe_bytes`).
+    pub touch_ahead_served_bytes: u64,
     /// Tries of source reads that failed with an error (retried or not; timeouts apart).
     pub source_errors: u64,
     /// Tries started again after a transient error (`crate::source::retry`).

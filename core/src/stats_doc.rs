@@ -124,6 +124,8 @@ impl CommonStats {
                 probe_bytes: Counters::get(&c.probe_bytes),
                 direct_bytes: Counters::get(&c.direct_bytes),
                 probe_cached_bytes: Counters::get(&c.probe_cached_bytes),
+                touch_ahead_bytes: Counters::get(&c.touch_ahead_bytes),
+                touch_ahead_served_bytes: Counters::get(&c.touch_ahead_served_bytes),
                 ..DiskSnapshot::default()
             }
             .with_source_faults(&store.source_io().snapshot()),

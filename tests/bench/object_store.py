@@ -122,11 +122,18 @@ class Run:
     def load(self, c: Class, lp, m: bench.Mount) -> dict:
         c.cold()
         n0 = c.network()
-        s = lp.load(m.mnt / REL, timeout=1800, with_header=True)
+        try:
+            s = lp.load(m.mnt / REL, timeout=1800, with_header=True)
+        except RuntimeError as e:
+            tail = m.log_path.read_text(errors="replace")[-4000:] if m.log_path.exists() else ""
+            raise RuntimeError(f"{e}\nthe mount's log:\n{tail}") from e
         row = {"s": s, "network": c.network() - n0}
         st = m.stats()
         f = next((x for x in st.get("files", []) if x.get("path") == REL), None) or {}
         row["mode"], row["mode_reason"] = f.get("mode"), f.get("mode_reason")
+        disk = st.get("disk", {})
+        row["disk"] = {k: disk.get(k) for k in ("read_bytes", "reads", "probe_bytes", "probe_cached_bytes",
+                                                "touch_ahead_bytes", "touch_ahead_served_bytes")}
         if st.get("disk_tier"):
             row["tier"] = disk_tier.settle_tier(m)
         return row

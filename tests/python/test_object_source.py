@@ -60,10 +60,14 @@ def _model(path: Path, seed: int) -> bytes:
 @pytest.fixture(scope="module")
 def files(data_dir) -> dict[str, Path]:
     """The files put in the store: a ~66 MiB DiT, a second version of it (same size, other
-    bytes), a small config in a subfolder."""
+    bytes), a small config in a subfolder; a ~100 MiB DiT of real proportions (2 MiB attention
+    weights, 8 MiB feed-forward ones) laid out in name order, as writers do."""
     d = data_dir / "object_source"
     _model(d / "dit.safetensors", 71)
     _model(d / "dit.v2.safetensors", 72)
+    wide = d / "dit_wide.safetensors"
+    if not wide.exists():
+        gen.write_small(wide, sorted(gen.dit_specs(1024, 4096, 3), key=lambda s: s[0]), seed=74)
     cfg = d / "config.json"
     cfg.write_text('{"_class_name": "WanTransformer3DModel", "num_layers": 8}\n')
     gen_gguf.make_sharded(d / "sharded", SHARD_STEM, gen.dit_specs(256, 512, 4), 3, seed=73)
@@ -71,7 +75,7 @@ def files(data_dir) -> dict[str, Path]:
     if not gguf.exists():
         gen_gguf.make_dit_gguf(gguf, dim=256, n_double=2, n_single=3)
     return {"model": d / "dit.safetensors", "model_v2": d / "dit.v2.safetensors", "config": cfg,
-            "sharded": d / "sharded", "gguf": gguf}
+            "sharded": d / "sharded", "gguf": gguf, "wide": wide}
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +88,7 @@ def s3(files):
         for f in sorted(files["sharded"].iterdir()):
             store.put(f, f"formats/sharded/{f.name}")
         store.put(files["gguf"], "formats/flux.gguf")
+        store.put(files["wide"], "wide/dit.safetensors")
         yield store
 
 
@@ -245,6 +250,34 @@ def test_a_sharded_model_and_a_gguf_file_in_the_bucket_are_served_as_from_a_fold
         assert rows[f"sharded/{n}"]["model"] == index and not rows[f"sharded/{n}"]["malformed"], rows[f"sharded/{n}"]
     gguf = rows["flux.gguf"]
     assert not gguf["malformed"] and gguf["tensors"] > 0 and gguf["blocks"] > 1, gguf
+
+
+def test_comfyuis_touches_of_a_model_larger_than_the_budget_are_read_ahead_in_parallel(s3, files, mount):
+    """ComfyUI's load of a model larger than the budget, through `s3://`: its touches stay
+    exact (the model cannot be warmed), and each one that reaches the store reads the next
+    touches ahead, in parallel, so that most are served from those ranges instead of a round
+    trip each. Bit-exact; what was read ahead and not asked for is bounded."""
+    import torch
+    from safetensors import safe_open
+    want = files["wide"].read_bytes()
+    assert len(want) > 1.5 * 56 * MiB
+    m = _mount_s3(mount, s3, "wide", BUDGET_BELOW)
+    path = m.mnt / "dit.safetensors"
+    drop_caches()
+    n0 = _network(s3)
+    with safe_open(str(path), framework="pt") as f:
+        sd = {k: f.get_tensor(k) for k in sorted(f.keys())}
+    touches = m.stats()["disk"]
+    touched = _network(s3) - n0
+    starts = {name: start for name, start, _ in gen.tensor_ranges(files["wide"])}
+    out = b"".join(bytes(sd[k].reshape(-1).view(torch.uint8).numpy()) for k in sorted(sd, key=lambda k: starts[k]))
+    moved = _network(s3) - n0
+    assert out == want[len(want) - len(out):], "the tensors' bytes differ from the object's"
+    print(f"\ntouches {touched / len(want):.3f}x, load {moved / len(want):.3f}x the model over the network; {touches}")
+    served, exact, ahead = (touches["touch_ahead_served_bytes"], touches["probe_bytes"], touches["touch_ahead_bytes"])
+    assert served >= 3 * exact, f"most touches served from ranges read ahead: {touches}"
+    assert ahead <= 1.5 * served, f"what was read ahead is what the touches asked for: {touches}"
+    assert moved <= 1.25 * len(want), f"{moved / len(want):.2f}x the model over the network"
 
 
 def test_comfyuis_touches_of_a_model_that_fits_warm_it_and_the_copies_fetch_nothing_more(s3, files, mount):

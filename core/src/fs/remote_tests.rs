@@ -206,7 +206,10 @@ struct RemoteFixture {
 
 impl RemoteFixture {
     fn new(tree: Arc<MemTree>) -> RemoteFixture {
-        let budget = 64 << 20;
+        RemoteFixture::with_budget(tree, 64 << 20)
+    }
+
+    fn with_budget(tree: Arc<MemTree>, budget: u64) -> RemoteFixture {
         let store = Arc::new(ModelStore::new(budget, SavedOrders::default()));
         let target: Arc<dyn BudgetTarget> = store.clone();
         let governor = Arc::new(Governor::new(target, budget, budget / 4));
@@ -448,5 +451,76 @@ fn the_touches_of_a_remote_model_that_fits_warm_it_and_are_served_through_the_ca
         "the model once and the first touches: {read} bytes for {}",
         model.len()
     );
+    f.fs.release(fh);
+}
+
+/// A model of `n` tensors of `len` bytes each, in name order in the file (as writers sort
+/// them): every tensor's first page is far enough from the next that each touch is a probe.
+fn large_tensor_model(n: usize, len: u64) -> Vec<u8> {
+    let mut fields = Vec::new();
+    for i in 0..n as u64 {
+        fields.push(format!(
+            "\"blocks.{i:03}.weight\":{{\"dtype\":\"U8\",\"shape\":[{len}],\"data_offsets\":[{},{}]}}",
+            i * len,
+            (i + 1) * len
+        ));
+    }
+    let json = format!("{{{}}}", fields.join(","));
+    let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(json.as_bytes());
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    bytes.extend((0..n as u64 * len).map(|_| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state as u8
+    }));
+    bytes
+}
+
+/// ComfyUI's view phase on a remote model larger than the budget: an `mmap` fault's 128 KiB
+/// read-around at the first page of every tensor, in name order. The touches stay exact (the
+/// model cannot be warmed), but each one that reaches the store reads the next sixteen
+/// touches ahead, in parallel: nearly every touch is then served from them, every byte
+/// exact, what is held stays within its bound, and the copies after them read the model
+/// through the cache as before.
+#[test]
+fn the_next_touches_of_a_remote_model_larger_than_the_budget_are_read_ahead() {
+    let tree = Arc::new(MemTree::default());
+    let (n, len) = (48usize, 1u64 << 20);
+    let model = large_tensor_model(n, len);
+    tree.put("dit.safetensors", model.clone());
+    let f = RemoteFixture::with_budget(tree, 16 << 20);
+    let attr = f.lookup("dit.safetensors").unwrap();
+    let fh = served_fh(
+        f.fs.open(me(), attr.ino, oflag::RDONLY, &no_backing)
+            .unwrap(),
+    );
+    let index = crate::index::TensorIndex::parse(&model, model.len() as u64).expect("index");
+    let window = 128u64 << 10;
+    for t in &index.tensors {
+        let page = t.start / 4096 * 4096;
+        let start = page.saturating_sub(window / 2);
+        let got =
+            f.fs.read(attr.ino, fh, start, window as u32, READER)
+                .unwrap();
+        let end = (start + window).min(model.len() as u64) as usize;
+        assert!(got[..] == model[start as usize..end], "touch of {}", t.name);
+    }
+    let c = f.fs.store().counters();
+    let served = Counters::get(&c.touch_ahead_served_bytes);
+    let exact = Counters::get(&c.probe_bytes);
+    assert!(
+        served >= (n as u64 - 2) * window,
+        "touches served from ranges read ahead: {served} bytes, {exact} read exactly"
+    );
+    assert!(exact <= 2 * window, "{exact} bytes of touches read exactly");
+    f.fs.store().wait_prefetch_idle();
+    let ahead = Counters::get(&c.touch_ahead_bytes);
+    assert!(
+        ahead <= (n as u64 + 1) * window,
+        "each touch read once: {ahead} bytes read ahead for {n} touches"
+    );
+    assert_eq!(f.read_all(attr.ino, fh).unwrap(), model);
     f.fs.release(fh);
 }

@@ -15,6 +15,16 @@ use std::sync::atomic::Ordering;
 use super::read::ReadKind;
 use super::{ModelFile, ModelsConfig};
 
+/// What a reader's request is ([`ModelFile::classify`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Request {
+    /// Part of a stream: through the chunk cache, with prefetch.
+    Stream,
+    /// A probe, served exactly; `starts_run`: it continues no recent run (a tensor's touch,
+    /// not a reader going on through one).
+    Probe { starts_run: bool },
+}
+
 impl ModelFile {
     /// A process opened this version: its recent runs and stream are over as far as new
     /// readers go.
@@ -31,6 +41,7 @@ impl ModelFile {
         self.streamed.store(false, Ordering::Relaxed);
         self.touches_since_open.store(0, Ordering::Relaxed);
         self.warmed_by_touches.store(false, Ordering::Relaxed);
+        self.touch_ahead.clear();
         self.direct_reader_schedules.store(false, Ordering::Relaxed);
         if let Some(tracker) = self.tracker() {
             tracker.begin_session();
@@ -42,30 +53,35 @@ impl ModelFile {
     /// and its block is neither the one a stream of this file is in nor the next one in the
     /// order (other threads of a reader streaming that block, or a reader following a learned
     /// order, are no probes).
-    pub(super) fn is_probe(
+    pub(super) fn classify(
         &self,
         chunk: usize,
         (offset, end): (u64, u64),
         kind: ReadKind,
         config: &ModelsConfig,
-    ) -> bool {
+    ) -> Request {
         let run_before = self.runs.record(offset, end, config);
+        let probe = Request::Probe {
+            starts_run: run_before == 0,
+        };
         let (Some(tracker), Some(span)) = (self.tracker(), self.plan().and_then(|p| p.get(chunk)))
         else {
-            return false;
+            return Request::Stream;
         };
         if run_before >= config.stream_after {
             if kind == ReadKind::Readahead && self.is_spill(chunk, offset, config.spill_bytes) {
-                return true;
+                return probe;
             }
             self.stream_block.store(span.block, Ordering::Relaxed);
-            return false;
+            return Request::Stream;
         }
         let streaming = self.stream_block.load(Ordering::Relaxed);
-        if streaming == usize::MAX {
-            return true;
+        if streaming == usize::MAX
+            || (span.block != streaming && !tracker.follows(streaming, span.block))
+        {
+            return probe;
         }
-        span.block != streaming && !tracker.follows(streaming, span.block)
+        Request::Stream
     }
 
     /// Whether byte `offset`, in chunk `chunk`, is where a stream runs on in *file* order past

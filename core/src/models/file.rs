@@ -128,6 +128,8 @@ pub struct ModelFile {
     pub(super) touches_since_open: std::sync::atomic::AtomicU64,
     /// The touches of a load warmed the whole version into the cache since it was last opened.
     pub(super) warmed_by_touches: std::sync::atomic::AtomicBool,
+    /// Ranges read ahead for a load's next touches ([`super::touch_ahead`]).
+    pub(super) touch_ahead: super::touch_ahead::TouchAhead,
     /// An `O_DIRECT` reader of this version sent a request of at least
     /// [`ModelsConfig::direct_exact_min`] since it was last opened: it schedules its own I/O in
     /// large pieces, so its small ones are served exactly too ([`ModelStore::read_direct`]).
@@ -269,6 +271,7 @@ impl ModelFile {
             runs: runs::Runs::default(),
             touches_since_open: std::sync::atomic::AtomicU64::new(0),
             warmed_by_touches: std::sync::atomic::AtomicBool::new(false),
+            touch_ahead: super::touch_ahead::TouchAhead::default(),
             direct_reader_schedules: std::sync::atomic::AtomicBool::new(false),
             stream_block: std::sync::atomic::AtomicUsize::new(usize::MAX),
             streamed: std::sync::atomic::AtomicBool::new(false),
@@ -310,6 +313,13 @@ impl ModelFile {
 
     pub fn size(&self) -> u64 {
         self.source.identity().size
+    }
+
+    /// The size of the model this file is: the file's, or all of a sharded model's shards'.
+    pub fn model_size(&self) -> u64 {
+        self.shard_of
+            .as_ref()
+            .map_or(self.size(), |of| of.model.size)
     }
 
     /// Whether the file is served as plain bytes ([`Layout::Raw`]).
@@ -373,6 +383,8 @@ impl ModelFile {
                 });
             }
             tracing::trace!(
+                chunk,
+                block = span.block,
                 start = span.start,
                 len = span.len(),
                 ?want,

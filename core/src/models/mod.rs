@@ -38,7 +38,8 @@
 //! it triggers (prefetch hooks included); [`mode`]: passthrough admission; [`snapshot`]: the
 //! stats; [`store`]: the store, its budget and opens; [`open`]: handles and what their close
 //! prunes; [`shards`]: sharded models; [`sequence`]: which model follows which; [`plan`]: the
-//! files a client said it will load next; [`runs`]:
+//! files a client said it will load next; [`touch_ahead`]: a load's next touches read ahead on an
+//! object store; [`runs`]:
 //! request runs; [`config`]: the tuning ([`ModelsConfig`]).
 
 mod classify;
@@ -57,6 +58,7 @@ mod snapshot;
 mod store;
 pub mod table;
 mod tier_copy;
+mod touch_ahead;
 
 pub use config::ModelsConfig;
 pub use file::{is_model_path, Layout, ModelFile, OpenError, RawReason};

@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
+use super::classify::Request;
 use super::read_bytes::{Gathered, ReadBytes};
 use super::shards::ShardedModel;
 use super::store::OpenedBy;
@@ -120,8 +121,12 @@ impl ModelStore {
             (end > h).then(|| plan.chunk_at(offset.max(h))).flatten()
         });
         if let Some(first) = first_data_chunk {
-            if file.is_probe(first, (offset, end), kind, &self.config) {
-                return self.read_probe(file, offset, end);
+            match file.classify(first, (offset, end), kind, &self.config) {
+                Request::Probe { starts_run } => {
+                    return self.read_probe(file, (offset, end), starts_run);
+                }
+                Request::Stream if file.remote => file.touch_ahead.note_continued(),
+                Request::Stream => {}
             }
             // A load first: the swap writes, and every stream request of the file comes here.
             if !file.streamed.load(Ordering::Relaxed)
@@ -171,7 +176,7 @@ impl ModelStore {
                         .plan()
                         .and_then(|p| p.get(chunk))
                         .map_or(end, |s| s.end.min(end));
-                    out.push(self.read_probe(file, pos, stop)?);
+                    out.push(self.read_probe(file, (pos, stop), false)?);
                     stop
                 } else {
                     last_chunk = Some(chunk);
@@ -281,11 +286,14 @@ impl ModelStore {
     /// serves the file once, in large ordered requests, instead of a round trip for each touch
     /// (a whole chunk of its own, for a store's client) and the file again for the copies
     /// ([measured](../../../docs/PERFORMANCE.md#touches-of-a-model-that-fits)).
+    ///
+    /// A model larger than the budget in an object store has its next touches read ahead
+    /// instead, in parallel, and they are served from there ([`super::touch_ahead`]).
     fn read_probe(
         &self,
         file: &Arc<ModelFile>,
-        offset: u64,
-        end: u64,
+        (offset, end): (u64, u64),
+        starts_run: bool,
     ) -> Result<ReadBytes, ReadError> {
         if self.touches_warm(file) {
             if let Some(bytes) = self.read_probe_through_cache(file, offset, end)? {
@@ -293,6 +301,9 @@ impl ModelStore {
                 Counters::add(&self.counters().probe_cached_bytes, end - offset);
                 return Ok(bytes);
             }
+        }
+        if let Some(bytes) = self.read_touch_ahead(file, (offset, end), starts_run) {
+            return Ok(bytes);
         }
         self.read_exact_uncached(file, offset, end, &self.counters().probe_bytes)
     }
@@ -306,11 +317,7 @@ impl ModelStore {
         if !file.pacing(&self.prefetcher.config().pacing).is_ordered() && !file.is_remote() {
             return false;
         }
-        let model = file
-            .shard_of
-            .as_ref()
-            .map_or(file.size(), |of| of.model.size);
-        if model > self.cache.budget() {
+        if file.model_size() > self.cache.budget() {
             return false;
         }
         if file.touches_since_open.fetch_add(1, Ordering::Relaxed) + 1 < WARM_AFTER_TOUCHES {
@@ -474,7 +481,12 @@ impl ModelStore {
     /// common case, it is borrowed, not copied: a probe is a whole kernel request (up to 1 MiB),
     /// and a multi-threaded reader's requests start new runs often (8 threads × 2 MiB `pread`s:
     /// each thread's first request after a jump).
-    fn probe_from_cache(&self, file: &ModelFile, offset: u64, end: u64) -> Option<ReadBytes> {
+    pub(super) fn probe_from_cache(
+        &self,
+        file: &ModelFile,
+        offset: u64,
+        end: u64,
+    ) -> Option<ReadBytes> {
         gather_probe(file, offset, end, |chunk, _, range| {
             let bytes = self.cache.peek(file.key(chunk))?;
             bytes.as_slice().get(range.clone())?;

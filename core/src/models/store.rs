@@ -196,6 +196,7 @@ impl ModelStore {
     /// `file` is streamed for the first time since it was opened: it follows the model streamed
     /// and closed before it ([`sequence`]).
     pub(super) fn first_stream(&self, file: &Arc<ModelFile>) {
+        file.touch_ahead.clear();
         lock(&self.plan).streamed(file);
         let learned = lock(&self.sequence).streamed(file);
         if let Some((key, next)) = learned {

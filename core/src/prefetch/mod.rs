@@ -63,7 +63,7 @@ use crate::reader::ReaderTracker;
 #[cfg(test)]
 use crate::reader::Step;
 use crate::sync::{lock, Mutex};
-pub use executor::{Executor, ManualExecutor, WorkerPool};
+pub use executor::{Executor, ManualExecutor, Task, WorkerPool};
 pub use gate::{Asker, Pass, SourceGate};
 pub use lane::OrderedLane;
 pub use pacing::{Pacing, PacingConfig, PacingMode, SourceSpeed};
@@ -284,6 +284,23 @@ impl Prefetcher {
     pub fn with_source_deadline(mut self, deadline: Option<std::time::Duration>) -> Prefetcher {
         self.config.pacing.deadline = deadline;
         self
+    }
+
+    /// Runs `task` on the object store's pool ([`PrefetchConfig::remote_workers`]): a read of
+    /// an object store that is no chunk (a load's next touches); false when its queue is full.
+    pub fn submit_remote(&self, task: Task) -> bool {
+        self.remote_pool().submit(task).is_ok()
+    }
+
+    /// The object store's pool, started at its first use.
+    fn remote_pool(&self) -> &dyn Executor {
+        &**self.remote.get_or_init(|| {
+            Arc::new(WorkerPool::new(
+                "tierfs-remote",
+                self.config.remote_workers,
+                self.config.queue_depth,
+            ))
+        })
     }
 
     /// Returns once every prefetch queued so far has run (tests).
@@ -690,13 +707,7 @@ impl Prefetcher {
                 lane.set_depth(depth);
                 &**lane
             }
-            _ if file.is_remote() => &**self.remote.get_or_init(|| {
-                Arc::new(WorkerPool::new(
-                    "tierfs-remote",
-                    self.config.remote_workers,
-                    self.config.queue_depth,
-                ))
-            }),
+            _ if file.is_remote() => self.remote_pool(),
             _ if background => &*self.background,
             _ => &*self.executor,
         };
