@@ -318,6 +318,43 @@ fn a_whole_copy_is_given_only_for_a_version_held_whole_and_checked() {
     assert_eq!(read_all(copy.file(), size), bytes(8, 0, size));
 }
 
+/// After a restart a copy of many chunks is checked whole: one flipped byte near its end is
+/// found, its chunk dropped, and the copy whole again once that chunk is put back.
+#[test]
+fn a_copy_of_many_chunks_is_checked_whole_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let chunks = 40;
+    let size = chunks * (256 << 10);
+    let v = version(10, size);
+    {
+        let tier = tier(dir.path(), 64 * MIB);
+        for c in 0..chunks {
+            put(&tier, &v, 10, c * (256 << 10), (c + 1) * (256 << 10));
+        }
+    }
+    {
+        let tier = tier(dir.path(), 64 * MIB);
+        let copy = tier.whole_copy(&v).expect("every chunk checks out");
+        assert_eq!(read_all(copy.file(), size), bytes(10, 0, size));
+    }
+    let at = 37 * (256 << 10) + 5;
+    {
+        let mut data = OpenOptions::new()
+            .write(true)
+            .open(data_file(dir.path(), &v))
+            .unwrap();
+        data.seek(SeekFrom::Start(at)).unwrap();
+        data.write_all(&[!bytes(10, at, at + 1)[0]]).unwrap();
+    }
+    let tier = tier(dir.path(), 64 * MIB);
+    assert!(tier.whole_copy(&v).is_none(), "a damaged byte in chunk 37");
+    assert_eq!(tier.stats().damaged, 1);
+    assert!(!tier.holds(&v, 37 * (256 << 10), 38 * (256 << 10)));
+    put(&tier, &v, 10, 37 * (256 << 10), 38 * (256 << 10));
+    let copy = tier.whole_copy(&v).expect("whole again");
+    assert_eq!(read_all(copy.file(), size), bytes(10, 0, size));
+}
+
 #[test]
 fn a_truncated_copy_is_not_given() {
     let dir = tempfile::tempdir().unwrap();
