@@ -126,7 +126,11 @@ class Run:
             s = lp.load(m.mnt / REL, timeout=1800, with_header=True)
         except RuntimeError as e:
             tail = m.log_path.read_text(errors="replace")[-4000:] if m.log_path.exists() else ""
-            raise RuntimeError(f"{e}\nthe mount's log:\n{tail}") from e
+            try:  # whether the daemon answered an error (ops.*.errors) or the kernel did
+                ops = json.dumps(m.stats().get("ops"))
+            except (OSError, ValueError) as why:
+                ops = f"(no stats: {why})"
+            raise RuntimeError(f"{e}\nthe mount's requests: {ops}\nthe mount's log:\n{tail}") from e
         row = {"s": s, "network": c.network() - n0}
         st = m.stats()
         f = next((x for x in st.get("files", []) if x.get("path") == REL), None) or {}
