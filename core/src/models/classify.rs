@@ -41,7 +41,7 @@ impl ModelFile {
         self.streamed.store(false, Ordering::Relaxed);
         self.touches_since_open.store(0, Ordering::Relaxed);
         self.warmed_by_touches.store(false, Ordering::Relaxed);
-        self.touch_ahead.clear();
+        self.touch_ahead.reset();
         self.direct_reader_schedules.store(false, Ordering::Relaxed);
         if let Some(tracker) = self.tracker() {
             tracker.begin_session();

@@ -302,10 +302,13 @@ impl ModelStore {
                 return Ok(bytes);
             }
         }
+        if let Some(bytes) = self.exact_from_cache(file, offset, end) {
+            return Ok(bytes);
+        }
         if let Some(bytes) = self.read_touch_ahead(file, (offset, end), starts_run) {
             return Ok(bytes);
         }
-        self.read_exact_uncached(file, offset, end, &self.counters().probe_bytes)
+        self.read_exact_below(file, offset, end, &self.counters().probe_bytes)
     }
 
     /// Counts a touch of `file` and tells whether its touches are served through the cache:
@@ -405,10 +408,28 @@ impl ModelStore {
         end: u64,
         kind: &AtomicU64,
     ) -> Result<ReadBytes, ReadError> {
-        if let Some(bytes) = self.probe_from_cache(file, offset, end) {
-            Counters::add(&self.counters().hit_bytes, end - offset);
+        if let Some(bytes) = self.exact_from_cache(file, offset, end) {
             return Ok(bytes);
         }
+        self.read_exact_below(file, offset, end, kind)
+    }
+
+    /// [`Self::probe_from_cache`], its bytes counted as hits.
+    fn exact_from_cache(&self, file: &ModelFile, offset: u64, end: u64) -> Option<ReadBytes> {
+        let bytes = self.probe_from_cache(file, offset, end)?;
+        Counters::add(&self.counters().hit_bytes, end - offset);
+        Some(bytes)
+    }
+
+    /// [`Self::read_exact_uncached`] of a range the chunk cache does not hold: from the disk
+    /// tier when it holds all of it, else from the source.
+    fn read_exact_below(
+        &self,
+        file: &ModelFile,
+        offset: u64,
+        end: u64,
+        kind: &AtomicU64,
+    ) -> Result<ReadBytes, ReadError> {
         if let Some(bytes) = self.probe_from_disk_tier(file, offset, end) {
             return Ok(bytes);
         }
@@ -481,12 +502,7 @@ impl ModelStore {
     /// common case, it is borrowed, not copied: a probe is a whole kernel request (up to 1 MiB),
     /// and a multi-threaded reader's requests start new runs often (8 threads × 2 MiB `pread`s:
     /// each thread's first request after a jump).
-    pub(super) fn probe_from_cache(
-        &self,
-        file: &ModelFile,
-        offset: u64,
-        end: u64,
-    ) -> Option<ReadBytes> {
+    fn probe_from_cache(&self, file: &ModelFile, offset: u64, end: u64) -> Option<ReadBytes> {
         gather_probe(file, offset, end, |chunk, _, range| {
             let bytes = self.cache.peek(file.key(chunk))?;
             bytes.as_slice().get(range.clone())?;

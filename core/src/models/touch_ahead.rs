@@ -203,9 +203,14 @@ pub struct TouchPlan {
 }
 
 impl TouchAhead {
-    /// Forgets every range (the file was opened again, or its load streams now).
+    /// Forgets every range and what the touches were (the load streams now).
     pub fn clear(&self) {
         *lock(&self.state) = AheadState::default();
+    }
+
+    /// [`Self::clear`], and no stream came either (the file was opened again).
+    pub fn reset(&self) {
+        self.clear();
         self.continued.store(false, Ordering::Relaxed);
     }
 
@@ -574,11 +579,11 @@ pub fn gather(
 pub const WAIT_UNBOUNDED: Duration = Duration::from_secs(30);
 
 impl ModelStore {
-    /// A probe `[offset, end)` of `file` served from ranges read ahead for its load's touches,
-    /// after reading the next touches ahead ([module docs](self)); `None` where the file's
-    /// touches are not read ahead, the cache holds the request, or no range read covers it: the
-    /// caller then reads it exactly, as before. `starts_run`: the request started a new run
-    /// ([`super::runs`]).
+    /// A probe `[offset, end)` of `file` that the chunk cache does not hold, served from ranges
+    /// read ahead for its load's touches, after reading the next touches ahead ([module
+    /// docs](self)); `None` where the file's touches are not read ahead or no range read
+    /// covers it: the caller then reads it exactly, as before. `starts_run`: the request
+    /// started a new run ([`super::runs`]).
     pub(super) fn read_touch_ahead(
         &self,
         file: &Arc<ModelFile>,
@@ -591,9 +596,6 @@ impl ModelStore {
         let Layout::Indexed { index, .. } = file.layout() else {
             return None;
         };
-        if self.probe_from_cache(file, offset, end).is_some() {
-            return None;
-        }
         let plan = file.touch_ahead.on_touch(index, (offset, end), starts_run);
         for range in plan.to_read {
             self.read_ahead_for_touches(file, range);

@@ -44,18 +44,23 @@ fn file(path: &str, recency: usize) -> FileSnapshot {
     }
 }
 
-/// The paths given a `tierfs_file_size_bytes` series.
-fn labelled(config: MetricsConfig) -> Vec<String> {
-    let store = ModelStore::new(64 << 20, Default::default());
+/// The stats document of `store`, mounted from `source` at `/mnt`, as the daemon makes it.
+fn stats_of(store: &ModelStore, source: &str) -> DaemonStats {
     let window = KernelCacheWindow::new(0);
-    let mut doc = DaemonStats::collect(
-        &store,
+    DaemonStats::collect(
+        store,
         &window,
-        Path::new("/src"),
+        Path::new(source),
         Path::new("/mnt"),
         false,
         SystemTime::now(),
-    );
+    )
+}
+
+/// The paths given a `tierfs_file_size_bytes` series.
+fn labelled(config: MetricsConfig) -> Vec<String> {
+    let store = ModelStore::new(64 << 20, Default::default());
+    let mut doc = stats_of(&store, "/src");
     doc.common.files = (0..5).map(|i| file(&format!("m{i}"), i)).collect();
     let text =
         String::from_utf8(render_with_config(doc, &store.counters().ops, config)).expect("utf-8");
@@ -81,15 +86,7 @@ fn the_source_meter_is_served_per_device() {
         read.finish(4 << 20);
     }
     let _stuck = meter.start();
-    let window = KernelCacheWindow::new(0);
-    let doc = DaemonStats::collect(
-        &store,
-        &window,
-        Path::new("/src"),
-        Path::new("/mnt"),
-        false,
-        SystemTime::now(),
-    );
+    let doc = stats_of(&store, "/src");
     let text = String::from_utf8(render(doc, &store.counters().ops)).expect("utf-8");
     let sample = |name: &str| -> f64 {
         let prefix = format!("{name}{{device=\"8:1\"}} ");
@@ -129,17 +126,7 @@ fn the_source_meter_is_served_per_device() {
 #[test]
 fn a_remote_source_client_is_served_and_a_folder_has_none_of_its_families() {
     let store = ModelStore::new(64 << 20, Default::default());
-    let window = KernelCacheWindow::new(0);
-    let collect = || {
-        DaemonStats::collect(
-            &store,
-            &window,
-            Path::new("s3://models/wan"),
-            Path::new("/mnt"),
-            false,
-            SystemTime::now(),
-        )
-    };
+    let collect = || stats_of(&store, "s3://models/wan");
     let folder = String::from_utf8(render(collect(), &store.counters().ops)).expect("utf-8");
     assert!(!folder.contains("tierfs_remote_"), "{folder}");
     let remote = tierfs_core::stats::RemoteSourceSnapshot {
